@@ -1,0 +1,36 @@
+"""arrowstream: resumable, vectorized Parquet-to-token-batch loading for language-model training.
+
+Start with :func:`read_parquet`, chain ``.filter``, ``.tokenize`` and ``.pack``,
+and iterate. Every iterator has ``state_dict()`` / ``load_state_dict()``.
+"""
+
+from arrowstream.dataset import Dataset, read_parquet
+from arrowstream.errors import (
+    ArrowStreamError,
+    ConfigError,
+    PerformanceWarning,
+    SchemaError,
+    ShardError,
+    StateError,
+    StateMismatchError,
+)
+from arrowstream.iterator import DatasetIterator
+from arrowstream.manifest import Manifest, Shard, read_manifest
+
+__all__ = [
+    "ArrowStreamError",
+    "ConfigError",
+    "Dataset",
+    "DatasetIterator",
+    "Manifest",
+    "PerformanceWarning",
+    "SchemaError",
+    "Shard",
+    "ShardError",
+    "StateError",
+    "StateMismatchError",
+    "read_manifest",
+    "read_parquet",
+]
+
+__version__ = "0.1.0"

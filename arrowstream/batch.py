@@ -1,0 +1,94 @@
+"""Batch assembly: from a row layout of token segments to fixed-shape numpy arrays.
+
+Packing strategies decide *where* each piece of each document goes (a layout
+of segments: source offset, length, destination row); this module does the
+*data movement* in one vectorized gather per batch and derives the
+document-aware arrays from the layout. Segments of one row are contiguous from
+the row's start and listed in row order; what follows them is padding.
+
+Arrays (all ``[batch_size, seq_len]``): ``input_ids`` (``int32``, ``pad_id`` on
+padding), ``position_ids`` (``int32``, restarting at 0 at every segment start;
+on padding they keep counting from the last token so padding never looks like
+a document start), ``segment_ids`` (``int32``, 1..k within a row, 0 on
+padding).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["assemble_batch"]
+
+
+def assemble_batch(
+    src: np.ndarray,
+    seg_src: np.ndarray,
+    seg_len: np.ndarray,
+    seg_row: np.ndarray,
+    *,
+    batch_size: int,
+    seq_len: int,
+    pad_id: int,
+) -> dict[str, np.ndarray]:
+    """Gather segments of ``src`` into a padded ``[batch_size, seq_len]`` batch.
+
+    Parameters
+    ----------
+    src
+        Flat ``int32`` tokens the segments point into.
+    seg_src, seg_len, seg_row
+        Per segment: start in ``src``, length, destination row (non-decreasing).
+    batch_size, seq_len
+        Output shape.
+    pad_id
+        Token id written on padding.
+
+    Returns
+    -------
+    dict[str, numpy.ndarray]
+        ``input_ids``, ``position_ids`` and ``segment_ids``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> out = assemble_batch(np.arange(10, 15, dtype=np.int32), np.array([0, 3]),
+    ...                      np.array([3, 2]), np.array([0, 0]),
+    ...                      batch_size=1, seq_len=6, pad_id=0)
+    >>> out["input_ids"].tolist(), out["segment_ids"].tolist(), out["position_ids"].tolist()
+    ([[10, 11, 12, 13, 14, 0]], [[1, 1, 1, 2, 2, 0]], [[0, 1, 2, 0, 1, 2]])
+    """
+    seg_src = np.asarray(seg_src, dtype=np.int64)
+    seg_len = np.asarray(seg_len, dtype=np.int64)
+    seg_row = np.asarray(seg_row, dtype=np.int64)
+    n_seg = seg_len.size
+    size = batch_size * seq_len
+    input_ids = np.full(size, pad_id, dtype=np.int32)
+    position_ids = np.zeros(size, dtype=np.int32)
+    segment_ids = np.zeros(size, dtype=np.int32)
+    row_fill = np.zeros(batch_size, dtype=np.int64)
+    last_len = np.zeros(batch_size, dtype=np.int64)
+    if n_seg:
+        first_of_row = np.searchsorted(seg_row, seg_row, side="left")
+        excl = np.cumsum(seg_len) - seg_len
+        seg_off = excl - excl[first_of_row]
+        seg_rank = np.arange(n_seg) - first_of_row + 1
+        total = int(seg_len.sum())
+        seg_of_tok = np.repeat(np.arange(n_seg), seg_len)
+        within = np.arange(total, dtype=np.int64) - excl[seg_of_tok]
+        dst = (seg_row * seq_len + seg_off)[seg_of_tok] + within
+        input_ids[dst] = src[seg_src[seg_of_tok] + within]
+        position_ids[dst] = within
+        segment_ids[dst] = seg_rank[seg_of_tok]
+        np.add.at(row_fill, seg_row, seg_len)
+        last = np.r_[seg_row[1:] != seg_row[:-1], True]
+        last_len[seg_row[last]] = seg_len[last]
+    col = np.arange(seq_len, dtype=np.int64)[None, :]
+    pad = col >= row_fill[:, None]
+    pad_pos = last_len[:, None] + col - row_fill[:, None]
+    position_ids = position_ids.reshape(batch_size, seq_len)
+    position_ids[pad] = pad_pos[pad]
+    return {
+        "input_ids": input_ids.reshape(batch_size, seq_len),
+        "position_ids": position_ids,
+        "segment_ids": segment_ids.reshape(batch_size, seq_len),
+    }

@@ -1,0 +1,191 @@
+"""The unit that flows between stages: a slice of one shard's rows, with coordinates.
+
+A :class:`Chunk` covers a contiguous range ``[seq_start, seq_end)`` of the
+epoch's row sequence (every row of every shard in the epoch's order has one
+sequence number). Rows that a stage drops stay accounted for in
+:attr:`Chunk.skipped`, keyed by reason, so counters are exact at any position
+and nothing is lost silently. After tokenization the documents' tokens travel
+as one flat ``int32`` array plus ``int64`` offsets (the Arrow ``list<int32>``
+layout), never as Python lists.
+
+A chunk never spans two shards and never spans two epochs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["Chunk", "Ledger", "tokens_to_arrow"]
+
+
+@dataclass(slots=True)
+class Chunk:
+    """A slice of one shard's rows, with the rows' sequence numbers.
+
+    Attributes
+    ----------
+    epoch : int
+        Epoch the rows belong to.
+    shard : int
+        Manifest index of the shard the rows come from.
+    seq_start, seq_end : int
+        The range of epoch sequence numbers this chunk covers, kept or not.
+    row_start : int
+        Row inside the shard's row group that ``seq_start`` maps to.
+    seq : numpy.ndarray
+        ``int64`` sequence number of each kept row, increasing.
+    batch : pyarrow.RecordBatch or None
+        The kept rows' columns (``None`` once a stage no longer needs them).
+    tokens, offsets : numpy.ndarray or None
+        Flat ``int32`` tokens and ``int64`` offsets (``len(seq) + 1``) once
+        tokenized.
+    skipped : dict[str, numpy.ndarray]
+        Reason to sequence numbers of rows dropped inside the range.
+    """
+
+    epoch: int
+    shard: int
+    seq_start: int
+    seq_end: int
+    row_start: int
+    seq: np.ndarray
+    batch: pa.RecordBatch | None = None
+    tokens: np.ndarray | None = None
+    offsets: np.ndarray | None = None
+    skipped: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def num_docs(self) -> int:
+        """Kept rows (documents) in the chunk."""
+        return int(self.seq.size)
+
+    def with_rows(self, keep: np.ndarray, reason: str, **changes: object) -> Chunk:
+        """Return a chunk keeping the rows where ``keep`` is true; the rest count as ``reason``.
+
+        ``batch`` is filtered too unless ``changes`` replaces it. Tokens are
+        not touched: call this before tokenization.
+        """
+        keep = np.asarray(keep, dtype=bool)
+        if keep.all():
+            return replace(self, **changes) if changes else self
+        dropped = self.seq[~keep]
+        skipped = dict(self.skipped)
+        if dropped.size:
+            prev = skipped.get(reason)
+            skipped[reason] = dropped if prev is None else np.sort(np.concatenate([prev, dropped]))
+        if "batch" not in changes and self.batch is not None:
+            changes["batch"] = self.batch.filter(pa.array(keep))
+        return replace(self, seq=self.seq[keep], skipped=skipped, **changes)
+
+    def split(self, bounds: np.ndarray) -> list[Chunk]:
+        """Split at kept-row indices ``bounds`` (increasing, excluding 0 and ``num_docs``).
+
+        Each piece covers the sequence range up to the next piece's first row,
+        so skipped rows stay attached to the piece whose range holds them.
+        """
+        if len(bounds) == 0:
+            return [self]
+        cuts = [0, *[int(b) for b in bounds], self.num_docs]
+        pieces = []
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            lo = self.seq_start if a == 0 else int(self.seq[a])
+            hi = self.seq_end if b == self.num_docs else int(self.seq[b])
+            skipped = {}
+            for reason, seqs in self.skipped.items():
+                part = seqs[(seqs >= lo) & (seqs < hi)]
+                if part.size:
+                    skipped[reason] = part
+            tokens = offsets = None
+            if self.offsets is not None and self.tokens is not None:
+                t0, t1 = int(self.offsets[a]), int(self.offsets[b])
+                tokens = self.tokens[t0:t1]
+                offsets = self.offsets[a : b + 1] - t0
+            pieces.append(
+                Chunk(
+                    epoch=self.epoch,
+                    shard=self.shard,
+                    seq_start=lo,
+                    seq_end=hi,
+                    row_start=self.row_start + (lo - self.seq_start),
+                    seq=self.seq[a:b],
+                    batch=None if self.batch is None else self.batch.slice(a, b - a),
+                    tokens=tokens,
+                    offsets=offsets,
+                    skipped=skipped,
+                )
+            )
+        return pieces
+
+    def counts_before(self, seq: int) -> dict[str, int]:
+        """Count rows of this chunk with sequence number below ``seq``, by outcome.
+
+        Returns ``{"rows": ..., "docs": ..., <reason>: ...}`` where ``rows``
+        counts every row of the range and ``docs`` the kept ones.
+        """
+        seq = min(max(seq, self.seq_start), self.seq_end)
+        out = {
+            "rows": seq - self.seq_start,
+            "docs": int(np.searchsorted(self.seq, seq, side="left")),
+        }
+        for reason, seqs in self.skipped.items():
+            out[reason] = int(np.searchsorted(seqs, seq, side="left"))
+        return out
+
+
+def tokens_to_arrow(tokens: np.ndarray, offsets: np.ndarray) -> pa.ListArray:
+    """View flat tokens and offsets as an Arrow ``list<int32>`` array without copying tokens.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> tokens_to_arrow(np.array([5, 6, 7], np.int32), np.array([0, 2, 3])).to_pylist()
+    [[5, 6], [7]]
+    """
+    return pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32, copy=False)), pa.array(tokens, type=pa.int32())
+    )
+
+
+class Ledger:
+    """Exact counters at a position: rows, kept documents and every skip reason.
+
+    Fully consumed chunks are committed; a partly consumed chunk is counted up
+    to the position's sequence number. Counters that are not per row (tokens,
+    padding) are added directly with :meth:`add`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> c = Chunk(epoch=0, shard=0, seq_start=0, seq_end=4, row_start=0,
+    ...           seq=np.array([0, 2, 3]), skipped={"null": np.array([1])})
+    >>> ledger = Ledger()
+    >>> ledger.snapshot(c, 3)
+    {'rows': 3, 'docs': 2, 'null': 1}
+    >>> ledger.commit(c); ledger.snapshot()
+    {'rows': 4, 'docs': 3, 'null': 1}
+    """
+
+    def __init__(self, counts: dict[str, int] | None = None) -> None:
+        self.counts: dict[str, int] = {"rows": 0, "docs": 0}
+        if counts:
+            self.counts.update({k: int(v) for k, v in counts.items()})
+
+    def add(self, key: str, n: int) -> None:
+        """Add ``n`` to counter ``key``."""
+        self.counts[key] = self.counts.get(key, 0) + int(n)
+
+    def commit(self, chunk: Chunk) -> None:
+        """Count every row of ``chunk``."""
+        for key, n in chunk.counts_before(chunk.seq_end).items():
+            self.add(key, n)
+
+    def snapshot(self, partial: Chunk | None = None, seq: int = 0) -> dict[str, int]:
+        """Return the counters, plus ``partial``'s rows before ``seq``."""
+        out = dict(self.counts)
+        if partial is not None:
+            for key, n in partial.counts_before(seq).items():
+                out[key] = out.get(key, 0) + n
+        return out

@@ -1,0 +1,296 @@
+"""The pipeline description: an immutable, picklable chain built from ``read_parquet``.
+
+``read_parquet(...)`` gives a :class:`Dataset`; ``.filter``, ``.tokenize`` and
+``.pack`` each return a new one. Nothing is read until you iterate: ``iter(ds)``
+or ``ds.iter()`` returns a :class:`~arrowstream.iterator.DatasetIterator`,
+which holds the state. Options are validated against the schema when each step
+is added, so mistakes surface before any data is read.
+
+What iteration yields depends on the last step: record batches of the
+selected columns (after ``read_parquet`` or ``filter``), record batches with an
+``input_ids`` ``list<int32>`` column (after ``tokenize``), or dicts of numpy
+arrays of fixed shape (after ``pack``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from tokenizers import Tokenizer
+
+from arrowstream.chunk import Chunk
+from arrowstream.errors import ConfigError
+from arrowstream.filter import Filter, prune_shards
+from arrowstream.iterator import DatasetIterator
+from arrowstream.manifest import Manifest, read_manifest
+from arrowstream.pack import Packer, make_packer
+from arrowstream.reader import ShardReader
+from arrowstream.source import EpochPlan, iter_chunks
+from arrowstream.stage import Stage
+from arrowstream.state import Position, hash_options
+from arrowstream.tokenize import Tokenize
+
+__all__ = ["Dataset", "read_parquet"]
+
+
+def read_parquet(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    columns: Sequence[str] | None = None,
+    filesystem: Any = None,
+    num_epochs: int | None = 1,
+    batch_rows: int = 1024,
+) -> Dataset:
+    """Open Parquet files as a dataset of row-group shards (footers only are read).
+
+    Parameters
+    ----------
+    source
+        A directory (searched recursively for ``*.parquet``), a glob, a file, a
+        list of files, or a URI that ``pyarrow.fs`` resolves (``s3://...``).
+    columns
+        Columns to read; ``None`` reads every column (a packed pipeline without
+        a filter reads only the token column).
+    filesystem
+        A ``pyarrow.fs.FileSystem`` or an fsspec filesystem; inferred if ``None``.
+    num_epochs
+        Passes over the data; ``None`` repeats forever.
+    batch_rows
+        Rows per record batch read (does not change packed output).
+
+    Returns
+    -------
+    Dataset
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"text": ["hello", "world"]}), f"{d}/a.parquet")
+    >>> ds = read_parquet(d)
+    >>> [b.num_rows for b in ds]
+    [2]
+    """
+    if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
+        raise ConfigError(f"`num_epochs` must be a positive int or None, got {num_epochs!r}")
+    if not isinstance(batch_rows, int) or batch_rows < 1:
+        raise ConfigError(f"`batch_rows` must be a positive int, got {batch_rows!r}")
+    manifest = read_manifest(source, columns=columns, filesystem=filesystem)
+    return Dataset(
+        manifest=manifest,
+        columns=None if columns is None else tuple(columns),
+        num_epochs=num_epochs,
+        batch_rows=batch_rows,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dataset:
+    """An immutable description of a pipeline over Parquet row groups.
+
+    Build it with :func:`read_parquet`, then chain :meth:`filter`,
+    :meth:`tokenize` and :meth:`pack`.
+    """
+
+    manifest: Manifest
+    columns: tuple[str, ...] | None = None
+    num_epochs: int | None = 1
+    batch_rows: int = 1024
+    stages: tuple[Stage, ...] = ()
+    packer: Packer | None = None
+    _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    # -- building -----------------------------------------------------------------
+
+    def filter(self, expr: pc.Expression) -> Dataset:
+        """Keep rows where ``expr`` is true; row groups whose statistics rule it out are skipped.
+
+        Examples
+        --------
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, pyarrow.compute as pc
+        >>> d = tempfile.mkdtemp()
+        >>> pq.write_table(pa.table({"n": [1, 2, 3]}), f"{d}/a.parquet")
+        >>> [b.column("n").to_pylist() for b in read_parquet(d).filter(pc.field("n") > 1)]
+        [[2, 3]]
+        """
+        return self._add_stage(Filter(expr))
+
+    def tokenize(
+        self,
+        tokenizer: Tokenizer | str | os.PathLike[str] | None,
+        *,
+        column: str = "text",
+        add_eos: bool = True,
+        eos_id: int | None = None,
+        add_special_tokens: bool = True,
+    ) -> Dataset:
+        """Tokenize ``column`` into an ``input_ids`` column; ``tokenizer=None`` reads ids as they are.
+
+        See :class:`~arrowstream.tokenize.Tokenize` for the options. Null and
+        empty documents are skipped and counted (``stats["null"]``,
+        ``stats["empty"]``).
+
+        Examples
+        --------
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> d = tempfile.mkdtemp()
+        >>> ids = pa.array([[5, 6], [7]], pa.list_(pa.int32()))
+        >>> pq.write_table(pa.table({"input_ids": ids}), f"{d}/a.parquet")
+        >>> ds = read_parquet(d).tokenize(None, column="input_ids", eos_id=0)
+        >>> next(iter(ds)).column("input_ids").to_pylist()
+        [[5, 6, 0], [7, 0]]
+        """
+        if any(isinstance(s, Tokenize) for s in self.stages):
+            raise ConfigError("the pipeline is already tokenized: call `.tokenize` once")
+        return self._add_stage(
+            Tokenize(
+                tokenizer,
+                column=column,
+                add_eos=add_eos,
+                eos_id=eos_id,
+                add_special_tokens=add_special_tokens,
+            )
+        )
+
+    def pack(
+        self,
+        *,
+        seq_len: int,
+        batch_size: int,
+        strategy: str = "concat",
+        drop_last: bool = False,
+        pad_id: int | None = None,
+    ) -> Dataset:
+        """Pack tokens into batches of ``batch_size`` rows of exactly ``seq_len`` tokens.
+
+        Each batch is a dict of ``int32`` numpy arrays ``[batch_size, seq_len]``:
+        ``input_ids``, ``position_ids`` (restarting at every document and row
+        start) and ``segment_ids`` (1..k within a row, 0 on padding). Batches
+        never span epochs; the last one of an epoch is padded, or dropped and
+        counted in ``stats["dropped_tokens"]`` with ``drop_last=True``.
+        ``pad_id`` defaults to the EOS id (0 without one).
+
+        Examples
+        --------
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> d = tempfile.mkdtemp()
+        >>> ids = pa.array([[5, 6, 7], [8, 9]], pa.list_(pa.int32()))
+        >>> pq.write_table(pa.table({"input_ids": ids}), f"{d}/a.parquet")
+        >>> ds = read_parquet(d).tokenize(None, column="input_ids", eos_id=1).pack(
+        ...     seq_len=4, batch_size=2)
+        >>> next(iter(ds))["input_ids"].tolist()
+        [[5, 6, 7, 1], [8, 9, 1, 1]]
+        """
+        if self.packer is not None:
+            raise ConfigError("the pipeline is already packed: call `.pack` once")
+        tok = self._tokenize_stage()
+        if tok is None:
+            raise ConfigError("`.pack` needs tokens: call `.tokenize(...)` before `.pack(...)`")
+        if pad_id is None:
+            pad_id = tok.eos_id if tok.eos_id is not None else 0
+        packer = make_packer(
+            strategy, seq_len=seq_len, batch_size=batch_size, drop_last=drop_last, pad_id=pad_id
+        )
+        return replace(self, packer=packer, _cache={})
+
+    def _add_stage(self, stage: Stage) -> Dataset:
+        if self.packer is not None:
+            raise ConfigError(f"cannot add `{stage.name}` after `.pack`: pack is the last step")
+        schema = self.manifest.schema
+        for existing in self.stages:
+            schema = existing.check(self.manifest, schema)
+        stage.check(self.manifest, schema)
+        return replace(self, stages=(*self.stages, stage), _cache={})
+
+    def _tokenize_stage(self) -> Tokenize | None:
+        return next((s for s in self.stages if isinstance(s, Tokenize)), None)
+
+    # -- identity -----------------------------------------------------------------
+
+    def options(self) -> dict[str, Any]:
+        """Return the JSON-able options that define the output (they enter every state)."""
+        source: dict[str, Any] = {"columns": list(self.read_columns()), "num_epochs": self.num_epochs}
+        if self.packer is None:
+            source["batch_rows"] = self.batch_rows
+        return {
+            "source": source,
+            "stages": [{"name": s.name, **s.spec()} for s in self.stages],
+            "pack": None if self.packer is None else self.packer.spec(),
+        }
+
+    @property
+    def options_hash(self) -> str:
+        """Hash of :meth:`options`."""
+        if "options_hash" not in self._cache:
+            self._cache["options_hash"] = hash_options(self.options())
+        return self._cache["options_hash"]
+
+    def read_columns(self) -> tuple[str, ...]:
+        """Return the columns the pipeline reads."""
+        if self.columns is not None:
+            return self.columns
+        tok = self._tokenize_stage()
+        if self.packer is not None and tok is not None and not any(
+            isinstance(s, Filter) for s in self.stages
+        ):
+            return (tok.column,)
+        return tuple(self.manifest.schema.names)
+
+    # -- iteration ----------------------------------------------------------------
+
+    def iter(self, state: dict[str, Any] | None = None) -> DatasetIterator:
+        """Return a new iterator, from the start or from a saved ``state``."""
+        return DatasetIterator(self, state)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.iter()
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """Return the shards of ``epoch`` in reading order."""
+        shards = self._cache.get("shards")
+        if shards is None:
+            mask = np.ones(self.manifest.num_shards, dtype=bool)
+            for stage in self.stages:
+                if isinstance(stage, Filter):
+                    mask &= prune_shards(self.manifest, stage.expr)
+            shards = np.flatnonzero(mask)
+            self._cache["shards"] = shards
+            self._cache["num_pruned_shards"] = int(self.manifest.num_shards - shards.size)
+        return EpochPlan.from_manifest(self.manifest, shards)
+
+    def iter_chunks(self, reader: ShardReader, start: Position) -> Iterator[Chunk]:
+        """Yield processed chunks from ``start`` (token offsets are the packer's business)."""
+        epoch, seq = start.epoch, start.seq
+        while self.num_epochs is None or epoch < self.num_epochs:
+            plan = self.plan(epoch)
+            if plan.num_rows == 0 and self.num_epochs is None:
+                raise ConfigError(
+                    "the filter leaves no row group to read, so an endless stream would never "
+                    "yield: loosen the filter"
+                )
+            docs = 0
+            for chunk in iter_chunks(
+                reader, plan, epoch=epoch, start_seq=seq, batch_rows=self.batch_rows
+            ):
+                for out in self._apply_stages(chunk, 0):
+                    docs += out.num_docs
+                    yield out
+            if docs == 0 and seq == 0 and self.num_epochs is None:
+                raise ConfigError(
+                    f"epoch {epoch} kept no document (all filtered, null or empty), so an endless "
+                    "stream would never yield: check the filter and the data"
+                )
+            epoch, seq = epoch + 1, 0
+
+    def _apply_stages(self, chunk: Chunk, i: int) -> Iterator[Chunk]:
+        if i == len(self.stages):
+            yield chunk
+            return
+        for out in self.stages[i].apply(chunk):
+            yield from self._apply_stages(out, i + 1)

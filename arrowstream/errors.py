@@ -1,0 +1,46 @@
+"""Exception and warning classes of arrowstream.
+
+Every error the library raises derives from :class:`ArrowStreamError`, so a
+trainer can catch the whole family at once. Configuration mistakes also derive
+from :class:`ValueError`, so ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArrowStreamError",
+    "ConfigError",
+    "PerformanceWarning",
+    "SchemaError",
+    "ShardError",
+    "StateError",
+    "StateMismatchError",
+]
+
+
+class ArrowStreamError(Exception):
+    """Root of every error raised by arrowstream."""
+
+
+class ConfigError(ArrowStreamError, ValueError):
+    """An option or argument has a value the library cannot use."""
+
+
+class SchemaError(ArrowStreamError, ValueError):
+    """A column is missing, has the wrong type, or differs between files."""
+
+
+class ShardError(ArrowStreamError):
+    """A file or row group could not be found, opened or read."""
+
+
+class StateError(ArrowStreamError, ValueError):
+    """A saved state is malformed or from an unsupported format version."""
+
+
+class StateMismatchError(StateError):
+    """A saved state comes from other data or other pipeline options."""
+
+
+class PerformanceWarning(UserWarning):
+    """The pipeline works but is configured in a way that wastes time or memory."""

@@ -1,0 +1,108 @@
+"""Row filtering with a ``pyarrow.compute`` expression.
+
+The expression is evaluated vectorized on each record batch; rows where it is
+false or null are dropped and counted as ``filtered``. Before reading, the
+row-group statistics in the Parquet footers rule out whole row groups that
+cannot match (through ``pyarrow.dataset``), so they are never read.
+
+Deterministic: the same expression on the same data keeps the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from arrowstream.chunk import Chunk
+from arrowstream.errors import ConfigError, SchemaError
+from arrowstream.manifest import Manifest
+from arrowstream.stage import Stage
+
+__all__ = ["Filter", "prune_shards"]
+
+_SEQ = "__arrowstream_seq__"
+
+
+class Filter(Stage):
+    """Keep the rows where ``expr`` is true.
+
+    Parameters
+    ----------
+    expr
+        A boolean ``pyarrow.compute.Expression`` over the dataset's columns,
+        for example ``pc.field("lang") == "en"``.
+
+    Examples
+    --------
+    >>> import numpy as np, pyarrow as pa, pyarrow.compute as pc
+    >>> from arrowstream.chunk import Chunk
+    >>> batch = pa.record_batch({"n": [1, 5, 9]})
+    >>> chunk = Chunk(epoch=0, shard=0, seq_start=0, seq_end=3, row_start=0,
+    ...               seq=np.arange(3), batch=batch)
+    >>> [out] = Filter(pc.field("n") > 2).apply(chunk)
+    >>> out.seq.tolist(), out.skipped["filtered"].tolist()
+    ([1, 2], [0])
+    """
+
+    name = "filter"
+
+    def __init__(self, expr: pc.Expression) -> None:
+        if not isinstance(expr, pc.Expression):
+            raise ConfigError(
+                f"`filter` expects a pyarrow.compute.Expression such as "
+                f"`pc.field('lang') == 'en'`, got {type(expr).__name__!r}"
+            )
+        self.expr = expr
+
+    def spec(self) -> dict[str, Any]:
+        return {"expr": str(self.expr)}
+
+    def check(self, manifest: Manifest, schema: pa.Schema) -> pa.Schema:
+        try:
+            schema.empty_table().filter(self.expr)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise SchemaError(
+                f"filter {self.expr} does not apply to the columns read {schema.names!r} "
+                f"(first file {manifest.paths[0]!r}): {exc}; add the columns it uses to "
+                "`columns=` or fix the expression"
+            ) from exc
+        return schema
+
+    def apply(self, chunk: Chunk) -> Iterable[Chunk]:
+        assert chunk.batch is not None
+        tagged = chunk.batch.append_column(_SEQ, pa.array(chunk.seq, type=pa.int64()))
+        kept = tagged.filter(self.expr).column(_SEQ).to_numpy()
+        keep = np.isin(chunk.seq, kept, assume_unique=True)
+        return [chunk.with_rows(keep, "filtered")]
+
+
+def prune_shards(manifest: Manifest, expr: pc.Expression) -> np.ndarray:
+    """Return a boolean mask over shards: false where statistics prove no row matches.
+
+    Uses ``pyarrow.dataset`` to read each file's row-group statistics (footers
+    are read again, in parallel threads). Row groups without statistics are
+    kept.
+    """
+    fmt = pads.ParquetFileFormat()
+    fs = manifest.filesystem
+
+    def file_groups(path: str) -> set[int]:
+        fragment = fmt.make_fragment(path, filesystem=fs)
+        try:
+            parts = fragment.split_by_row_group(expr, schema=fragment.physical_schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return set(range(fragment.num_row_groups))
+        return {rg.id for part in parts for rg in part.row_groups}
+
+    with ThreadPoolExecutor(max_workers=min(16, manifest.num_files)) as pool:
+        keep_sets = list(pool.map(file_groups, manifest.paths))
+    mask = np.ones(manifest.num_shards, dtype=bool)
+    for i in range(manifest.num_shards):
+        mask[i] = int(manifest.shard_row_group[i]) in keep_sets[int(manifest.shard_file[i])]
+    return mask

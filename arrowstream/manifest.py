@@ -1,0 +1,453 @@
+"""Discovery: turn a path, glob, list or URI into a manifest of row-group shards.
+
+A :class:`Manifest` lists every non-empty row group of every Parquet file as one
+shard, in a deterministic order (files sorted by their path relative to the
+source root, row groups in file order). Only footers are read, in parallel
+threads. The manifest's :attr:`~Manifest.fingerprint` identifies the data
+(relative paths, file sizes, row counts per row group, selected schema), so a
+saved position can never be applied to other data by mistake.
+
+Invariants: the same files give the same manifest and fingerprint, wherever the
+dataset root lives (paths in the fingerprint are relative to the root). A
+manifest is immutable and picklable (it travels to DataLoader workers).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from arrowstream.errors import ConfigError, SchemaError, ShardError
+
+__all__ = ["Manifest", "Shard", "normalize_type", "read_manifest", "resolve_filesystem"]
+
+_GLOB_CHARS = "*?["
+_MAX_FOOTER_THREADS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One row group of one file: the unit of reading, shuffling and assignment.
+
+    Attributes
+    ----------
+    index : int
+        Position of the shard in the manifest.
+    path : str
+        File path as the filesystem understands it.
+    row_group : int
+        Row-group index inside the file.
+    num_rows : int
+        Rows in the row group.
+    num_bytes : int
+        Uncompressed size of the row group as the footer states it.
+    """
+
+    index: int
+    path: str
+    row_group: int
+    num_rows: int
+    num_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class _FileInfo:
+    path: str
+    relpath: str
+    size: int
+    row_counts: tuple[int, ...]
+    row_bytes: tuple[int, ...]
+    schema: pa.Schema
+
+
+class Manifest:
+    """The row-group shards of a Parquet dataset and the fingerprint of its data.
+
+    Build one with :func:`read_manifest`; the library's entry point
+    :func:`arrowstream.read_parquet` does so for you.
+
+    Attributes
+    ----------
+    filesystem : pyarrow.fs.FileSystem
+        Where the files live.
+    root : str
+        The directory the relative paths are taken from.
+    paths : tuple[str, ...]
+        Every file holding at least one non-empty row group, in order.
+    schema : pyarrow.Schema
+        The selected columns, with string and list types normalised
+        (``large_string`` reads as ``string``, ``large_list`` as ``list``).
+    fingerprint : str
+        Hash of relative paths, sizes, row counts per row group and schema.
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"text": ["a", "b", "c"]}), f"{d}/x.parquet", row_group_size=2)
+    >>> m = read_manifest(d)
+    >>> m.num_shards, m.num_rows, [s.num_rows for s in m.shards]
+    (2, 3, [2, 1])
+    """
+
+    def __init__(
+        self,
+        *,
+        filesystem: pafs.FileSystem,
+        root: str,
+        files: Sequence[_FileInfo],
+        schema: pa.Schema,
+        num_empty_files: int,
+        num_empty_row_groups: int,
+    ) -> None:
+        self.filesystem = filesystem
+        self.root = root
+        self.schema = schema
+        self.num_empty_files = num_empty_files
+        self.num_empty_row_groups = num_empty_row_groups
+        self._files = tuple(files)
+        self.paths = tuple(f.path for f in self._files)
+        self.relpaths = tuple(f.relpath for f in self._files)
+        file_idx, rg_idx, rows, nbytes = [], [], [], []
+        for fi, info in enumerate(self._files):
+            for rg, (n, b) in enumerate(zip(info.row_counts, info.row_bytes)):
+                if n > 0:
+                    file_idx.append(fi)
+                    rg_idx.append(rg)
+                    rows.append(n)
+                    nbytes.append(b)
+        self.shard_file = np.asarray(file_idx, dtype=np.int64)
+        self.shard_row_group = np.asarray(rg_idx, dtype=np.int64)
+        self.shard_rows = np.asarray(rows, dtype=np.int64)
+        self.shard_bytes = np.asarray(nbytes, dtype=np.int64)
+        self.fingerprint = _fingerprint(self._files, schema)
+
+    @property
+    def num_shards(self) -> int:
+        """Number of non-empty row groups."""
+        return int(self.shard_rows.size)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows over all shards."""
+        return int(self.shard_rows.sum())
+
+    @property
+    def num_files(self) -> int:
+        """Files holding at least one non-empty row group."""
+        return len(self._files)
+
+    @property
+    def file_sizes(self) -> tuple[int, ...]:
+        """Size in bytes of each file, in order."""
+        return tuple(f.size for f in self._files)
+
+    def shard(self, index: int) -> Shard:
+        """Return shard ``index`` as a :class:`Shard`."""
+        fi = int(self.shard_file[index])
+        return Shard(
+            index=int(index),
+            path=self._files[fi].path,
+            row_group=int(self.shard_row_group[index]),
+            num_rows=int(self.shard_rows[index]),
+            num_bytes=int(self.shard_bytes[index]),
+        )
+
+    @property
+    def shards(self) -> list[Shard]:
+        """Every shard, in manifest order."""
+        return [self.shard(i) for i in range(self.num_shards)]
+
+    def describe(self) -> dict[str, Any]:
+        """Return the short identity used in states and error messages."""
+        return {
+            "fingerprint": self.fingerprint,
+            "num_files": self.num_files,
+            "num_shards": self.num_shards,
+            "num_rows": self.num_rows,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"Manifest(root={self.root!r}, num_files={self.num_files}, "
+            f"num_shards={self.num_shards}, num_rows={self.num_rows})"
+        )
+
+
+def resolve_filesystem(
+    source: str | os.PathLike[str], filesystem: Any = None
+) -> tuple[pafs.FileSystem, str]:
+    """Return a ``pyarrow.fs`` filesystem and the path inside it for ``source``.
+
+    ``filesystem`` may be a ``pyarrow.fs.FileSystem``, an fsspec filesystem
+    (wrapped through ``pyarrow.fs.FSSpecHandler``) or ``None``, in which case a
+    URI such as ``s3://bucket/prefix`` picks its filesystem and a plain path is
+    local.
+
+    Examples
+    --------
+    >>> fs, path = resolve_filesystem("/tmp")
+    >>> type(fs).__name__, path
+    ('LocalFileSystem', '/tmp')
+    """
+    text = os.fspath(source)
+    if filesystem is None:
+        if "://" in text:
+            try:
+                return pafs.FileSystem.from_uri(text)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+                raise ConfigError(
+                    f"cannot resolve a filesystem for {text!r}: {exc}; pass `filesystem=` "
+                    "(a pyarrow.fs.FileSystem or an fsspec filesystem)"
+                ) from exc
+        return pafs.LocalFileSystem(), os.path.abspath(text)
+    if isinstance(filesystem, pafs.FileSystem):
+        return filesystem, text
+    if hasattr(filesystem, "ls") and hasattr(filesystem, "open"):  # an fsspec filesystem
+        return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem)), text
+    raise ConfigError(
+        f"`filesystem` must be a pyarrow.fs.FileSystem or an fsspec filesystem, got "
+        f"{type(filesystem).__name__!r}"
+    )
+
+
+def normalize_type(dtype: pa.DataType) -> pa.DataType:
+    """Map equivalent Arrow types to one spelling (large/view strings and lists).
+
+    Examples
+    --------
+    >>> normalize_type(pa.large_list(pa.int64()))
+    ListType(list<item: int64>)
+    """
+    if pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype):
+        return pa.string()
+    if pa.types.is_large_binary(dtype) or pa.types.is_binary_view(dtype):
+        return pa.binary()
+    if (
+        pa.types.is_large_list(dtype)
+        or pa.types.is_list_view(dtype)
+        or pa.types.is_large_list_view(dtype)
+        or pa.types.is_list(dtype)
+    ):
+        return pa.list_(normalize_type(dtype.value_type))
+    return dtype
+
+
+def read_manifest(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    columns: Sequence[str] | None = None,
+    filesystem: Any = None,
+) -> Manifest:
+    """Discover Parquet files and read their footers into a :class:`Manifest`.
+
+    Parameters
+    ----------
+    source
+        A directory (searched recursively for ``*.parquet``), a glob such as
+        ``data/*/part-*.parquet``, one file, a list of files, or a URI such as
+        ``s3://bucket/prefix/`` that ``pyarrow.fs`` resolves.
+    columns
+        Columns that will be read; only their schema must agree across files.
+        ``None`` selects every column of the first file.
+    filesystem
+        A ``pyarrow.fs.FileSystem`` or fsspec filesystem; ``None`` infers it.
+
+    Returns
+    -------
+    Manifest
+
+    Raises
+    ------
+    ShardError
+        A path does not exist, matches no Parquet file, or a file is not
+        readable Parquet (the message names the file).
+    SchemaError
+        A selected column is missing from a file, or its type differs between
+        two files (the message names both files and the column).
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"text": ["a"]}), f"{d}/a.parquet")
+    >>> read_manifest(f"{d}/*.parquet").relpaths
+    ('a.parquet',)
+    """
+    sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    if not sources:
+        raise ShardError("`source` is an empty list: pass at least one Parquet file or directory")
+    fs, root, pairs = _discover(sources, filesystem)
+    if not pairs:
+        raise ShardError(
+            f"no Parquet files found under {os.fspath(sources[0])!r}: expected `*.parquet` files "
+            "in the directory, matching the glob, or listed explicitly"
+        )
+    with ThreadPoolExecutor(max_workers=min(_MAX_FOOTER_THREADS, len(pairs))) as pool:
+        infos = list(pool.map(lambda p: _read_footer(fs, root, *p), pairs))
+    non_empty = [f for f in infos if any(n > 0 for n in f.row_counts)]
+    num_empty_files = len(infos) - len(non_empty)
+    num_empty_rgs = sum(sum(1 for n in f.row_counts if n == 0) for f in non_empty)
+    if not non_empty:
+        raise ShardError(
+            f"all {len(infos)} Parquet file(s) under {root!r} are empty: there are no rows to read"
+        )
+    schema = _check_schemas(non_empty, columns)
+    return Manifest(
+        filesystem=fs,
+        root=root,
+        files=non_empty,
+        schema=schema,
+        num_empty_files=num_empty_files,
+        num_empty_row_groups=num_empty_rgs,
+    )
+
+
+def _discover(
+    sources: list[str | os.PathLike[str]], filesystem: Any
+) -> tuple[pafs.FileSystem, str, list[tuple[str, int]]]:
+    """Return the filesystem, the common root and (path, size) of every file."""
+    fs: pafs.FileSystem | None = None
+    found: dict[str, int] = {}
+    roots: list[str] = []
+    for item in sources:
+        item_fs, path = resolve_filesystem(item, filesystem)
+        if fs is None:
+            fs = item_fs
+        elif type(item_fs) is not type(fs):
+            raise ConfigError(
+                "all sources must live on one filesystem; got "
+                f"{type(fs).__name__!r} and {type(item_fs).__name__!r}"
+            )
+        if any(c in path for c in _GLOB_CHARS):
+            base = _glob_base(path)
+            roots.append(base)
+            for info in _list_files(fs, base, original=path):
+                if fnmatch.fnmatchcase(info.path, path):
+                    found[info.path] = info.size
+            continue
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise ShardError(f"path {os.fspath(item)!r} does not exist: check the path or URI")
+        if info.type == pafs.FileType.Directory:
+            roots.append(path.rstrip("/") or "/")
+            for sub in _list_files(fs, path, original=path):
+                if sub.path.endswith(".parquet") and not _is_hidden(sub.path, path):
+                    found[sub.path] = sub.size
+        else:
+            roots.append(_parent(path))
+            found[info.path] = info.size
+    assert fs is not None
+    root = _common_root(roots)
+    return fs, root, sorted(found.items(), key=lambda kv: _relpath(kv[0], root))
+
+
+def _list_files(fs: pafs.FileSystem, base: str, *, original: str) -> list[pafs.FileInfo]:
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
+    except (FileNotFoundError, OSError) as exc:
+        raise ShardError(f"cannot list {original!r}: {exc}") from exc
+    return [i for i in infos if i.type == pafs.FileType.File]
+
+
+def _is_hidden(path: str, base: str) -> bool:
+    rel = path[len(base) :].lstrip("/")
+    return any(part.startswith((".", "_")) for part in rel.split("/"))
+
+
+def _glob_base(pattern: str) -> str:
+    parts = pattern.split("/")
+    keep = []
+    for part in parts:
+        if any(c in part for c in _GLOB_CHARS):
+            break
+        keep.append(part)
+    return "/".join(keep) or "/"
+
+
+def _parent(path: str) -> str:
+    head = path.rsplit("/", 1)[0] if "/" in path else ""
+    return head or "/"
+
+
+def _common_root(roots: list[str]) -> str:
+    split = [r.rstrip("/").split("/") for r in roots]
+    common = split[0]
+    for parts in split[1:]:
+        n = 0
+        while n < min(len(common), len(parts)) and common[n] == parts[n]:
+            n += 1
+        common = common[:n]
+    return "/".join(common) or "/"
+
+
+def _relpath(path: str, root: str) -> str:
+    if root in ("", "/"):
+        return path.lstrip("/")
+    return path[len(root) :].lstrip("/") if path.startswith(root + "/") else path
+
+
+def _read_footer(fs: pafs.FileSystem, root: str, path: str, size: int) -> _FileInfo:
+    try:
+        with fs.open_input_file(path) as handle:
+            meta = pq.ParquetFile(handle).metadata
+            schema = meta.schema.to_arrow_schema()
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        raise ShardError(
+            f"cannot read the Parquet footer of {path!r} ({size} bytes): {exc}; "
+            "the file is not Parquet or is truncated or corrupt: remove or rewrite it"
+        ) from exc
+    counts = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+    nbytes = tuple(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    return _FileInfo(path, _relpath(path, root), size, counts, nbytes, schema)
+
+
+def _check_schemas(files: list[_FileInfo], columns: Sequence[str] | None) -> pa.Schema:
+    first = files[0]
+    names = list(columns) if columns is not None else list(first.schema.names)
+    if columns is not None and len(set(names)) != len(names):
+        raise ConfigError(f"`columns` lists a column twice: {names!r}")
+    fields = []
+    for name in names:
+        idx = first.schema.get_field_index(name)
+        if idx < 0:
+            raise SchemaError(
+                f"column `{name}` is missing from {first.path!r}; it has columns "
+                f"{first.schema.names!r}: fix `columns=` or the data"
+            )
+        fields.append(pa.field(name, normalize_type(first.schema.field(idx).type)))
+    schema = pa.schema(fields)
+    for info in files[1:]:
+        for field in schema:
+            idx = info.schema.get_field_index(field.name)
+            if idx < 0:
+                raise SchemaError(
+                    f"column `{field.name}` is in {first.path!r} but missing from {info.path!r} "
+                    "(schema drift): select common columns with `columns=` or fix the files"
+                )
+            other = normalize_type(info.schema.field(idx).type)
+            if other != field.type:
+                raise SchemaError(
+                    f"column `{field.name}` has type {field.type} in {first.path!r} but {other} in "
+                    f"{info.path!r} (schema drift): rewrite the files with one type"
+                )
+    return schema
+
+
+def _fingerprint(files: Sequence[_FileInfo], schema: pa.Schema) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps([[f.name, str(f.type)] for f in schema]).encode())
+    for f in files:
+        digest.update(json.dumps([f.relpath, f.size, f.row_counts]).encode())
+    return digest.hexdigest()[:32]

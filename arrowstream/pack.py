@@ -1,0 +1,251 @@
+"""Packing: from a stream of tokenized chunks to fixed-shape batches.
+
+A :class:`Packer` is an immutable description; :meth:`Packer.start` gives a
+:class:`PackRun` that holds the per-iterator state. A run tells the pipeline
+where upstream reading must start (:meth:`PackRun.upstream_position`) and
+describes its state as references (positions), never as held tokens, so a
+checkpoint stays small and a resume re-reads only what the state points at.
+
+:class:`ConcatPacker` joins documents (each ending with EOS when the tokenize
+stage adds it) into rows of exactly ``seq_len`` tokens, ``batch_size`` rows per
+batch, cutting documents at row ends. Its whole state is the position of the
+first token not yet emitted. Batches never span two epochs: the last batch of
+an epoch is padded (``drop_last=False``) or dropped and counted
+(``drop_last=True``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from arrowstream.batch import assemble_batch
+from arrowstream.chunk import Chunk, Ledger
+from arrowstream.errors import ConfigError, StateError
+from arrowstream.state import Position
+
+__all__ = ["ConcatPacker", "PackRun", "Packer", "make_packer"]
+
+
+class PackRun(ABC):
+    """The stateful side of a packer inside one iterator."""
+
+    @abstractmethod
+    def upstream_position(self) -> Position:
+        """Return where upstream reading must start for this run."""
+
+    @abstractmethod
+    def next_batch(self, chunks: Iterator[Chunk]) -> dict[str, np.ndarray]:
+        """Return the next batch, pulling chunks as needed; raise ``StopIteration`` at the end."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Return ``{"position": {...}, "stats": {...}, "packer": {...}}``, JSON-able."""
+
+
+class Packer(ABC):
+    """Description of a packing strategy.
+
+    Parameters
+    ----------
+    seq_len
+        Tokens per row.
+    batch_size
+        Rows per batch.
+    drop_last
+        Drop (and count) the last incomplete batch of an epoch instead of padding it.
+    pad_id
+        Token id on padding.
+    """
+
+    name = "packer"
+
+    def __init__(self, *, seq_len: int, batch_size: int, drop_last: bool, pad_id: int) -> None:
+        for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ConfigError(f"`{key}` must be a positive int, got {value!r}")
+        self.seq_len = int(seq_len)
+        self.batch_size = int(batch_size)
+        self.drop_last = bool(drop_last)
+        self.pad_id = int(pad_id)
+
+    def spec(self) -> dict[str, Any]:
+        """Return the JSON-able options that define the packer's output."""
+        return {
+            "strategy": self.name,
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "pad_id": self.pad_id,
+        }
+
+    @abstractmethod
+    def start(self, state: dict[str, Any] | None) -> PackRun:
+        """Return a run starting fresh (``None``) or from a saved state."""
+
+
+class ConcatPacker(Packer):
+    """Concatenate documents into full rows, cutting at row ends.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from arrowstream.chunk import Chunk
+    >>> chunk = Chunk(epoch=0, shard=0, seq_start=0, seq_end=2, row_start=0,
+    ...               seq=np.arange(2), tokens=np.arange(1, 8, dtype=np.int32),
+    ...               offsets=np.array([0, 4, 7]))
+    >>> run = ConcatPacker(seq_len=3, batch_size=2, drop_last=False, pad_id=0).start(None)
+    >>> batch = run.next_batch(iter([chunk]))
+    >>> batch["input_ids"].tolist(), batch["segment_ids"].tolist()
+    ([[1, 2, 3], [4, 5, 6]], [[1, 1, 1], [1, 2, 2]])
+    >>> run.state_dict()["position"]
+    {'epoch': 0, 'seq': 1, 'token_offset': 2}
+    """
+
+    name = "concat"
+
+    def start(self, state: dict[str, Any] | None) -> PackRun:
+        return _ConcatRun(self, state)
+
+
+class _ConcatRun(PackRun):
+    def __init__(self, packer: ConcatPacker, state: dict[str, Any] | None) -> None:
+        self.p = packer
+        self.queue: deque[Chunk] = deque()
+        self.cursor = 0  # token index into queue[0]
+        if state is None:
+            self.pos = Position(0, 0, 0)
+            self.ledger = Ledger()
+        else:
+            pos = state["position"]
+            self.pos = Position(int(pos["epoch"]), int(pos["seq"]), int(pos["token_offset"]))
+            self.ledger = Ledger(state["stats"])
+        self._skip_tokens = self.pos.token_offset
+        self._ended = False
+
+    def upstream_position(self) -> Position:
+        return Position(self.pos.epoch, self.pos.seq, 0)
+
+    def _head(self, chunks: Iterator[Chunk]) -> Chunk | None:
+        """Return the chunk holding the next token, pulling and retiring chunks as needed."""
+        while True:
+            if self.queue:
+                head = self.queue[0]
+                if self.cursor < head.offsets[-1]:
+                    return head
+                self.queue.popleft()
+                self.ledger.commit(head)
+                self.pos = Position(head.epoch, head.seq_end, 0)
+                self.cursor = 0
+                continue
+            if self._ended:
+                return None
+            chunk = next(chunks, None)
+            if chunk is None:
+                self._ended = True
+                return None
+            if self._skip_tokens:
+                self._apply_resume_offset(chunk)
+            self.queue.append(chunk)
+
+    def _apply_resume_offset(self, chunk: Chunk) -> None:
+        if chunk.num_docs == 0 or chunk.seq[0] != self.pos.seq:
+            raise StateError(
+                f"the state points {self.pos.token_offset} tokens into document {self.pos.seq} of "
+                f"epoch {self.pos.epoch}, but that document is not there any more (the data or "
+                "the filter changed): start without the state"
+            )
+        length = int(chunk.offsets[1] - chunk.offsets[0])
+        if self._skip_tokens >= length:
+            raise StateError(
+                f"the state points {self._skip_tokens} tokens into document {self.pos.seq} of "
+                f"epoch {self.pos.epoch}, which has only {length} tokens: the tokenizer or the "
+                "data changed; start without the state"
+            )
+        self.cursor = int(chunk.offsets[0]) + self._skip_tokens
+        self._skip_tokens = 0
+
+    def next_batch(self, chunks: Iterator[Chunk]) -> dict[str, np.ndarray]:
+        L, B = self.p.seq_len, self.p.batch_size
+        need = L * B
+        while True:
+            pieces: list[tuple[Chunk, int, int]] = []
+            got = 0
+            epoch = None
+            while got < need:
+                head = self._head(chunks)
+                if head is None or (epoch is not None and head.epoch != epoch):
+                    break
+                epoch = head.epoch
+                take = min(need - got, int(head.offsets[-1]) - self.cursor)
+                pieces.append((head, self.cursor, self.cursor + take))
+                self.cursor += take
+                got += take
+            if got == 0:
+                raise StopIteration
+            if got < need and self.p.drop_last:
+                self.ledger.add("dropped_tokens", got)
+                continue
+            return self._assemble(pieces, got)
+
+    def _assemble(self, pieces: list[tuple[Chunk, int, int]], got: int) -> dict[str, np.ndarray]:
+        L, B = self.p.seq_len, self.p.batch_size
+        src = np.concatenate([c.tokens[a:b] for c, a, b in pieces])
+        cuts = [np.arange(0, got, L, dtype=np.int64)]
+        base = 0
+        for chunk, a, b in pieces:
+            starts = chunk.offsets[(chunk.offsets >= a) & (chunk.offsets < b)]
+            cuts.append(starts - a + base)
+            base += b - a
+        bounds = np.unique(np.concatenate(cuts))
+        seg_len = np.diff(np.append(bounds, got))
+        batch = assemble_batch(
+            src, bounds, seg_len, bounds // L, batch_size=B, seq_len=L, pad_id=self.p.pad_id
+        )
+        self.ledger.add("tokens", got)
+        self.ledger.add("padding_tokens", B * L - got)
+        self.ledger.add("batches", 1)
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        pos, partial = self.pos, None
+        if self.queue and self.cursor < self.queue[0].offsets[-1]:
+            head = self.queue[0]
+            i = int(np.searchsorted(head.offsets, self.cursor, side="right")) - 1
+            pos = Position(head.epoch, int(head.seq[i]), self.cursor - int(head.offsets[i]))
+            partial = head
+        elif self.queue:
+            head = self.queue[0]
+            pos = Position(head.epoch, head.seq_end, 0)
+            partial = head
+        stats = self.ledger.snapshot(partial, pos.seq)
+        return {
+            "position": {"epoch": pos.epoch, "seq": pos.seq, "token_offset": pos.token_offset},
+            "stats": stats,
+            "packer": {},
+        }
+
+
+_STRATEGIES: dict[str, type[Packer]] = {"concat": ConcatPacker}
+
+
+def make_packer(
+    strategy: str, *, seq_len: int, batch_size: int, drop_last: bool, pad_id: int
+) -> Packer:
+    """Return the packer registered under ``strategy``.
+
+    Raises
+    ------
+    ConfigError
+        ``strategy`` is not a known strategy.
+    """
+    cls = _STRATEGIES.get(strategy)
+    if cls is None:
+        raise ConfigError(
+            f"unknown packing strategy {strategy!r}: expected one of {sorted(_STRATEGIES)!r}"
+        )
+    return cls(seq_len=seq_len, batch_size=batch_size, drop_last=drop_last, pad_id=pad_id)

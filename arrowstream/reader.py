@@ -1,0 +1,99 @@
+"""Reading one shard (a row group) of projected columns, with errors that name it.
+
+:class:`ShardReader` keeps a few files open so consecutive row groups of one
+file do not re-read its footer. Every pyarrow error raised while reading is
+re-raised as :class:`~arrowstream.errors.ShardError` naming the file, the row
+group and the columns. A reader belongs to one iterator (one thread); it is
+cheap to create and never pickled.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from arrowstream.errors import SchemaError, ShardError
+from arrowstream.manifest import Manifest
+
+__all__ = ["ShardReader"]
+
+_OPEN_FILES = 4
+
+
+class ShardReader:
+    """Read row groups of a manifest's files, casting columns to the manifest schema.
+
+    Parameters
+    ----------
+    manifest
+        The dataset's manifest.
+    columns
+        Columns to read, all present in ``manifest.schema``.
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> from arrowstream.manifest import read_manifest
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"text": ["a", "b", "c"]}), f"{d}/x.parquet", row_group_size=2)
+    >>> reader = ShardReader(read_manifest(d), ["text"])
+    >>> reader.read(1).column("text").to_pylist()
+    ['c']
+    """
+
+    def __init__(self, manifest: Manifest, columns: Sequence[str]) -> None:
+        self.manifest = manifest
+        self.columns = list(columns)
+        self.schema = pa.schema([manifest.schema.field(c) for c in self.columns])
+        self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
+
+    def read(self, shard: int) -> pa.Table:
+        """Return every row of shard ``shard`` for the selected columns."""
+        info = self.manifest.shard(shard)
+        where = f"{info.path!r}, row group {info.row_group}, columns {self.columns!r}"
+        try:
+            table = self._open(info.path).read_row_group(info.row_group, columns=self.columns)
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError, IndexError) as exc:
+            raise ShardError(
+                f"cannot read {where}: {exc}; the file may be truncated, corrupt or changed "
+                "since the manifest was built: rebuild the dataset or remove the file"
+            ) from exc
+        if table.num_rows != info.num_rows:
+            raise ShardError(
+                f"{where} has {table.num_rows} rows but its footer said {info.num_rows} when the "
+                "dataset was opened: the file changed; rebuild the dataset"
+            )
+        if table.schema != self.schema:
+            try:
+                table = table.cast(self.schema)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise SchemaError(
+                    f"cannot read {where} as {self.schema}: {exc}; the file's schema changed"
+                ) from exc
+        return table
+
+    def _open(self, path: str) -> pq.ParquetFile:
+        handle = self._files.pop(path, None)
+        if handle is None:
+            fs = self.manifest.filesystem
+            try:
+                handle = pq.ParquetFile(fs.open_input_file(path))
+            except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+                raise ShardError(
+                    f"cannot open {path!r}: {exc}; it was readable when the dataset was opened: "
+                    "check that it still exists and is complete"
+                ) from exc
+            while len(self._files) >= _OPEN_FILES:
+                _, old = self._files.popitem(last=False)
+                old.close()
+        self._files[path] = handle
+        return handle
+
+    def close(self) -> None:
+        """Close the open files."""
+        while self._files:
+            _, handle = self._files.popitem()
+            handle.close()

@@ -1,0 +1,128 @@
+"""The checkpoint format: positions as small coordinates, never data.
+
+A state is a JSON-able ``dict`` of the same shape at every step::
+
+    {
+      "format": "arrowstream.state", "version": 1,
+      "dataset": {"fingerprint": ..., "num_files": ..., "num_shards": ..., "num_rows": ...},
+      "options_hash": ..., "options": {...},
+      "position": {"epoch": 0, "seq": 1234, "token_offset": 17,
+                   "file": "part-0.parquet", "row_group": 2, "row": 210},
+      "stats": {"rows": ..., "docs": ..., "tokens": ..., ...},
+      "batches": 12,
+    }
+
+``position.seq`` (the epoch's row sequence number of the next document to
+read) and ``position.token_offset`` (tokens of that document already emitted)
+are authoritative; ``file``, ``row_group`` and ``row`` name the same place for
+people and are checked on load. See ``docs/state-format.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from arrowstream.errors import StateError, StateMismatchError
+
+__all__ = [
+    "STATE_FORMAT",
+    "STATE_VERSION",
+    "Position",
+    "check_state",
+    "hash_options",
+]
+
+STATE_FORMAT = "arrowstream.state"
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Position:
+    """Where the stream continues: epoch, row sequence number, tokens already emitted.
+
+    Examples
+    --------
+    >>> Position(0, 10, 3) < Position(1, 0, 0)
+    True
+    """
+
+    epoch: int
+    seq: int
+    token_offset: int = 0
+
+
+def hash_options(options: dict[str, Any]) -> str:
+    """Return a stable short hash of JSON-able pipeline options.
+
+    Examples
+    --------
+    >>> hash_options({"a": 1}) == hash_options({"a": 1})
+    True
+    """
+    text = json.dumps(options, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def check_state(
+    state: Any, *, dataset: dict[str, Any], options: dict[str, Any], options_hash: str
+) -> None:
+    """Raise unless ``state`` is a well-formed state for this data and these options.
+
+    Raises
+    ------
+    StateError
+        ``state`` is not an arrowstream state or has another format version.
+    StateMismatchError
+        ``state`` was saved from other data or other pipeline options; the
+        message says what differs.
+    """
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        got = type(state).__name__ if not isinstance(state, dict) else sorted(state)[:6]
+        raise StateError(
+            f"expected an arrowstream state (a dict with format={STATE_FORMAT!r}), got {got!r}: "
+            "pass what `state_dict()` returned"
+        )
+    if state.get("version") != STATE_VERSION:
+        raise StateError(
+            f"state format version {state.get('version')!r} is not supported (this arrowstream "
+            f"reads version {STATE_VERSION}): resume with the arrowstream release that saved it"
+        )
+    saved = state.get("dataset", {})
+    if saved.get("fingerprint") != dataset["fingerprint"]:
+        raise StateMismatchError(
+            "the state was saved from other data: it has "
+            f"{_describe(saved)}, this pipeline reads {_describe(dataset)}; resume on the same "
+            "files (same relative paths, sizes and row groups) or start without the state"
+        )
+    if state.get("options_hash") != options_hash:
+        saved_opts = state.get("options", {})
+        diffs = _diff(saved_opts, options)
+        raise StateMismatchError(
+            "the state was saved with other pipeline options: "
+            + "; ".join(diffs)
+            + ". Rebuild the pipeline with the saved options or start without the state"
+        )
+    for key in ("position", "stats"):
+        if key not in state:
+            raise StateError(f"state is missing `{key}`: it is truncated or was edited")
+
+
+def _describe(d: dict[str, Any]) -> str:
+    return (
+        f"{d.get('num_files')} file(s), {d.get('num_shards')} row group(s), "
+        f"{d.get('num_rows')} row(s), fingerprint {str(d.get('fingerprint'))[:12]}"
+    )
+
+
+def _diff(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    if isinstance(saved, dict) and isinstance(current, dict):
+        out = []
+        for key in sorted(set(saved) | set(current)):
+            out += _diff(saved.get(key), current.get(key), f"{prefix}{key}.")
+        return out
+    if saved != current:
+        return [f"`{prefix.rstrip('.')}` was {saved!r}, now {current!r}"]
+    return []

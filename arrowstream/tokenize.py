@@ -1,0 +1,267 @@
+"""Tokenization: text column to a flat ``int32`` token array plus offsets.
+
+With a ``tokenizers.Tokenizer``, texts are encoded in slices of about
+``slice_bytes`` of text by the tokenizer's batch encoder (its own Rust thread
+pool); the ids are flattened once per slice into numpy, never per token in a
+Python loop of ours. With ``tokenizer=None`` the column already holds token ids
+(``list<int32>`` or ``list<int64>``, large lists too) and is used as is,
+zero-copy where the type allows.
+
+Null documents are dropped and counted as ``null``; empty ones (no text, or no
+tokens) as ``empty``. With ``add_eos`` every document ends with the EOS id.
+
+Deterministic: a document's tokens depend only on its text, never on how rows
+are sliced, so outputs do not depend on batch sizes or row-group layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from tokenizers import Tokenizer
+
+from arrowstream.chunk import Chunk
+from arrowstream.errors import ConfigError, SchemaError
+from arrowstream.manifest import Manifest
+from arrowstream.stage import Stage
+
+__all__ = ["Tokenize", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
+
+_EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def load_tokenizer(tokenizer: Tokenizer | str | os.PathLike[str]) -> Tokenizer:
+    """Return ``tokenizer`` itself, or load it from a ``tokenizer.json`` path.
+
+    Raises
+    ------
+    ConfigError
+        The path does not exist or is not a tokenizers JSON file.
+    """
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    if isinstance(tokenizer, (str, os.PathLike)):
+        path = os.fspath(tokenizer)
+        if not os.path.isfile(path):
+            raise ConfigError(
+                f"tokenizer file {path!r} does not exist: pass the path of a `tokenizer.json` "
+                "saved by the `tokenizers` library, or a `tokenizers.Tokenizer`"
+            )
+        try:
+            return Tokenizer.from_file(path)
+        except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
+            raise ConfigError(f"cannot load tokenizer {path!r}: {exc}") from exc
+    raise ConfigError(
+        "`tokenizer` must be a tokenizers.Tokenizer, a path to a tokenizer.json, or None for a "
+        f"column of token ids; got {type(tokenizer).__name__!r}"
+    )
+
+
+def tokenizer_hash(tokenizer: Tokenizer) -> str:
+    """Return a short hash of the tokenizer's full JSON (vocabulary, merges, settings)."""
+    return hashlib.sha256(tokenizer.to_str().encode()).hexdigest()[:32]
+
+
+def find_eos_id(tokenizer: Tokenizer) -> int | None:
+    """Return the id of the tokenizer's end-of-text special token, or ``None``.
+
+    Looks for the usual names (``<|endoftext|>``, ``</s>``, ``<eos>``, ...)
+    among special tokens; a tokenizer with exactly one special token uses it.
+    """
+    specials = {
+        tok.content: idx
+        for idx, tok in tokenizer.get_added_tokens_decoder().items()
+        if tok.special
+    }
+    for name in _EOS_NAMES:
+        if name in specials:
+            return specials[name]
+    if len(specials) == 1:
+        return next(iter(specials.values()))
+    return None
+
+
+class Tokenize(Stage):
+    """Turn a text column (or a column of token ids) into tokens.
+
+    Parameters
+    ----------
+    tokenizer
+        A ``tokenizers.Tokenizer``, a path to a ``tokenizer.json``, or ``None``
+        when ``column`` already holds token ids.
+    column
+        The text (or token-id) column.
+    add_eos
+        Append the EOS id to every document.
+    eos_id
+        The EOS id; found among the tokenizer's special tokens when ``None``.
+    add_special_tokens
+        Passed to the tokenizer (its post-processor may add BOS and the like).
+    slice_bytes
+        Text per batch-encoder call; smaller gives an earlier first batch.
+
+    Examples
+    --------
+    >>> import numpy as np, pyarrow as pa
+    >>> from arrowstream.chunk import Chunk
+    >>> batch = pa.record_batch({"ids": pa.array([[5, 6], [7]], pa.list_(pa.int64()))})
+    >>> chunk = Chunk(epoch=0, shard=0, seq_start=0, seq_end=2, row_start=0,
+    ...               seq=np.arange(2), batch=batch)
+    >>> [out] = Tokenize(None, column="ids", eos_id=0).apply(chunk)
+    >>> out.tokens.tolist(), out.offsets.tolist()
+    ([5, 6, 0, 7, 0], [0, 3, 5])
+    """
+
+    name = "tokenize"
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | str | os.PathLike[str] | None,
+        *,
+        column: str = "text",
+        add_eos: bool = True,
+        eos_id: int | None = None,
+        add_special_tokens: bool = True,
+        slice_bytes: int = 1 << 18,
+    ) -> None:
+        self.tokenizer = None if tokenizer is None else load_tokenizer(tokenizer)
+        self.column = column
+        self.add_eos = bool(add_eos)
+        self.add_special_tokens = bool(add_special_tokens)
+        if slice_bytes < 1:
+            raise ConfigError(f"`slice_bytes` must be positive, got {slice_bytes!r}")
+        self.slice_bytes = int(slice_bytes)
+        if eos_id is None and self.tokenizer is not None:
+            eos_id = find_eos_id(self.tokenizer)
+        if add_eos and eos_id is None:
+            raise ConfigError(
+                "`add_eos=True` needs an EOS id and none was found"
+                + (" among the tokenizer's special tokens" if self.tokenizer is not None else "")
+                + ": pass `eos_id=` or `add_eos=False`"
+            )
+        if eos_id is not None and not 0 <= int(eos_id) <= _INT32_MAX:
+            raise ConfigError(f"`eos_id` must be a non-negative int32, got {eos_id!r}")
+        self.eos_id = None if eos_id is None else int(eos_id)
+        self._hash = None if self.tokenizer is None else tokenizer_hash(self.tokenizer)
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "column": self.column,
+            "tokenizer": self._hash,
+            "add_eos": self.add_eos,
+            "eos_id": self.eos_id,
+            "add_special_tokens": self.add_special_tokens,
+        }
+
+    def columns(self) -> set[str]:
+        return {self.column}
+
+    def check(self, manifest: Manifest, schema: pa.Schema) -> pa.Schema:
+        idx = schema.get_field_index(self.column)
+        if idx < 0:
+            raise SchemaError(
+                f"column `{self.column}` is not among the columns read {schema.names!r} "
+                f"(first file {manifest.paths[0]!r}): pass `column=` or add it to `columns=`"
+            )
+        dtype = schema.field(idx).type
+        if self.tokenizer is not None and not pa.types.is_string(dtype):
+            raise SchemaError(
+                f"column `{self.column}` has type {dtype} (first file {manifest.paths[0]!r}) but "
+                "a tokenizer needs text (string); for a column of token ids use "
+                "`.tokenize(None, column=...)`"
+            )
+        if self.tokenizer is None and not (
+            pa.types.is_list(dtype) and pa.types.is_integer(dtype.value_type)
+        ):
+            raise SchemaError(
+                f"column `{self.column}` has type {dtype} (first file {manifest.paths[0]!r}) but "
+                "`.tokenize(None, ...)` expects token ids (list<int32> or list<int64>); "
+                "for text pass a tokenizer"
+            )
+        return schema
+
+    def apply(self, chunk: Chunk) -> Iterable[Chunk]:
+        assert chunk.batch is not None
+        col = chunk.batch.column(self.column)
+        chunk = chunk.with_rows(col.is_valid().to_numpy(zero_copy_only=False), "null")
+        col = chunk.batch.column(self.column)
+        lengths = pc.binary_length(col) if self.tokenizer is not None else pc.list_value_length(col)
+        lengths = lengths.to_numpy(zero_copy_only=False)
+        chunk = chunk.with_rows(lengths > 0, "empty")
+        if chunk.num_docs == 0:
+            return [replace(chunk, tokens=np.empty(0, np.int32), offsets=np.zeros(1, np.int64))]
+        col = chunk.batch.column(self.column)
+        if self.tokenizer is None:
+            return [self._from_ids(chunk, col)]
+        sizes = lengths[lengths > 0]
+        pieces = chunk.split(_slice_bounds(sizes, self.slice_bytes))
+        return [self._encode(piece) for piece in pieces]
+
+    def _encode(self, chunk: Chunk) -> Chunk:
+        assert self.tokenizer is not None and chunk.batch is not None
+        texts = chunk.batch.column(self.column).to_pylist()
+        encodings = self.tokenizer.encode_batch_fast(
+            texts, add_special_tokens=self.add_special_tokens
+        )
+        ids = [e.ids for e in encodings]
+        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lens.sum()))
+        return self._finish(chunk, flat, lens)
+
+    def _from_ids(self, chunk: Chunk, col: pa.Array) -> Chunk:
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks()
+        offsets = col.offsets.to_numpy().astype(np.int64)
+        values = col.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy()
+        if values.dtype != np.int32:
+            if values.size and (values.min() < 0 or values.max() > _INT32_MAX):
+                bad = values.min() if values.min() < 0 else values.max()
+                raise SchemaError(
+                    f"column `{self.column}` holds token id {int(bad)} in shard {chunk.shard}, "
+                    f"rows from {chunk.row_start}: token ids must fit in int32 and be non-negative"
+                )
+            values = values.astype(np.int32)
+        return self._finish(chunk, values, np.diff(offsets))
+
+    def _finish(self, chunk: Chunk, flat: np.ndarray, lens: np.ndarray) -> Chunk:
+        if (lens == 0).any():  # texts that encode to no tokens at all
+            keep = lens > 0
+            chunk = chunk.with_rows(keep, "empty")
+            lens = lens[keep]
+        if self.add_eos:
+            n = lens.size
+            out = np.empty(flat.size + n, dtype=np.int32)
+            ends = np.cumsum(lens + 1)
+            is_eos = np.zeros(out.size, dtype=bool)
+            is_eos[ends - 1] = True
+            out[is_eos] = self.eos_id
+            out[~is_eos] = flat
+            flat, lens = out, lens + 1
+        offsets = np.zeros(lens.size + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        return replace(chunk, tokens=flat, offsets=offsets)
+
+
+def _slice_bounds(sizes: np.ndarray, budget: int) -> np.ndarray:
+    """Return row indices that cut rows into runs of about ``budget`` bytes (greedy)."""
+    if sizes.sum() <= budget:
+        return np.empty(0, dtype=np.int64)
+    cum = np.cumsum(sizes)
+    bounds = []
+    start_bytes = 0
+    while True:
+        i = int(np.searchsorted(cum, start_bytes + budget, side="left")) + 1
+        if i >= sizes.size:
+            break
+        bounds.append(i)
+        start_bytes = int(cum[i - 1])
+    return np.asarray(bounds, dtype=np.int64)

@@ -1,0 +1,65 @@
+"""Shared fixtures: small Parquet datasets written per test, one trained tokenizer per session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer
+
+from arrowstream.sample import make_texts, sample_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Tokenizer:
+    return sample_tokenizer(vocab_size=1024)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_path(tokenizer: Tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path
+
+
+def write_parts(
+    directory: Path,
+    parts: Sequence[dict[str, Any]],
+    *,
+    row_group_size: int = 4,
+    schema: pa.Schema | None = None,
+) -> list[Path]:
+    """Write one Parquet file per dict of columns; return the paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, cols in enumerate(parts):
+        path = directory / f"part-{i:03d}.parquet"
+        pq.write_table(pa.table(cols, schema=schema), path, row_group_size=row_group_size)
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture
+def text_dir(tmp_path: Path) -> Callable[..., Path]:
+    """Return a factory writing ``num_files`` files of sample texts with unique ids."""
+
+    def make(
+        num_files: int = 3, docs_per_file: int = 20, row_group_size: int = 6, seed: int = 0
+    ) -> Path:
+        texts = make_texts(num_files * docs_per_file, seed=seed, mean_log_words=3.0)
+        parts = [
+            {
+                "id": list(range(f * docs_per_file, (f + 1) * docs_per_file)),
+                "text": texts[f * docs_per_file : (f + 1) * docs_per_file],
+            }
+            for f in range(num_files)
+        ]
+        out = tmp_path / f"texts-{seed}-{num_files}-{docs_per_file}-{row_group_size}"
+        write_parts(out, parts, row_group_size=row_group_size)
+        return out
+
+    return make

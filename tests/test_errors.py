@@ -1,0 +1,155 @@
+"""Bad input gets a clear error naming file, row group and column, or a counted skip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer, models
+
+from arrowstream import (
+    ArrowStreamError,
+    ConfigError,
+    SchemaError,
+    ShardError,
+    StateError,
+    StateMismatchError,
+    read_parquet,
+)
+
+from .conftest import write_parts
+
+
+def _corrupt_data_pages(path: Path) -> None:
+    meta = pq.read_metadata(path)
+    col = meta.row_group(1).column(0)
+    start = col.data_page_offset
+    data = bytearray(path.read_bytes())
+    for i in range(start + 8, start + col.total_compressed_size - 2):
+        data[i] = (data[i] * 7 + 13) % 256
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_row_group_names_file_row_group_and_column(tmp_path: Path) -> None:
+    texts = [f"document number {i} " * 20 for i in range(40)]
+    [path] = write_parts(tmp_path, [{"text": texts}], row_group_size=10)
+    _corrupt_data_pages(path)
+    ds = read_parquet(tmp_path)  # the footer is intact
+    with pytest.raises((ShardError, SchemaError)) as info:
+        for _ in ds:
+            pass
+    message = str(info.value)
+    assert "part-000.parquet" in message and "row group 1" in message and "text" in message
+
+
+def test_file_changed_after_opening_is_detected(tmp_path: Path) -> None:
+    [path] = write_parts(tmp_path, [{"text": ["a", "b", "c", "d"]}], row_group_size=2)
+    ds = read_parquet(tmp_path)
+    pq.write_table(pa.table({"text": ["a", "b", "c"]}), path, row_group_size=3)
+    with pytest.raises(ShardError, match="part-000.parquet"):
+        list(ds)
+
+
+def test_text_column_of_wrong_type_is_a_schema_error(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    write_parts(tmp_path, [{"text": [1, 2]}])
+    with pytest.raises(SchemaError, match=r"`text` has type int64.*part-000.parquet"):
+        read_parquet(tmp_path).tokenize(tokenizer)
+
+
+def test_token_column_of_wrong_type_is_a_schema_error(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"input_ids": ["a", "b"]}])
+    with pytest.raises(SchemaError, match="token ids"):
+        read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0)
+
+
+def test_missing_text_column_is_a_schema_error(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    write_parts(tmp_path, [{"body": ["a"]}])
+    with pytest.raises(SchemaError, match="`text` is not among"):
+        read_parquet(tmp_path).tokenize(tokenizer)
+
+
+def test_token_ids_out_of_int32_range_are_an_error(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"input_ids": pa.array([[1, 2**40]], pa.list_(pa.int64()))}])
+    ds = read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0)
+    with pytest.raises(SchemaError, match="int32"):
+        list(ds)
+
+
+def test_nulls_and_empty_texts_are_counted_skips(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    write_parts(tmp_path, [{"text": ["a b", None, "", "c", None]}])
+    it = read_parquet(tmp_path).tokenize(tokenizer).iter()
+    out = [t for b in it for t in b.column("text").to_pylist()]
+    assert out == ["a b", "c"]
+    stats = it.state_dict()["stats"]
+    assert (stats["rows"], stats["docs"], stats["null"], stats["empty"]) == (5, 2, 2, 1)
+
+
+def test_tokenizer_path_that_does_not_exist(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"text": ["a"]}])
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_parquet(tmp_path).tokenize(tmp_path / "missing.json")
+
+
+def test_tokenizer_path_is_loaded(tmp_path: Path, tokenizer_path: Path, tokenizer: Tokenizer) -> None:
+    write_parts(tmp_path, [{"text": ["hello world"]}])
+    [batch] = list(read_parquet(tmp_path).tokenize(tokenizer_path))
+    assert batch.column("input_ids").to_pylist()[0][:-1] == tokenizer.encode("hello world").ids
+
+
+def test_tokenizer_without_eos_needs_eos_id(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"text": ["a"]}])
+    bare = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    with pytest.raises(ConfigError, match="eos_id"):
+        read_parquet(tmp_path).tokenize(bare)
+    assert read_parquet(tmp_path).tokenize(bare, add_eos=False) is not None
+    assert read_parquet(tmp_path).tokenize(bare, eos_id=1) is not None
+
+
+def test_state_from_other_data_is_refused(tmp_path: Path) -> None:
+    write_parts(tmp_path / "a", [{"text": ["a", "b"]}])
+    write_parts(tmp_path / "b", [{"text": ["a", "b", "c"]}])
+    it = read_parquet(tmp_path / "a").iter()
+    next(it)
+    state = json.loads(json.dumps(it.state_dict()))
+    with pytest.raises(StateMismatchError, match="other data.*1 file.*2 row"):
+        read_parquet(tmp_path / "b").iter(state)
+
+
+def test_state_with_other_options_says_what_differs(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"input_ids": pa.array([[1, 2, 3]] * 9, pa.list_(pa.int32()))}])
+    base = read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0)
+    it = base.pack(seq_len=4, batch_size=1).iter()
+    next(it)
+    state = it.state_dict()
+    with pytest.raises(StateMismatchError, match=r"`pack.seq_len` was 4, now 8"):
+        base.pack(seq_len=8, batch_size=1).iter(state)
+
+
+def test_malformed_and_foreign_states_are_state_errors(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"text": ["a", "b"]}])
+    ds = read_parquet(tmp_path)
+    good = ds.iter().state_dict()
+    with pytest.raises(StateError, match="expected an arrowstream state"):
+        ds.iter({"epoch": 3})
+    with pytest.raises(StateError, match="version"):
+        ds.iter({**good, "version": 99})
+    bad_pos = {**good, "position": {**good["position"], "seq": 10**6}}
+    with pytest.raises(StateError, match="outside"):
+        ds.iter(bad_pos)
+    edited = {**good, "position": {**good["position"], "row_group": 7}}
+    with pytest.raises(StateError, match="edited"):
+        ds.iter(edited)
+    assert issubclass(StateMismatchError, ArrowStreamError)
+
+
+def test_bad_read_options_are_config_errors(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"text": ["a"]}])
+    with pytest.raises(ConfigError, match="num_epochs"):
+        read_parquet(tmp_path, num_epochs=0)
+    with pytest.raises(ConfigError, match="batch_rows"):
+        read_parquet(tmp_path, batch_rows=0)
+    with pytest.raises(ValueError):  # ConfigError is a ValueError
+        read_parquet(tmp_path, num_epochs=-1)

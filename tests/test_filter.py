@@ -1,0 +1,64 @@
+"""Filtering: vectorized expressions, counted drops, and row groups skipped by statistics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from arrowstream import ConfigError, SchemaError, read_parquet
+from arrowstream.reader import ShardReader
+
+from .conftest import write_parts
+
+
+def test_filter_keeps_matching_rows_and_counts_the_rest(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"n": list(range(20)), "text": [str(i) for i in range(20)]}], row_group_size=6)
+    it = read_parquet(tmp_path).filter(pc.field("n") >= 5).iter()
+    kept = [v for b in it for v in b.column("n").to_pylist()]
+    assert kept == list(range(5, 20))
+    stats = it.state_dict()["stats"]
+    assert (stats["docs"], stats["filtered"]) == (15, 5 - 0)
+
+
+def test_statistics_skip_row_groups_that_cannot_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_parts(tmp_path, [{"n": list(range(40))}], row_group_size=10)
+    reads: list[int] = []
+    original = ShardReader.read
+
+    def spy(self: ShardReader, shard: int):  # noqa: ANN202
+        reads.append(shard)
+        return original(self, shard)
+
+    monkeypatch.setattr(ShardReader, "read", spy)
+    ds = read_parquet(tmp_path).filter(pc.field("n") >= 25)
+    values = [v for b in ds for v in b.column("n").to_pylist()]
+    assert values == list(range(25, 40))
+    assert reads == [2, 3]  # row groups 0 and 1 (n < 20) were never read
+
+
+def test_null_filter_results_drop_the_row(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"lang": ["en", None, "de", "en"]}])
+    it = read_parquet(tmp_path).filter(pc.field("lang") == "en").iter()
+    assert sum(b.num_rows for b in it) == 2
+    assert it.state_dict()["stats"]["filtered"] == 2
+
+
+def test_filter_on_a_missing_column_is_a_schema_error(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"text": ["a"]}])
+    with pytest.raises(SchemaError, match="does not apply"):
+        read_parquet(tmp_path).filter(pc.field("lang") == "en")
+
+
+def test_filter_needs_an_expression(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"text": ["a"]}])
+    with pytest.raises(ConfigError, match="Expression"):
+        read_parquet(tmp_path).filter("lang == 'en'")  # type: ignore[arg-type]
+
+
+def test_filter_that_keeps_nothing_in_an_endless_stream_is_an_error(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"text": ["a", "b"]}])
+    ds = read_parquet(tmp_path, num_epochs=None).filter(pc.field("text") == "zzz")
+    with pytest.raises(ConfigError, match="never yield"):
+        next(iter(ds))

@@ -1,0 +1,145 @@
+"""Discovery: directories, globs, lists, URIs, fsspec, empty files, two writers, schema drift."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import fsspec
+import polars as pl
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from arrowstream import SchemaError, ShardError, read_manifest, read_parquet
+from arrowstream.manifest import normalize_type
+
+from .conftest import write_parts
+
+
+def test_directory_is_searched_recursively_in_sorted_order(tmp_path: Path) -> None:
+    write_parts(tmp_path / "b", [{"text": ["x"] * 5}], row_group_size=2)
+    write_parts(tmp_path / "a", [{"text": ["y"] * 3}], row_group_size=2)
+    (tmp_path / "notes.txt").write_text("not parquet")
+    m = read_manifest(tmp_path)
+    assert m.relpaths == ("a/part-000.parquet", "b/part-000.parquet")
+    assert [(s.row_group, s.num_rows) for s in m.shards] == [(0, 2), (1, 1), (0, 2), (1, 2), (2, 1)]
+    assert m.num_rows == 8 and all(s.num_bytes > 0 for s in m.shards)
+
+
+def test_glob_list_file_and_uri_sources(tmp_path: Path) -> None:
+    paths = write_parts(tmp_path, [{"text": ["a"]}, {"text": ["b", "c"]}])
+    assert read_manifest(str(tmp_path / "*-001.parquet")).num_rows == 2
+    assert read_manifest([paths[1], paths[0]]).relpaths == ("part-000.parquet", "part-001.parquet")
+    assert read_manifest(paths[0]).num_rows == 1
+    assert read_manifest(f"file://{tmp_path}").num_rows == 3
+    assert read_manifest(str(tmp_path), filesystem=pafs.LocalFileSystem()).num_rows == 3
+
+
+def test_fsspec_filesystem_is_accepted(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"text": ["a", "b"]}])
+    ds = read_parquet(str(tmp_path), filesystem=fsspec.filesystem("file"))
+    assert sum(b.num_rows for b in ds) == 2
+
+
+def test_fingerprint_ignores_where_the_dataset_lives_but_not_its_content(tmp_path: Path) -> None:
+    write_parts(tmp_path / "one", [{"text": ["a", "b"]}])
+    write_parts(tmp_path / "two", [{"text": ["a", "b"]}])
+    write_parts(tmp_path / "three", [{"text": ["a", "b", "c"]}])
+    fps = [read_manifest(tmp_path / d).fingerprint for d in ("one", "two", "three")]
+    assert fps[0] == fps[1] != fps[2]
+
+
+def test_empty_files_and_empty_row_groups_are_skipped_and_counted(tmp_path: Path) -> None:
+    schema = pa.schema([("text", pa.string())])
+    pq.write_table(schema.empty_table(), tmp_path / "a-empty.parquet")
+    with pq.ParquetWriter(tmp_path / "b.parquet", schema) as w:
+        w.write_table(pa.table({"text": ["x"]}, schema=schema))
+        w.write_table(schema.empty_table())
+        w.write_table(pa.table({"text": ["y", "z"]}, schema=schema))
+    m = read_manifest(tmp_path)
+    assert m.num_files == 1 and m.num_empty_files == 1
+    assert [s.num_rows for s in m.shards] == [1, 2]
+    assert m.num_empty_row_groups == 1
+    assert [b.column("text").to_pylist() for b in read_parquet(tmp_path)] == [["x"], ["y", "z"]]
+
+
+def test_files_from_pyarrow_and_polars_read_alike(tmp_path: Path) -> None:
+    texts = ["alpha", "beta", None, "gamma"]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "a.parquet")
+    pl.DataFrame({"text": texts}).write_parquet(tmp_path / "b.parquet", row_group_size=2)
+    ds = read_parquet(tmp_path)
+    assert ds.manifest.schema == pa.schema([("text", pa.string())])
+    rows = [t for b in ds for t in b.column("text").to_pylist()]
+    assert rows == texts + texts
+
+
+def test_sample_writers_produce_the_same_stream(tmp_path: Path) -> None:
+    from arrowstream.sample import sample_tokenizer, write_dataset
+
+    tok = sample_tokenizer(vocab_size=1024)
+    out = []
+    for writer in ("pyarrow", "polars"):
+        write_dataset(tmp_path / writer, num_files=2, docs_per_file=30, rows_per_group=7, writer=writer)
+        ds = read_parquet(tmp_path / writer).tokenize(tok).pack(seq_len=32, batch_size=2)
+        out.append([b["input_ids"].tobytes() for b in ds])
+    assert out[0] == out[1] and out[0]
+
+
+def test_missing_path_is_a_shard_error(tmp_path: Path) -> None:
+    with pytest.raises(ShardError, match="does not exist"):
+        read_parquet(tmp_path / "nope")
+
+
+def test_directory_without_parquet_is_a_shard_error(tmp_path: Path) -> None:
+    with pytest.raises(ShardError, match="no Parquet files"):
+        read_parquet(tmp_path)
+
+
+def test_file_that_is_not_parquet_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "bad.parquet").write_bytes(b"this is not parquet at all" * 10)
+    with pytest.raises(ShardError, match="bad.parquet.*not Parquet"):
+        read_parquet(tmp_path)
+
+
+def test_truncated_file_names_the_file(tmp_path: Path) -> None:
+    [path] = write_parts(tmp_path, [{"text": ["x" * 100] * 50}])
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ShardError, match="part-000.parquet"):
+        read_parquet(tmp_path)
+
+
+def test_missing_column_is_a_schema_error(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"body": ["x"]}])
+    with pytest.raises(SchemaError, match="`text` is missing"):
+        read_parquet(tmp_path, columns=["text"])
+
+
+def test_schema_drift_names_both_files_and_the_column(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"text": ["a"], "n": [1]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"text": ["b"], "n": ["one"]}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"body": ["c"]}), tmp_path / "c.parquet")
+    with pytest.raises(SchemaError, match=r"`n`.*a\.parquet.*b\.parquet"):
+        read_manifest([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+    with pytest.raises(SchemaError, match=r"`text`.*a\.parquet.*c\.parquet"):
+        read_manifest([tmp_path / "a.parquet", tmp_path / "c.parquet"], columns=["text"])
+    # selecting only the common column works
+    assert read_manifest(
+        [tmp_path / "a.parquet", tmp_path / "b.parquet"], columns=["text"]
+    ).num_rows == 2
+
+
+def test_manifest_and_dataset_pickle(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"text": ["a", "b", "c"]}], row_group_size=2)
+    ds = read_parquet(tmp_path)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.manifest.fingerprint == ds.manifest.fingerprint
+    assert [b.num_rows for b in clone] == [2, 1]
+
+
+def test_normalize_type_maps_large_and_view_types() -> None:
+    assert normalize_type(pa.large_string()) == pa.string()
+    assert normalize_type(pa.large_list(pa.int32())) == pa.list_(pa.int32())
+    assert normalize_type(pa.int64()) == pa.int64()
