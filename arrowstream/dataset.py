@@ -46,6 +46,7 @@ def read_parquet(
     filesystem: Any = None,
     num_epochs: int | None = 1,
     batch_rows: int = 1024,
+    prefetch: int = 2,
 ) -> Dataset:
     """Open Parquet files as a dataset of row-group shards (footers only are read).
 
@@ -63,6 +64,9 @@ def read_parquet(
         Passes over the data; ``None`` repeats forever.
     batch_rows
         Rows per record batch read (does not change packed output).
+    prefetch
+        Chunks read and tokenized ahead in a background thread; 0 reads
+        inline. Does not change the output.
 
     Returns
     -------
@@ -81,12 +85,15 @@ def read_parquet(
         raise ConfigError(f"`num_epochs` must be a positive int or None, got {num_epochs!r}")
     if not isinstance(batch_rows, int) or batch_rows < 1:
         raise ConfigError(f"`batch_rows` must be a positive int, got {batch_rows!r}")
+    if not isinstance(prefetch, int) or prefetch < 0:
+        raise ConfigError(f"`prefetch` must be an int >= 0, got {prefetch!r}")
     manifest = read_manifest(source, columns=columns, filesystem=filesystem)
     return Dataset(
         manifest=manifest,
         columns=None if columns is None else tuple(columns),
         num_epochs=num_epochs,
         batch_rows=batch_rows,
+        prefetch=prefetch,
     )
 
 
@@ -102,6 +109,7 @@ class Dataset:
     columns: tuple[str, ...] | None = None
     num_epochs: int | None = 1
     batch_rows: int = 1024
+    prefetch: int = 2
     stages: tuple[Stage, ...] = ()
     packer: Packer | None = None
     _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)

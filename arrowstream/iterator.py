@@ -10,7 +10,8 @@ Not thread-safe: one iterator belongs to one consumer.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ import pyarrow as pa
 from arrowstream.chunk import Chunk, Ledger, tokens_to_arrow
 from arrowstream.errors import StateError
 from arrowstream.pack import PackRun
+from arrowstream.prefetch import Prefetcher
 from arrowstream.reader import ShardReader
 from arrowstream.state import STATE_FORMAT, STATE_VERSION, Position, check_state
 
@@ -55,7 +57,7 @@ class DatasetIterator:
     def __init__(self, dataset: Dataset, state: dict[str, Any] | None = None) -> None:
         self.dataset = dataset
         self._reader = ShardReader(dataset.manifest, dataset.read_columns())
-        self._chunks: Iterator[Chunk] | None = None
+        self._chunks: Prefetcher[Chunk] | _Inline | None = None
         self._reset(state)
 
     # -- state --------------------------------------------------------------------
@@ -70,7 +72,7 @@ class DatasetIterator:
             )
             self._check_position(state["position"])
         if self._chunks is not None:
-            self._chunks.close()  # type: ignore[attr-defined]
+            self._chunks.close()
         self._run: PackRun | None = None
         if self.dataset.packer is not None:
             self._run = self.dataset.packer.start(state)
@@ -82,7 +84,11 @@ class DatasetIterator:
             start = Position(int(pos["epoch"]), int(pos["seq"]), 0)
         self._pos = start
         self._ledger = Ledger(None if state is None else state["stats"])
-        self._chunks = self.dataset.iter_chunks(self._reader, start)
+        produce = functools.partial(self.dataset.iter_chunks, self._reader, start)
+        if self.dataset.prefetch > 0:
+            self._chunks = Prefetcher(produce, depth=self.dataset.prefetch)
+        else:
+            self._chunks = _Inline(produce())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (as returned by :meth:`state_dict`, possibly via JSON).
@@ -177,8 +183,25 @@ class DatasetIterator:
     def close(self) -> None:
         """Release open files."""
         if self._chunks is not None:
-            self._chunks.close()  # type: ignore[attr-defined]
+            self._chunks.close()
+            self._chunks = None
         self._reader.close()
+
+
+class _Inline:
+    """The synchronous stand-in for :class:`Prefetcher` (``prefetch=0``)."""
+
+    def __init__(self, gen: Generator[Chunk, None, None]) -> None:
+        self._gen = gen
+
+    def __iter__(self) -> _Inline:
+        return self
+
+    def __next__(self) -> Chunk:
+        return next(self._gen)
+
+    def close(self) -> None:
+        self._gen.close()
 
 
 def _to_record_batch(chunk: Chunk) -> pa.RecordBatch:

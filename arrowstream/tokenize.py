@@ -17,7 +17,6 @@ are sliced, so outputs do not depend on batch sizes or row-group layout.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 from collections.abc import Iterable
 from dataclasses import replace
@@ -212,10 +211,11 @@ class Tokenize(Stage):
         encodings = self.tokenizer.encode_batch_fast(
             texts, add_special_tokens=self.add_special_tokens
         )
-        ids = [e.ids for e in encodings]
-        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lens.sum()))
-        return self._finish(chunk, flat, lens)
+        # One int32 array per document, then one concatenation: measured faster than
+        # flattening the id lists through an iterator chain.
+        arrays = [np.array(e.ids, dtype=np.int32) for e in encodings]
+        lens = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        return self._finish(chunk, np.concatenate(arrays), lens)
 
     def _from_ids(self, chunk: Chunk, col: pa.Array) -> Chunk:
         if isinstance(col, pa.ChunkedArray):

@@ -1,0 +1,113 @@
+"""Run an iterator in a background thread, a bounded number of items ahead.
+
+The tokenizer's batch encoder and Parquet decoding release the GIL, so
+producing the next chunks (read, filter, tokenize) in a thread while the
+consumer packs the current ones keeps the tokenizer busy. Order is preserved
+(one producer), so output and state are the same as without prefetching; the
+consumer's position, not the producer's, is what a state records.
+
+Memory is bounded by ``depth`` items. An exception in the producer is raised
+in the consumer as the same exception object, with its original traceback.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+__all__ = ["Prefetcher"]
+
+T = TypeVar("T")
+
+_DONE = object()
+_POLL_SECONDS = 0.1
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _put(q: queue.Queue[object], stop: threading.Event, item: object) -> bool:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=_POLL_SECONDS)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _produce(make: Callable[[], Iterator[T]], q: queue.Queue[object], stop: threading.Event) -> None:
+    try:
+        for item in make():
+            if not _put(q, stop, item):
+                return
+    except BaseException as exc:  # noqa: BLE001 - handed to the consumer, never swallowed
+        _put(q, stop, _Failure(exc))
+        return
+    _put(q, stop, _DONE)
+
+
+class Prefetcher(Generic[T]):
+    """Iterate ``make()`` in a daemon thread, at most ``depth`` items ahead.
+
+    Examples
+    --------
+    >>> p = Prefetcher(lambda: iter(range(5)), depth=2)
+    >>> list(p)
+    [0, 1, 2, 3, 4]
+    >>> def boom():
+    ...     yield 1
+    ...     raise KeyError("bad")
+    >>> p = Prefetcher(boom)
+    >>> next(p), next(p)
+    Traceback (most recent call last):
+    ...
+    KeyError: 'bad'
+    """
+
+    def __init__(self, make: Callable[[], Iterator[T]], *, depth: int = 2) -> None:
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._finished = False
+        # The thread must not reference ``self``: an abandoned prefetcher is then
+        # collected, and the finalizer stops its thread.
+        self._thread = threading.Thread(
+            target=_produce,
+            args=(make, self._queue, self._stop),
+            name="arrowstream-prefetch",
+            daemon=True,
+        )
+        weakref.finalize(self, self._stop.set)
+        self._thread.start()
+
+    def __iter__(self) -> Prefetcher[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._finished:
+            raise StopIteration
+        item = self._queue.get()
+        if item is _DONE:
+            self._finished = True
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self._finished = True
+            raise item.exc
+        return item  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the producer and wait for its thread to end (at most the item in progress)."""
+        self._stop.set()
+        self._finished = True
+        while self._thread.is_alive():
+            try:
+                while True:  # make room so a blocked put returns and sees the stop flag
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(timeout=0.005)
