@@ -14,6 +14,7 @@ arrays of fixed shape (after ``pack``).
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -223,14 +224,18 @@ class Dataset:
 
     def options(self) -> dict[str, Any]:
         """Return the JSON-able options that define the output (they enter every state)."""
+        if "options" in self._cache:
+            return copy.deepcopy(self._cache["options"])
         source: dict[str, Any] = {"columns": list(self.read_columns()), "num_epochs": self.num_epochs}
         if self.packer is None:
             source["batch_rows"] = self.batch_rows
-        return {
+        options = {
             "source": source,
             "stages": [{"name": s.name, **s.spec()} for s in self.stages],
             "pack": None if self.packer is None else self.packer.spec(),
         }
+        self._cache["options"] = options
+        return copy.deepcopy(options)
 
     @property
     def options_hash(self) -> str:
@@ -260,17 +265,21 @@ class Dataset:
         return self.iter()
 
     def plan(self, epoch: int) -> EpochPlan:
-        """Return the shards of ``epoch`` in reading order."""
-        shards = self._cache.get("shards")
-        if shards is None:
+        """Return the shards of ``epoch`` in reading order (every epoch reads in manifest order)."""
+        plan = self._cache.get("plan")
+        if plan is None:
             mask = np.ones(self.manifest.num_shards, dtype=bool)
             for stage in self.stages:
                 if isinstance(stage, Filter):
                     mask &= prune_shards(self.manifest, stage.expr)
-            shards = np.flatnonzero(mask)
-            self._cache["shards"] = shards
-            self._cache["num_pruned_shards"] = int(self.manifest.num_shards - shards.size)
-        return EpochPlan.from_manifest(self.manifest, shards)
+            plan = EpochPlan.from_manifest(self.manifest, np.flatnonzero(mask))
+            self._cache["plan"] = plan
+        return plan
+
+    @property
+    def num_pruned_shards(self) -> int:
+        """Row groups that filter statistics rule out (never read)."""
+        return self.manifest.num_shards - int(self.plan(0).shards.size)
 
     def iter_chunks(self, reader: ShardReader, start: Position) -> Iterator[Chunk]:
         """Yield processed chunks from ``start`` (token offsets are the packer's business)."""

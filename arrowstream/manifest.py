@@ -132,6 +132,12 @@ class Manifest:
         self.shard_rows = np.asarray(rows, dtype=np.int64)
         self.shard_bytes = np.asarray(nbytes, dtype=np.int64)
         self.fingerprint = _fingerprint(self._files, schema)
+        self._identity = {
+            "fingerprint": self.fingerprint,
+            "num_files": len(self._files),
+            "num_shards": int(self.shard_rows.size),
+            "num_rows": int(self.shard_rows.sum()),
+        }
 
     @property
     def num_shards(self) -> int:
@@ -171,12 +177,7 @@ class Manifest:
 
     def describe(self) -> dict[str, Any]:
         """Return the short identity used in states and error messages."""
-        return {
-            "fingerprint": self.fingerprint,
-            "num_files": self.num_files,
-            "num_shards": self.num_shards,
-            "num_rows": self.num_rows,
-        }
+        return dict(self._identity)
 
     def __repr__(self) -> str:
         return (
