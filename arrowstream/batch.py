@@ -8,8 +8,9 @@ the row's start and listed in row order; what follows them is padding.
 
 Arrays (all ``[batch_size, seq_len]``): ``input_ids`` (``int32``, ``pad_id`` on
 padding), ``position_ids`` (``int32``, restarting at 0 at every segment start;
-on padding they keep counting from the last token so padding never looks like
-a document start), ``segment_ids`` (``int32``, 1..k within a row, 0 on
+padding after a row's last segment keeps counting from its last token, so it
+never looks like a document start; a row that is all padding counts 0..L-1 and
+holds no document), ``segment_ids`` (``int32``, 1..k within a row, 0 on
 padding).
 """
 

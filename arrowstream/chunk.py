@@ -65,8 +65,8 @@ class Chunk:
     def with_rows(self, keep: np.ndarray, reason: str, **changes: object) -> Chunk:
         """Return a chunk keeping the rows where ``keep`` is true; the rest count as ``reason``.
 
-        ``batch`` is filtered too unless ``changes`` replaces it. Tokens are
-        not touched: call this before tokenization.
+        ``batch`` and, once tokenized, ``tokens`` and ``offsets`` are filtered
+        too unless ``changes`` replaces them.
         """
         keep = np.asarray(keep, dtype=bool)
         if keep.all():
@@ -78,6 +78,12 @@ class Chunk:
             skipped[reason] = dropped if prev is None else np.sort(np.concatenate([prev, dropped]))
         if "batch" not in changes and self.batch is not None:
             changes["batch"] = self.batch.filter(pa.array(keep))
+        if "tokens" not in changes and self.tokens is not None and self.offsets is not None:
+            lens = np.diff(self.offsets)
+            changes["tokens"] = self.tokens[np.repeat(keep, lens)]
+            offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+            np.cumsum(lens[keep], out=offsets[1:])
+            changes["offsets"] = offsets
         return replace(self, seq=self.seq[keep], skipped=skipped, **changes)
 
     def split(self, bounds: np.ndarray) -> list[Chunk]:

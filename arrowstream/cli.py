@@ -52,9 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         return int(args.func(args))
-    except ArrowStreamError as exc:
+    except (ArrowStreamError, _UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
+
+
+class _UsageError(Exception):
+    """A command-line argument names a file that cannot be used."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--column", default="text", help="text column (default: text)")
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--batch-size", type=int, required=True)
-    p.add_argument("--num-epochs", type=int, default=1)
+    p.add_argument("--num-epochs", type=int, default=1, help="passes over the data (default 1)")
+    p.add_argument("--endless", action="store_true", help="repeat epochs forever")
+    p.add_argument("--drop-last", action="store_true", help="drop each epoch's last partial batch")
     p.add_argument("--max-batches", type=int, help="stop after this many batches")
     p.add_argument("--save-state", help="write the state after the last batch to this JSON file")
     p.add_argument("--resume", help="resume from a state JSON file")
@@ -205,11 +214,24 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
+def _read_state(path: str) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise _UsageError(f"cannot read the state file {path!r}: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise _UsageError(f"state file {path!r} is not JSON: {exc}") from exc
+
+
 def _stream(args: argparse.Namespace) -> int:
-    ds = read_parquet(args.path, num_epochs=args.num_epochs).tokenize(
+    if args.save_state and not Path(args.save_state).resolve().parent.is_dir():
+        raise _UsageError(
+            f"cannot save the state to {args.save_state!r}: its directory does not exist"
+        )
+    state = _read_state(args.resume) if args.resume else None
+    ds = read_parquet(args.path, num_epochs=None if args.endless else args.num_epochs).tokenize(
         args.tokenizer, column=args.column
-    ).pack(seq_len=args.seq_len, batch_size=args.batch_size)
-    state = json.loads(Path(args.resume).read_text()) if args.resume else None
+    ).pack(seq_len=args.seq_len, batch_size=args.batch_size, drop_last=args.drop_last)
     it = ds.iter(state)
     before = it.state_dict()["stats"].get("tokens", 0)
     batches, elapsed = _run(it, args.max_batches, "streaming")

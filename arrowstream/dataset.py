@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
 from arrowstream.chunk import Chunk
-from arrowstream.errors import ConfigError
+from arrowstream.errors import ArrowStreamError, ConfigError, SchemaError
 from arrowstream.filter import Filter, prune_shards
 from arrowstream.iterator import DatasetIterator
 from arrowstream.manifest import Manifest, read_manifest
@@ -82,11 +82,11 @@ def read_parquet(
     >>> [b.num_rows for b in ds]
     [2]
     """
-    if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
+    if num_epochs is not None and (not _is_int(num_epochs) or num_epochs < 1):
         raise ConfigError(f"`num_epochs` must be a positive int or None, got {num_epochs!r}")
-    if not isinstance(batch_rows, int) or batch_rows < 1:
+    if not _is_int(batch_rows) or batch_rows < 1:
         raise ConfigError(f"`batch_rows` must be a positive int, got {batch_rows!r}")
-    if not isinstance(prefetch, int) or prefetch < 0:
+    if not _is_int(prefetch) or prefetch < 0:
         raise ConfigError(f"`prefetch` must be an int >= 0, got {prefetch!r}")
     manifest = read_manifest(source, columns=columns, filesystem=filesystem)
     return Dataset(
@@ -96,6 +96,10 @@ def read_parquet(
         batch_rows=batch_rows,
         prefetch=prefetch,
     )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,7 +230,7 @@ class Dataset:
         """Return the JSON-able options that define the output (they enter every state)."""
         if "options" in self._cache:
             return copy.deepcopy(self._cache["options"])
-        source: dict[str, Any] = {"columns": list(self.read_columns()), "num_epochs": self.num_epochs}
+        source: dict[str, Any] = {"columns": list(self.read_columns())}
         if self.packer is None:
             source["batch_rows"] = self.batch_rows
         options = {
@@ -245,15 +249,33 @@ class Dataset:
         return self._cache["options_hash"]
 
     def read_columns(self) -> tuple[str, ...]:
-        """Return the columns the pipeline reads."""
+        """Return the columns the pipeline reads.
+
+        ``columns=`` if given; else, for a packed pipeline whose stages name
+        their columns, just those; else every column.
+
+        Raises
+        ------
+        SchemaError
+            A column to read drifts between files (missing or of another type).
+        """
         if self.columns is not None:
             return self.columns
-        tok = self._tokenize_stage()
-        if self.packer is not None and tok is not None and not any(
-            isinstance(s, Filter) for s in self.stages
-        ):
-            return (tok.column,)
-        return tuple(self.manifest.schema.names)
+        names = list(self.manifest.schema.names)
+        if self.packer is not None:
+            needed: set[str] | None = set()
+            for stage in self.stages:
+                cols = stage.columns()
+                needed = None if cols is None or needed is None else needed | cols
+            if needed is not None:
+                return tuple(n for n in names if n in needed)
+        if self.manifest.drift:
+            problem = next(iter(self.manifest.drift.values()))
+            raise SchemaError(
+                f"{problem}; this pipeline reads every column: pass `columns=` to read_parquet "
+                "with the columns it needs"
+            )
+        return tuple(names)
 
     # -- iteration ----------------------------------------------------------------
 
@@ -278,8 +300,13 @@ class Dataset:
 
     @property
     def num_pruned_shards(self) -> int:
-        """Row groups that filter statistics rule out (never read)."""
+        """Row groups per epoch that filter statistics rule out (never read)."""
         return self.manifest.num_shards - int(self.plan(0).shards.size)
+
+    @property
+    def num_pruned_rows(self) -> int:
+        """Rows per epoch in row groups that filter statistics rule out."""
+        return self.manifest.num_rows - self.plan(0).num_rows
 
     def iter_chunks(self, reader: ShardReader, start: Position) -> Iterator[Chunk]:
         """Yield processed chunks from ``start`` (token offsets are the packer's business)."""
@@ -309,5 +336,18 @@ class Dataset:
         if i == len(self.stages):
             yield chunk
             return
-        for out in self.stages[i].apply(chunk):
+        stage = self.stages[i]
+        try:
+            outs = list(stage.apply(chunk))
+        except ArrowStreamError as exc:
+            raise type(exc)(f"{self._where(chunk)}: {exc}") from exc
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise SchemaError(f"{self._where(chunk)}: `{stage.name}` failed: {exc}") from exc
+        for out in outs:
             yield from self._apply_stages(out, i + 1)
+
+    def _where(self, chunk: Chunk) -> str:
+        m = self.manifest
+        path = m.paths[int(m.shard_file[chunk.shard])]
+        rows = f"{chunk.row_start}..{chunk.row_start + chunk.seq_end - chunk.seq_start - 1}"
+        return f"in {path!r}, row group {int(m.shard_row_group[chunk.shard])}, rows {rows}"

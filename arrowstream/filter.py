@@ -10,6 +10,8 @@ Deterministic: the same expression on the same data keeps the same rows.
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -61,16 +63,23 @@ class Filter(Stage):
         self.expr = expr
 
     def spec(self) -> dict[str, Any]:
-        return {"expr": str(self.expr)}
+        # str() abbreviates long expressions (large `isin` lists), so the identity
+        # also hashes the expression's full serialized form.
+        digest = hashlib.sha256(pickle.dumps(self.expr, protocol=4)).hexdigest()[:16]
+        return {"expr": str(self.expr), "expr_hash": digest}
+
+    def columns(self) -> set[str] | None:
+        return None  # pyarrow does not expose an expression's fields: read every column
 
     def check(self, manifest: Manifest, schema: pa.Schema) -> pa.Schema:
         try:
             schema.empty_table().filter(self.expr)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            drift = "".join(f"; {m}" for m in manifest.drift.values())
             raise SchemaError(
                 f"filter {self.expr} does not apply to the columns read {schema.names!r} "
                 f"(first file {manifest.paths[0]!r}): {exc}; add the columns it uses to "
-                "`columns=` or fix the expression"
+                f"`columns=` or fix the expression{drift}"
             ) from exc
         return schema
 

@@ -111,6 +111,9 @@ class DatasetIterator:
             stats, extra = inner["stats"], inner.get("packer", {})
         else:
             position, stats, extra = self._pos, self._ledger.snapshot(), {}
+        pruned = self.dataset.num_pruned_rows
+        if pruned:  # derived, so it is exact at any position: epochs begun times rows pruned
+            stats["pruned_rows"] = pruned * (position.epoch + 1)
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -146,14 +149,18 @@ class DatasetIterator:
         }
 
     def _check_position(self, pos: dict[str, Any]) -> None:
-        try:
-            position = Position(int(pos["epoch"]), int(pos["seq"]), int(pos["token_offset"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"state `position` is malformed: {pos!r}") from exc
-        plan = self.dataset.plan(position.epoch)
-        if position.seq < 0 or position.seq > plan.num_rows or position.token_offset < 0:
+        position = Position(pos["epoch"], pos["seq"], pos["token_offset"])
+        num_epochs = self.dataset.num_epochs
+        if num_epochs is not None and position.epoch >= num_epochs:
             raise StateError(
-                f"state position {pos!r} is outside the epoch's {plan.num_rows} rows"
+                f"the state is in epoch {position.epoch} but this pipeline runs {num_epochs} "
+                f"epoch(s): nothing would be left to read; raise `num_epochs` to continue"
+            )
+        plan = self.dataset.plan(position.epoch)
+        if position.seq > plan.num_rows:
+            raise StateError(
+                f"state position seq {position.seq} is outside the epoch's {plan.num_rows} rows: "
+                "the state was edited or comes from other data"
             )
         where = self._where(position)
         saved = {k: pos.get(k) for k in where if k in pos}

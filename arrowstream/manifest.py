@@ -4,7 +4,7 @@ A :class:`Manifest` lists every non-empty row group of every Parquet file as one
 shard, in a deterministic order (files sorted by their path relative to the
 source root, row groups in file order). Only footers are read, in parallel
 threads. The manifest's :attr:`~Manifest.fingerprint` identifies the data
-(relative paths, file sizes, row counts per row group, selected schema), so a
+(relative paths, file sizes, row counts per row group), so a
 saved position can never be applied to other data by mistake.
 
 Invariants: the same files give the same manifest and fingerprint, wherever the
@@ -86,10 +86,14 @@ class Manifest:
     paths : tuple[str, ...]
         Every file holding at least one non-empty row group, in order.
     schema : pyarrow.Schema
-        The selected columns, with string and list types normalised
-        (``large_string`` reads as ``string``, ``large_list`` as ``list``).
+        The selected columns that agree across files, with string and list
+        types normalised (``large_string`` reads as ``string``, ``large_list``
+        as ``list``).
+    drift : dict[str, str]
+        With ``columns=None``: columns that are missing from some file or
+        change type, with a message naming the files. Using one is an error.
     fingerprint : str
-        Hash of relative paths, sizes, row counts per row group and schema.
+        Hash of relative paths, file sizes and row counts per row group.
 
     Examples
     --------
@@ -108,12 +112,14 @@ class Manifest:
         root: str,
         files: Sequence[_FileInfo],
         schema: pa.Schema,
+        drift: dict[str, str] | None = None,
         num_empty_files: int,
         num_empty_row_groups: int,
     ) -> None:
         self.filesystem = filesystem
         self.root = root
         self.schema = schema
+        self.drift = dict(drift or {})
         self.num_empty_files = num_empty_files
         self.num_empty_row_groups = num_empty_row_groups
         self._files = tuple(files)
@@ -131,7 +137,7 @@ class Manifest:
         self.shard_row_group = np.asarray(rg_idx, dtype=np.int64)
         self.shard_rows = np.asarray(rows, dtype=np.int64)
         self.shard_bytes = np.asarray(nbytes, dtype=np.int64)
-        self.fingerprint = _fingerprint(self._files, schema)
+        self.fingerprint = _fingerprint(self._files)
         self._identity = {
             "fingerprint": self.fingerprint,
             "num_files": len(self._files),
@@ -216,7 +222,8 @@ def resolve_filesystem(
     if isinstance(filesystem, pafs.FileSystem):
         return filesystem, text
     if hasattr(filesystem, "ls") and hasattr(filesystem, "open"):  # an fsspec filesystem
-        return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem)), text
+        # fsspec paths carry no protocol and local ones are absolute
+        return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem)), filesystem._strip_protocol(text)
     raise ConfigError(
         f"`filesystem` must be a pyarrow.fs.FileSystem or an fsspec filesystem, got "
         f"{type(filesystem).__name__!r}"
@@ -304,12 +311,13 @@ def read_manifest(
         raise ShardError(
             f"all {len(infos)} Parquet file(s) under {root!r} are empty: there are no rows to read"
         )
-    schema = _check_schemas(non_empty, columns)
+    schema, drift = _check_schemas(non_empty, columns)
     return Manifest(
         filesystem=fs,
         root=root,
         files=non_empty,
         schema=schema,
+        drift=drift,
         num_empty_files=num_empty_files,
         num_empty_row_groups=num_empty_rgs,
     )
@@ -335,7 +343,7 @@ def _discover(
             base = _glob_base(path)
             roots.append(base)
             for info in _list_files(fs, base, original=path):
-                if fnmatch.fnmatchcase(info.path, path):
+                if _glob_match(info.path, path):
                     found[info.path] = info.size
             continue
         info = fs.get_file_info(path)
@@ -363,8 +371,7 @@ def _list_files(fs: pafs.FileSystem, base: str, *, original: str) -> list[pafs.F
 
 
 def _is_hidden(path: str, base: str) -> bool:
-    rel = path[len(base) :].lstrip("/")
-    return any(part.startswith((".", "_")) for part in rel.split("/"))
+    return any(_hidden(part) for part in _relpath(path, base).split("/"))
 
 
 def _glob_base(pattern: str) -> str:
@@ -394,9 +401,37 @@ def _common_root(roots: list[str]) -> str:
 
 
 def _relpath(path: str, root: str) -> str:
-    if root in ("", "/"):
-        return path.lstrip("/")
-    return path[len(root) :].lstrip("/") if path.startswith(root + "/") else path
+    p, r = path.lstrip("/"), root.strip("/")
+    if not r:
+        return p
+    return p[len(r) + 1 :] if p.startswith(r + "/") else p
+
+
+def _glob_match(path: str, pattern: str) -> bool:
+    """Match ``path`` against ``pattern`` segment by segment: ``*`` stays inside one
+    segment, ``**`` spans any number; hidden (``.``/``_``) segments match only when
+    the pattern spells them."""
+    return _match_parts(path.strip("/").split("/"), pattern.strip("/").split("/"))
+
+
+def _match_parts(parts: list[str], pats: list[str]) -> bool:
+    if not pats:
+        return not parts
+    if pats[0] == "**":
+        return any(
+            _match_parts(parts[i:], pats[1:])
+            for i in range(len(parts) + 1)
+            if not any(_hidden(p) for p in parts[:i])
+        )
+    if not parts:
+        return False
+    if _hidden(parts[0]) and not _hidden(pats[0]):
+        return False
+    return fnmatch.fnmatchcase(parts[0], pats[0]) and _match_parts(parts[1:], pats[1:])
+
+
+def _hidden(segment: str) -> bool:
+    return segment.startswith((".", "_"))
 
 
 def _read_footer(fs: pafs.FileSystem, root: str, path: str, size: int) -> _FileInfo:
@@ -414,12 +449,20 @@ def _read_footer(fs: pafs.FileSystem, root: str, path: str, size: int) -> _FileI
     return _FileInfo(path, _relpath(path, root), size, counts, nbytes, schema)
 
 
-def _check_schemas(files: list[_FileInfo], columns: Sequence[str] | None) -> pa.Schema:
+def _check_schemas(
+    files: list[_FileInfo], columns: Sequence[str] | None
+) -> tuple[pa.Schema, dict[str, str]]:
+    """Return the schema of the selected columns and, for ``columns=None``, the drifted ones.
+
+    With explicit ``columns`` any difference is an error. With ``columns=None``
+    a column that is missing from a file or changes type is left out of the
+    schema and described in the returned dict; using it later is an error.
+    """
     first = files[0]
     names = list(columns) if columns is not None else list(first.schema.names)
     if columns is not None and len(set(names)) != len(names):
         raise ConfigError(f"`columns` lists a column twice: {names!r}")
-    fields = []
+    fields, drift = [], {}
     for name in names:
         idx = first.schema.get_field_index(name)
         if idx < 0:
@@ -427,28 +470,36 @@ def _check_schemas(files: list[_FileInfo], columns: Sequence[str] | None) -> pa.
                 f"column `{name}` is missing from {first.path!r}; it has columns "
                 f"{first.schema.names!r}: fix `columns=` or the data"
             )
-        fields.append(pa.field(name, normalize_type(first.schema.field(idx).type)))
-    schema = pa.schema(fields)
-    for info in files[1:]:
-        for field in schema:
-            idx = info.schema.get_field_index(field.name)
-            if idx < 0:
-                raise SchemaError(
-                    f"column `{field.name}` is in {first.path!r} but missing from {info.path!r} "
-                    "(schema drift): select common columns with `columns=` or fix the files"
-                )
-            other = normalize_type(info.schema.field(idx).type)
-            if other != field.type:
-                raise SchemaError(
-                    f"column `{field.name}` has type {field.type} in {first.path!r} but {other} in "
-                    f"{info.path!r} (schema drift): rewrite the files with one type"
-                )
-    return schema
+        field = pa.field(name, normalize_type(first.schema.field(idx).type))
+        problem = _drift(field, first, files[1:])
+        if problem is None:
+            fields.append(field)
+        elif columns is not None:
+            raise SchemaError(problem)
+        else:
+            drift[name] = problem
+    return pa.schema(fields), drift
 
 
-def _fingerprint(files: Sequence[_FileInfo], schema: pa.Schema) -> str:
+def _drift(field: pa.Field, first: _FileInfo, others: Sequence[_FileInfo]) -> str | None:
+    for info in others:
+        idx = info.schema.get_field_index(field.name)
+        if idx < 0:
+            return (
+                f"column `{field.name}` is in {first.path!r} but missing from {info.path!r} "
+                "(schema drift): select common columns with `columns=` or fix the files"
+            )
+        other = normalize_type(info.schema.field(idx).type)
+        if other != field.type:
+            return (
+                f"column `{field.name}` has type {field.type} in {first.path!r} but {other} in "
+                f"{info.path!r} (schema drift): rewrite the files with one type"
+            )
+    return None
+
+
+def _fingerprint(files: Sequence[_FileInfo]) -> str:
     digest = hashlib.sha256()
-    digest.update(json.dumps([[f.name, str(f.type)] for f in schema]).encode())
     for f in files:
         digest.update(json.dumps([f.relpath, f.size, f.row_counts]).encode())
     return digest.hexdigest()[:32]

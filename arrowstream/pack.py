@@ -66,8 +66,14 @@ class Packer(ABC):
 
     def __init__(self, *, seq_len: int, batch_size: int, drop_last: bool, pad_id: int) -> None:
         for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
-            if not isinstance(value, (int, np.integer)) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ConfigError(f"`{key}` must be a positive int, got {value!r}")
+        if (
+            isinstance(pad_id, bool)
+            or not isinstance(pad_id, (int, np.integer))
+            or not 0 <= pad_id <= np.iinfo(np.int32).max
+        ):
+            raise ConfigError(f"`pad_id` must be an int in [0, 2**31), got {pad_id!r}")
         self.seq_len = int(seq_len)
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)

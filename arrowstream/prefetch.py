@@ -55,6 +55,9 @@ def _produce(make: Callable[[], Iterator[T]], q: queue.Queue[object], stop: thre
 class Prefetcher(Generic[T]):
     """Iterate ``make()`` in a daemon thread, at most ``depth`` items ahead.
 
+    The thread starts at the first ``next()``, so creating and closing a
+    prefetcher without using it costs nothing.
+
     Examples
     --------
     >>> p = Prefetcher(lambda: iter(range(5)), depth=2)
@@ -83,7 +86,7 @@ class Prefetcher(Generic[T]):
             daemon=True,
         )
         weakref.finalize(self, self._stop.set)
-        self._thread.start()
+        self._started = False  # started on first use: a reset before that reads nothing
 
     def __iter__(self) -> Prefetcher[T]:
         return self
@@ -91,6 +94,9 @@ class Prefetcher(Generic[T]):
     def __next__(self) -> T:
         if self._finished:
             raise StopIteration
+        if not self._started:
+            self._started = True
+            self._thread.start()
         item = self._queue.get()
         if item is _DONE:
             self._finished = True
@@ -104,6 +110,8 @@ class Prefetcher(Generic[T]):
         """Stop the producer and wait for its thread to end (at most the item in progress)."""
         self._stop.set()
         self._finished = True
+        if not self._started:
+            return
         while self._thread.is_alive():
             try:
                 while True:  # make room so a blocked put returns and sees the stop flag

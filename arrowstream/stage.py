@@ -32,8 +32,8 @@ class Stage(ABC):
     def spec(self) -> dict[str, Any]:
         """Return the JSON-able options that define this stage's output."""
 
-    def columns(self) -> set[str]:
-        """Return the columns this stage reads (for projection)."""
+    def columns(self) -> set[str] | None:
+        """Return the columns this stage reads, or ``None`` if it may read any column."""
         return set()
 
     def check(self, manifest: Manifest, schema: pa.Schema) -> pa.Schema:

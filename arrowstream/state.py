@@ -8,8 +8,8 @@ A state is a JSON-able ``dict`` of the same shape at every step::
       "options_hash": ..., "options": {...},
       "position": {"epoch": 0, "seq": 1234, "token_offset": 17,
                    "file": "part-0.parquet", "row_group": 2, "row": 210},
-      "stats": {"rows": ..., "docs": ..., "tokens": ..., ...},
-      "batches": 12,
+      "stats": {"rows": ..., "docs": ..., "tokens": ..., "batches": ..., ...},
+      "packer": {},
     }
 
 ``position.seq`` (the epoch's row sequence number of the next document to
@@ -90,7 +90,22 @@ def check_state(
             f"state format version {state.get('version')!r} is not supported (this arrowstream "
             f"reads version {STATE_VERSION}): resume with the arrowstream release that saved it"
         )
-    saved = state.get("dataset", {})
+    for key, kind in (("dataset", dict), ("position", dict), ("stats", dict)):
+        if not isinstance(state.get(key), kind):
+            raise StateError(
+                f"state `{key}` should be a {kind.__name__}, got {type(state.get(key)).__name__}: "
+                "the state is truncated or was edited; pass what `state_dict()` returned"
+            )
+    for key in ("epoch", "seq", "token_offset"):
+        value = state["position"].get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise StateError(
+                f"state `position.{key}` should be an int >= 0, got {value!r}: the state was edited"
+            )
+    bad = {k: v for k, v in state["stats"].items() if isinstance(v, bool) or not isinstance(v, int)}
+    if bad:
+        raise StateError(f"state `stats` should hold int counters, got {bad!r}")
+    saved = state["dataset"]
     if saved.get("fingerprint") != dataset["fingerprint"]:
         raise StateMismatchError(
             "the state was saved from other data: it has "
@@ -105,9 +120,6 @@ def check_state(
             + "; ".join(diffs)
             + ". Rebuild the pipeline with the saved options or start without the state"
         )
-    for key in ("position", "stats"):
-        if key not in state:
-            raise StateError(f"state is missing `{key}`: it is truncated or was edited")
 
 
 def _describe(d: dict[str, Any]) -> str:
@@ -122,6 +134,11 @@ def _diff(saved: Any, current: Any, prefix: str = "") -> list[str]:
         out = []
         for key in sorted(set(saved) | set(current)):
             out += _diff(saved.get(key), current.get(key), f"{prefix}{key}.")
+        return out
+    if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
+        out = []
+        for i, (a, b) in enumerate(zip(saved, current)):
+            out += _diff(a, b, f"{prefix}{i}.")
         return out
     if saved != current:
         return [f"`{prefix.rstrip('.')}` was {saved!r}, now {current!r}"]

@@ -32,7 +32,7 @@ from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.manifest import Manifest
 from arrowstream.stage import Stage
 
-__all__ = ["Tokenize", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
+__all__ = ["Tokenize", "check_tokenizer", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
 
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
 _INT32_MAX = np.iinfo(np.int32).max
@@ -74,19 +74,43 @@ def find_eos_id(tokenizer: Tokenizer) -> int | None:
     """Return the id of the tokenizer's end-of-text special token, or ``None``.
 
     Looks for the usual names (``<|endoftext|>``, ``</s>``, ``<eos>``, ...)
-    among special tokens; a tokenizer with exactly one special token uses it.
+    among the special tokens; any other name needs an explicit ``eos_id``.
     """
-    specials = {
+    specials = _special_tokens(tokenizer)
+    for name in _EOS_NAMES:
+        if name in specials:
+            return specials[name]
+    return None
+
+
+def _special_tokens(tokenizer: Tokenizer) -> dict[str, int]:
+    return {
         tok.content: idx
         for idx, tok in tokenizer.get_added_tokens_decoder().items()
         if tok.special
     }
-    for name in _EOS_NAMES:
-        if name in specials:
-            return specials[name]
-    if len(specials) == 1:
-        return next(iter(specials.values()))
-    return None
+
+
+def check_tokenizer(tokenizer: Tokenizer) -> None:
+    """Refuse settings that make ids depend on batching or cut documents silently.
+
+    Raises
+    ------
+    ConfigError
+        Padding is enabled (ids would depend on which documents share a
+        batch) or truncation is enabled (documents would lose tokens silently).
+    """
+    if tokenizer.padding is not None:
+        raise ConfigError(
+            "the tokenizer has padding enabled, which makes a document's ids depend on the "
+            "other documents encoded with it: call `tokenizer.no_padding()` (packing pads for you)"
+        )
+    if tokenizer.truncation is not None:
+        raise ConfigError(
+            f"the tokenizer truncates to {tokenizer.truncation.get('max_length')} tokens, which "
+            "would cut documents silently: call `tokenizer.no_truncation()` (packing splits long "
+            "documents across rows)"
+        )
 
 
 class Tokenize(Stage):
@@ -133,6 +157,8 @@ class Tokenize(Stage):
         slice_bytes: int = 1 << 18,
     ) -> None:
         self.tokenizer = None if tokenizer is None else load_tokenizer(tokenizer)
+        if self.tokenizer is not None:
+            check_tokenizer(self.tokenizer)
         self.column = column
         self.add_eos = bool(add_eos)
         self.add_special_tokens = bool(add_special_tokens)
@@ -142,12 +168,17 @@ class Tokenize(Stage):
         if eos_id is None and self.tokenizer is not None:
             eos_id = find_eos_id(self.tokenizer)
         if add_eos and eos_id is None:
-            raise ConfigError(
-                "`add_eos=True` needs an EOS id and none was found"
-                + (" among the tokenizer's special tokens" if self.tokenizer is not None else "")
-                + ": pass `eos_id=` or `add_eos=False`"
+            found = "" if self.tokenizer is None else (
+                f" among the tokenizer's special tokens {sorted(_special_tokens(self.tokenizer))!r}"
             )
-        if eos_id is not None and not 0 <= int(eos_id) <= _INT32_MAX:
+            raise ConfigError(
+                f"`add_eos=True` needs an EOS id and none was found{found}: pass `eos_id=` "
+                "(for example `tokenizer.token_to_id('<|endoftext|>')`) or `add_eos=False`"
+            )
+        if eos_id is not None and (
+            isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer))
+            or not 0 <= int(eos_id) <= _INT32_MAX
+        ):
             raise ConfigError(f"`eos_id` must be a non-negative int32, got {eos_id!r}")
         self.eos_id = None if eos_id is None else int(eos_id)
         self._hash = None if self.tokenizer is None else tokenizer_hash(self.tokenizer)
@@ -161,11 +192,13 @@ class Tokenize(Stage):
             "add_special_tokens": self.add_special_tokens,
         }
 
-    def columns(self) -> set[str]:
+    def columns(self) -> set[str] | None:
         return {self.column}
 
     def check(self, manifest: Manifest, schema: pa.Schema) -> pa.Schema:
         idx = schema.get_field_index(self.column)
+        if idx < 0 and self.column in manifest.drift:
+            raise SchemaError(manifest.drift[self.column])
         if idx < 0:
             raise SchemaError(
                 f"column `{self.column}` is not among the columns read {schema.names!r} "
@@ -221,34 +254,37 @@ class Tokenize(Stage):
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks()
         offsets = col.offsets.to_numpy().astype(np.int64)
-        values = col.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy()
-        if values.dtype != np.int32:
-            if values.size and (values.min() < 0 or values.max() > _INT32_MAX):
-                bad = values.min() if values.min() < 0 else values.max()
-                raise SchemaError(
-                    f"column `{self.column}` holds token id {int(bad)} in shard {chunk.shard}, "
-                    f"rows from {chunk.row_start}: token ids must fit in int32 and be non-negative"
-                )
-            values = values.astype(np.int32)
+        values_arr = col.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+        if values_arr.null_count:
+            raise SchemaError(
+                f"column `{self.column}` holds null token ids inside a list: token ids must be "
+                "non-null integers; drop or fix those rows"
+            )
+        values = values_arr.to_numpy()
+        if values.size and (values.min() < 0 or values.max() > _INT32_MAX):
+            bad = values.min() if values.min() < 0 else values.max()
+            raise SchemaError(
+                f"column `{self.column}` holds token id {int(bad)}: token ids must be "
+                "non-negative and fit in int32"
+            )
+        values = values.astype(np.int32, copy=False)
         return self._finish(chunk, values, np.diff(offsets))
 
     def _finish(self, chunk: Chunk, flat: np.ndarray, lens: np.ndarray) -> Chunk:
-        if (lens == 0).any():  # texts that encode to no tokens at all
-            keep = lens > 0
-            chunk = chunk.with_rows(keep, "empty")
-            lens = lens[keep]
         if self.add_eos:
             n = lens.size
             out = np.empty(flat.size + n, dtype=np.int32)
-            ends = np.cumsum(lens + 1)
             is_eos = np.zeros(out.size, dtype=bool)
-            is_eos[ends - 1] = True
+            is_eos[np.cumsum(lens + 1) - 1] = True
             out[is_eos] = self.eos_id
             out[~is_eos] = flat
             flat, lens = out, lens + 1
         offsets = np.zeros(lens.size + 1, dtype=np.int64)
         np.cumsum(lens, out=offsets[1:])
-        return replace(chunk, tokens=flat, offsets=offsets)
+        chunk = replace(chunk, tokens=flat, offsets=offsets)
+        if (lens == 0).any():  # texts that encode to no tokens at all (only without EOS)
+            chunk = chunk.with_rows(lens > 0, "empty")
+        return chunk
 
 
 def _slice_bounds(sizes: np.ndarray, budget: int) -> np.ndarray:

@@ -79,3 +79,25 @@ def test_pretokenized_data_needs_no_tokenizer_for_inspect(tmp_path: Path, capsys
     write_parts(tmp_path, [{"input_ids": pa.array([[1, 2]], pa.list_(pa.int32()))}])
     assert main(["inspect", str(tmp_path)]) == 0
     assert "input_ids: list<item: int32>" in capsys.readouterr().out
+
+
+def test_stream_reports_unusable_state_files_cleanly(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_parts(tmp_path / "d", [{"text": ["a b c"] * 4}])
+    common = ["stream", str(tmp_path / "d"), "--tokenizer", str(tokenizer_path), "--seq-len", "4",
+              "--batch-size", "1"]
+    assert main([*common, "--resume", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read the state file" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main([*common, "--resume", str(tmp_path / "bad.json")]) == 2
+    assert "is not JSON" in capsys.readouterr().err
+    assert main([*common, "--save-state", str(tmp_path / "no" / "dir" / "s.json")]) == 2
+    assert "directory does not exist" in capsys.readouterr().err
+
+
+def test_stream_endless_with_max_batches(tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_parts(tmp_path / "d", [{"text": ["a b c"] * 2}])
+    assert main(["stream", str(tmp_path / "d"), "--tokenizer", str(tokenizer_path), "--seq-len", "4",
+                 "--batch-size", "1", "--endless", "--max-batches", "30"]) == 0
+    assert "30 batches" in capsys.readouterr().out

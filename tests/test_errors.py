@@ -139,6 +139,16 @@ def test_malformed_and_foreign_states_are_state_errors(tmp_path: Path) -> None:
     bad_pos = {**good, "position": {**good["position"], "seq": 10**6}}
     with pytest.raises(StateError, match="outside"):
         ds.iter(bad_pos)
+    for key, value in (("epoch", -1), ("seq", "3"), ("token_offset", True)):
+        with pytest.raises(StateError, match=f"position.{key}"):
+            ds.iter({**good, "position": {**good["position"], key: value}})
+    with pytest.raises(StateError, match="raise `num_epochs`"):
+        ds.iter({**good, "position": {**good["position"], "epoch": 1}})
+    for key in ("dataset", "stats", "position"):
+        with pytest.raises(StateError, match=f"`{key}` should be a dict"):
+            ds.iter({**good, key: [1]})
+    with pytest.raises(StateError, match="int counters"):
+        ds.iter({**good, "stats": {"rows": "many"}})
     edited = {**good, "position": {**good["position"], "row_group": 7}}
     with pytest.raises(StateError, match="edited"):
         ds.iter(edited)
@@ -153,3 +163,70 @@ def test_bad_read_options_are_config_errors(tmp_path: Path) -> None:
         read_parquet(tmp_path, batch_rows=0)
     with pytest.raises(ValueError):  # ConfigError is a ValueError
         read_parquet(tmp_path, num_epochs=-1)
+
+
+def test_tokenizer_with_padding_or_truncation_is_refused(tmp_path: Path, tokenizer_path: Path) -> None:
+    write_parts(tmp_path, [{"text": ["a"]}])
+    padded = Tokenizer.from_file(str(tokenizer_path))
+    padded.enable_padding()
+    with pytest.raises(ConfigError, match="no_padding"):
+        read_parquet(tmp_path).tokenize(padded)
+    truncating = Tokenizer.from_file(str(tokenizer_path))
+    truncating.enable_truncation(max_length=16)
+    with pytest.raises(ConfigError, match="no_truncation"):
+        read_parquet(tmp_path).tokenize(truncating)
+
+
+def test_a_lone_special_token_that_is_not_an_eos_is_not_taken_as_eos(tmp_path: Path) -> None:
+    from tokenizers import AddedToken
+
+    write_parts(tmp_path, [{"text": ["a"]}])
+    tok = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.add_special_tokens([AddedToken("[PAD]", special=True)])
+    with pytest.raises(ConfigError, match=r"\[PAD\].*eos_id"):
+        read_parquet(tmp_path).tokenize(tok)
+
+
+def test_negative_token_ids_name_the_file_and_row_group(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"input_ids": pa.array([[1], [2], [3, -4]], pa.list_(pa.int32()))}], row_group_size=2)
+    ds = read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0)
+    with pytest.raises(SchemaError, match=r"part-000\.parquet'?, row group 1.*token id -4"):
+        list(ds)
+
+
+def test_null_token_ids_inside_a_list_are_an_error(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"input_ids": pa.array([[1, None]], pa.list_(pa.int32()))}])
+    with pytest.raises(SchemaError, match="null token ids"):
+        list(read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0))
+
+
+def test_a_run_can_be_extended_with_more_epochs(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"input_ids": pa.array([[1, 2]] * 3, pa.list_(pa.int32()))}])
+
+    def build(num_epochs: int | None):  # noqa: ANN202
+        ds = read_parquet(tmp_path, num_epochs=num_epochs)
+        return ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=3, batch_size=1)
+
+    it = build(1).iter()
+    first = list(it)
+    state = it.state_dict()
+    more = list(build(3).iter(state))
+    assert len(more) == 2 * len(first)
+    assert [b["input_ids"].tolist() for b in more[: len(first)]] == [b["input_ids"].tolist() for b in first]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"seq_len": True, "batch_size": 1}, "seq_len"),
+        ({"seq_len": 4, "batch_size": 1, "pad_id": 2**40}, "pad_id"),
+        ({"seq_len": 4, "batch_size": 1, "pad_id": -1}, "pad_id"),
+    ],
+)
+def test_bools_and_out_of_range_pad_ids_are_refused(tmp_path: Path, kwargs: dict, match: str) -> None:
+    write_parts(tmp_path, [{"input_ids": pa.array([[1]], pa.list_(pa.int32()))}])
+    ds = read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0)
+    with pytest.raises(ConfigError, match=match):
+        ds.pack(**kwargs)
+    with pytest.raises(ConfigError, match="num_epochs"):
+        read_parquet(tmp_path, num_epochs=True)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ def test_filter_keeps_matching_rows_and_counts_the_rest(tmp_path: Path) -> None:
     kept = [v for b in it for v in b.column("n").to_pylist()]
     assert kept == list(range(5, 20))
     stats = it.state_dict()["stats"]
-    assert (stats["docs"], stats["filtered"]) == (15, 5 - 0)
+    assert (stats["docs"], stats["filtered"]) == (15, 5)
 
 
 def test_statistics_skip_row_groups_that_cannot_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,6 +36,11 @@ def test_statistics_skip_row_groups_that_cannot_match(tmp_path: Path, monkeypatc
     values = [v for b in ds for v in b.column("n").to_pylist()]
     assert values == list(range(25, 40))
     assert reads == [2, 3]  # row groups 0 and 1 (n < 20) were never read
+    it = ds.iter()
+    list(it)
+    stats = it.stats
+    assert (stats["pruned_rows"], stats["rows"], stats["filtered"], stats["docs"]) == (20, 20, 5, 15)
+    assert ds.num_pruned_shards == 2
 
 
 def test_null_filter_results_drop_the_row(tmp_path: Path) -> None:
@@ -62,3 +67,27 @@ def test_filter_that_keeps_nothing_in_an_endless_stream_is_an_error(tmp_path: Pa
     ds = read_parquet(tmp_path, num_epochs=None).filter(pc.field("text") == "zzz")
     with pytest.raises(ConfigError, match="never yield"):
         next(iter(ds))
+
+
+def test_filter_after_tokenize_drops_the_rows_tokens(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    ids = pa.array([[1, 1], [2, 2, 2], [3]], pa.list_(pa.int32()))
+    write_parts(tmp_path, [{"n": [1, 2, 3], "input_ids": ids}])
+    ds = read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0).filter(pc.field("n") != 2)
+    [batch] = list(ds)
+    assert batch.column("input_ids").to_pylist() == [[1, 1, 0], [3, 0]]
+    [packed] = list(ds.pack(seq_len=5, batch_size=1))
+    assert packed["input_ids"].tolist() == [[1, 1, 0, 3, 0]]
+    assert packed["segment_ids"].tolist() == [[1, 1, 1, 2, 2]]
+
+
+def test_filters_that_print_alike_have_different_identities(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"n": list(range(60))}])
+    a = list(range(50))
+    b = list(range(50))
+    b[20] = 99
+    ds = read_parquet(tmp_path)
+    fa, fb = ds.filter(pc.field("n").isin(a)), ds.filter(pc.field("n").isin(b))
+    assert fa.options_hash != fb.options_hash
+    assert fa.options_hash == ds.filter(pc.field("n").isin(list(range(50)))).options_hash

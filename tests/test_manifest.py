@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from tokenizers import Tokenizer
 
 from arrowstream import SchemaError, ShardError, read_manifest, read_parquet
 from arrowstream.manifest import normalize_type
@@ -121,14 +122,52 @@ def test_schema_drift_names_both_files_and_the_column(tmp_path: Path) -> None:
     pq.write_table(pa.table({"text": ["a"], "n": [1]}), tmp_path / "a.parquet")
     pq.write_table(pa.table({"text": ["b"], "n": ["one"]}), tmp_path / "b.parquet")
     pq.write_table(pa.table({"body": ["c"]}), tmp_path / "c.parquet")
+    pair = [tmp_path / "a.parquet", tmp_path / "b.parquet"]
     with pytest.raises(SchemaError, match=r"`n`.*a\.parquet.*b\.parquet"):
-        read_manifest([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+        read_manifest(pair, columns=["n"])
     with pytest.raises(SchemaError, match=r"`text`.*a\.parquet.*c\.parquet"):
         read_manifest([tmp_path / "a.parquet", tmp_path / "c.parquet"], columns=["text"])
     # selecting only the common column works
-    assert read_manifest(
-        [tmp_path / "a.parquet", tmp_path / "b.parquet"], columns=["text"]
-    ).num_rows == 2
+    assert read_manifest(pair, columns=["text"]).num_rows == 2
+
+
+def test_drift_in_a_column_nobody_reads_does_not_matter(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    pq.write_table(pa.table({"text": ["a b"], "n": [1]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"text": ["c"], "n": ["one"]}), tmp_path / "b.parquet")
+    m = read_manifest(tmp_path)
+    assert m.schema.names == ["text"] and "`n`" in m.drift["n"]
+    ds = read_parquet(tmp_path)
+    with pytest.raises(SchemaError, match=r"`n`.*a\.parquet.*b\.parquet.*columns="):
+        ds.iter()  # reads every column, so the drift matters
+    packed = ds.tokenize(tokenizer).pack(seq_len=4, batch_size=1)
+    assert packed.read_columns() == ("text",)
+    assert len(list(packed)) >= 1
+    with pytest.raises(SchemaError, match="schema drift"):
+        ds.tokenize(tokenizer, column="n")
+
+
+def test_selecting_columns_does_not_change_the_data_fingerprint(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"text": ["a", "b"], "n": [1, 2]}])
+    assert read_manifest(tmp_path).fingerprint == read_manifest(tmp_path, columns=["text"]).fingerprint
+
+
+def test_glob_star_stays_in_one_directory_and_skips_hidden(tmp_path: Path) -> None:
+    for sub in ("", "sub/", ".hidden/", "_tmp/"):
+        write_parts(tmp_path / sub, [{"text": ["a"]}])
+    assert read_manifest(str(tmp_path / "*.parquet")).relpaths == ("part-000.parquet",)
+    deep = read_manifest(str(tmp_path / "**" / "*.parquet")).relpaths
+    assert deep == ("part-000.parquet", "sub/part-000.parquet")
+
+
+def test_fsspec_uri_paths_give_relative_fingerprints(tmp_path: Path) -> None:
+    mem = fsspec.filesystem("memory")
+    for root in ("/one", "/two"):
+        with mem.open(f"{root}/a.parquet", "wb") as f:
+            pq.write_table(pa.table({"text": ["x", "y"]}), f)
+    one = read_manifest("memory://one", filesystem=mem)
+    two = read_manifest("/two", filesystem=mem)
+    assert one.relpaths == two.relpaths == ("a.parquet",)
+    assert one.fingerprint == two.fingerprint
 
 
 def test_manifest_and_dataset_pickle(tmp_path: Path) -> None:
