@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -333,18 +333,27 @@ class Dataset:
             epoch, seq = epoch + 1, 0
 
     def _apply_stages(self, chunk: Chunk, i: int) -> Iterator[Chunk]:
+        """Push ``chunk`` through stages ``i..``, lazily: a stage's first output moves on
+        before its second is computed (the first batch waits for one tokenizer slice)."""
         if i == len(self.stages):
             yield chunk
             return
         stage = self.stages[i]
+        outs = self._located(stage, chunk, lambda: iter(stage.apply(chunk)))
+        while True:
+            out = self._located(stage, chunk, lambda: next(outs, None))
+            if out is None:
+                return
+            yield from self._apply_stages(out, i + 1)
+
+    def _located(self, stage: Stage, chunk: Chunk, call: Callable[[], Any]) -> Any:
+        """Run ``call``; errors get the file, row group and rows of ``chunk`` added."""
         try:
-            outs = list(stage.apply(chunk))
+            return call()
         except ArrowStreamError as exc:
             raise type(exc)(f"{self._where(chunk)}: {exc}") from exc
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise SchemaError(f"{self._where(chunk)}: `{stage.name}` failed: {exc}") from exc
-        for out in outs:
-            yield from self._apply_stages(out, i + 1)
 
     def _where(self, chunk: Chunk) -> str:
         m = self.manifest

@@ -236,7 +236,7 @@ class Tokenize(Stage):
             return [self._from_ids(chunk, col)]
         sizes = lengths[lengths > 0]
         pieces = chunk.split(_slice_bounds(sizes, self.slice_bytes))
-        return [self._encode(piece) for piece in pieces]
+        return (self._encode(piece) for piece in pieces)
 
     def _encode(self, chunk: Chunk) -> Chunk:
         assert self.tokenizer is not None and chunk.batch is not None

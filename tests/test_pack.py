@@ -200,3 +200,27 @@ def test_long_stream_is_lazy_and_endless_with_num_epochs_none(tmp_path: Path) ->
     ds = read_parquet(tmp_path, num_epochs=None).tokenize(None, column="input_ids", eos_id=0)
     batches = list(itertools.islice(ds.pack(seq_len=4, batch_size=1), 50))
     assert len(batches) == 50
+
+
+def test_first_batch_waits_for_one_tokenizer_slice_only(
+    tmp_path: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a whole chunk was tokenized before the first batch could leave."""
+    from arrowstream.tokenize import Tokenize
+
+    calls = []
+    original = Tokenize._encode
+
+    def counting(self: Tokenize, chunk):  # noqa: ANN001, ANN202
+        calls.append(chunk.num_docs)
+        return original(self, chunk)
+
+    monkeypatch.setattr(Tokenize, "_encode", counting)
+    texts = ["word " * 400] * 200  # 400 KB in one chunk: two slices of 256 KB
+    write_parts(tmp_path, [{"text": texts}], row_group_size=200)
+    ds = read_parquet(tmp_path, batch_rows=200, prefetch=0).tokenize(tokenizer)
+    it = ds.pack(seq_len=16, batch_size=1).iter()
+    next(it)
+    assert len(calls) == 1 and calls[0] < 200
+    list(it)
+    assert len(calls) == 2 and sum(calls) == 200
