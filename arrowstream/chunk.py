@@ -44,6 +44,9 @@ class Chunk:
         tokenized.
     skipped : dict[str, numpy.ndarray]
         Reason to sequence numbers of rows dropped inside the range.
+    source_end : bool
+        Whether this chunk ends where a source chunk (one cell of the
+        ``batch_rows`` grid) ends; false on all but the last piece of a split.
     """
 
     epoch: int
@@ -56,6 +59,7 @@ class Chunk:
     tokens: np.ndarray | None = None
     offsets: np.ndarray | None = None
     skipped: dict[str, np.ndarray] = field(default_factory=dict)
+    source_end: bool = True
 
     @property
     def num_docs(self) -> int:
@@ -95,8 +99,9 @@ class Chunk:
         if len(bounds) == 0:
             return [self]
         cuts = [0, *[int(b) for b in bounds], self.num_docs]
+        last = len(cuts) - 2
         pieces = []
-        for a, b in zip(cuts[:-1], cuts[1:]):
+        for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
             lo = self.seq_start if a == 0 else int(self.seq[a])
             hi = self.seq_end if b == self.num_docs else int(self.seq[b])
             skipped = {}
@@ -121,9 +126,43 @@ class Chunk:
                     tokens=tokens,
                     offsets=offsets,
                     skipped=skipped,
+                    source_end=self.source_end and k == last,
                 )
             )
         return pieces
+
+    @staticmethod
+    def concat(pieces: list[Chunk]) -> Chunk:
+        """Join consecutive pieces (as :meth:`split` made them) back into one chunk."""
+        if len(pieces) == 1:
+            return pieces[0]
+        first, last = pieces[0], pieces[-1]
+        skipped: dict[str, np.ndarray] = {}
+        for reason in sorted({r for p in pieces for r in p.skipped}):
+            skipped[reason] = np.concatenate([p.skipped[reason] for p in pieces if reason in p.skipped])
+        tokens = offsets = None
+        if all(p.tokens is not None and p.offsets is not None for p in pieces):
+            tokens = np.concatenate([p.tokens for p in pieces])  # type: ignore[misc]
+            sizes = np.cumsum([0] + [int(p.offsets[-1]) for p in pieces[:-1]])  # type: ignore[index]
+            offsets = np.concatenate(
+                [[0]] + [p.offsets[1:] + base for p, base in zip(pieces, sizes)]  # type: ignore[index]
+            ).astype(np.int64)
+        batch = None
+        if all(p.batch is not None for p in pieces):
+            batch = pa.concat_batches([p.batch for p in pieces])  # type: ignore[misc]
+        return Chunk(
+            epoch=first.epoch,
+            shard=first.shard,
+            seq_start=first.seq_start,
+            seq_end=last.seq_end,
+            row_start=first.row_start,
+            seq=np.concatenate([p.seq for p in pieces]),
+            batch=batch,
+            tokens=tokens,
+            offsets=offsets,
+            skipped=skipped,
+            source_end=last.source_end,
+        )
 
     def counts_before(self, seq: int) -> dict[str, int]:
         """Count rows of this chunk with sequence number below ``seq``, by outcome.

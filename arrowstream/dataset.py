@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,7 +27,8 @@ import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
 from arrowstream.chunk import Chunk
-from arrowstream.errors import ArrowStreamError, ConfigError, SchemaError
+from arrowstream.errors import ConfigError, SchemaError
+from arrowstream.execute import run_stages
 from arrowstream.filter import Filter, prune_shards
 from arrowstream.iterator import DatasetIterator
 from arrowstream.manifest import Manifest, read_manifest
@@ -142,6 +144,9 @@ class Dataset:
         add_eos: bool = True,
         eos_id: int | None = None,
         add_special_tokens: bool = True,
+        num_threads: int = 2,
+        slice_bytes: int = 1 << 20,
+        first_slice_bytes: int = 1 << 16,
     ) -> Dataset:
         """Tokenize ``column`` into an ``input_ids`` column; ``tokenizer=None`` reads ids as they are.
 
@@ -168,6 +173,9 @@ class Dataset:
                 add_eos=add_eos,
                 eos_id=eos_id,
                 add_special_tokens=add_special_tokens,
+                num_threads=num_threads,
+                slice_bytes=slice_bytes,
+                first_slice_bytes=first_slice_bytes,
             )
         )
 
@@ -308,9 +316,15 @@ class Dataset:
         """Rows per epoch in row groups that filter statistics rule out."""
         return self.manifest.num_rows - self.plan(0).num_rows
 
-    def iter_chunks(self, reader: ShardReader, start: Position) -> Iterator[Chunk]:
-        """Yield processed chunks from ``start`` (token offsets are the packer's business)."""
+    def iter_chunks(
+        self, reader: ShardReader, start: Position, pool: Executor | None = None
+    ) -> Iterator[Chunk]:
+        """Yield processed chunks from ``start`` (token offsets are the packer's business).
+
+        ``pool`` runs expensive stages (tokenization) a few pieces at once.
+        """
         epoch, seq = start.epoch, start.seq
+        in_flight = max((s.num_threads for s in self.stages if s.expensive), default=1)
         while self.num_epochs is None or epoch < self.num_epochs:
             plan = self.plan(epoch)
             if plan.num_rows == 0 and self.num_epochs is None:
@@ -318,13 +332,13 @@ class Dataset:
                     "the filter leaves no row group to read, so an endless stream would never "
                     "yield: loosen the filter"
                 )
+            source = iter_chunks(reader, plan, epoch=epoch, start_seq=seq, batch_rows=self.batch_rows)
             docs = 0
-            for chunk in iter_chunks(
-                reader, plan, epoch=epoch, start_seq=seq, batch_rows=self.batch_rows
+            for out in run_stages(
+                self.stages, source, where=self._where, pool=pool, in_flight=in_flight
             ):
-                for out in self._apply_stages(chunk, 0):
-                    docs += out.num_docs
-                    yield out
+                docs += out.num_docs
+                yield out
             if docs == 0 and seq == 0 and self.num_epochs is None:
                 raise ConfigError(
                     f"epoch {epoch} kept no document (all filtered, null or empty), so an endless "
@@ -332,28 +346,10 @@ class Dataset:
                 )
             epoch, seq = epoch + 1, 0
 
-    def _apply_stages(self, chunk: Chunk, i: int) -> Iterator[Chunk]:
-        """Push ``chunk`` through stages ``i..``, lazily: a stage's first output moves on
-        before its second is computed (the first batch waits for one tokenizer slice)."""
-        if i == len(self.stages):
-            yield chunk
-            return
-        stage = self.stages[i]
-        outs = self._located(stage, chunk, lambda: iter(stage.apply(chunk)))
-        while True:
-            out = self._located(stage, chunk, lambda: next(outs, None))
-            if out is None:
-                return
-            yield from self._apply_stages(out, i + 1)
-
-    def _located(self, stage: Stage, chunk: Chunk, call: Callable[[], Any]) -> Any:
-        """Run ``call``; errors get the file, row group and rows of ``chunk`` added."""
-        try:
-            return call()
-        except ArrowStreamError as exc:
-            raise type(exc)(f"{self._where(chunk)}: {exc}") from exc
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-            raise SchemaError(f"{self._where(chunk)}: `{stage.name}` failed: {exc}") from exc
+    @property
+    def num_threads(self) -> int:
+        """Threads the iterator's pool needs for expensive stages (1: no pool)."""
+        return max((s.num_threads for s in self.stages if s.expensive), default=1)
 
     def _where(self, chunk: Chunk) -> str:
         m = self.manifest

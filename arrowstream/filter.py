@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -83,12 +82,12 @@ class Filter(Stage):
             ) from exc
         return schema
 
-    def apply(self, chunk: Chunk) -> Iterable[Chunk]:
-        assert chunk.batch is not None
-        tagged = chunk.batch.append_column(_SEQ, pa.array(chunk.seq, type=pa.int64()))
+    def run(self, piece: Chunk) -> Chunk:
+        assert piece.batch is not None
+        tagged = piece.batch.append_column(_SEQ, pa.array(piece.seq, type=pa.int64()))
         kept = tagged.filter(self.expr).column(_SEQ).to_numpy()
-        keep = np.isin(chunk.seq, kept, assume_unique=True)
-        return [chunk.with_rows(keep, "filtered")]
+        keep = np.isin(piece.seq, kept, assume_unique=True)
+        return piece.with_rows(keep, "filtered")
 
 
 def prune_shards(manifest: Manifest, expr: pc.Expression) -> np.ndarray:

@@ -11,7 +11,9 @@ Not thread-safe: one iterator belongs to one consumer.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Generator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -58,6 +60,10 @@ class DatasetIterator:
         self.dataset = dataset
         self._reader = ShardReader(dataset.manifest, dataset.read_columns())
         self._chunks: Prefetcher[Chunk] | _Inline | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        if dataset.num_threads > 1:
+            self._pool = ThreadPoolExecutor(dataset.num_threads, thread_name_prefix="arrowstream-encode")
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         self._reset(state)
 
     # -- state --------------------------------------------------------------------
@@ -84,7 +90,7 @@ class DatasetIterator:
             start = Position(int(pos["epoch"]), int(pos["seq"]), 0)
         self._pos = start
         self._ledger = Ledger(None if state is None else state["stats"])
-        produce = functools.partial(self.dataset.iter_chunks, self._reader, start)
+        produce = functools.partial(self.dataset.iter_chunks, self._reader, start, self._pool)
         if self.dataset.prefetch > 0:
             self._chunks = Prefetcher(produce, depth=self.dataset.prefetch)
         else:
@@ -180,7 +186,12 @@ class DatasetIterator:
         if self._run is not None:
             return self._run.next_batch(self._chunks)
         while True:
-            chunk = next(self._chunks)  # StopIteration ends the stream
+            # One record batch per source chunk (a cell of the batch_rows grid), however
+            # the stages sliced it, so outputs after a resume fall on the same grid.
+            pieces = [next(self._chunks)]  # StopIteration ends the stream
+            while not pieces[-1].source_end:
+                pieces.append(next(self._chunks))
+            chunk = Chunk.concat(pieces)
             self._ledger.commit(chunk)
             self._pos = Position(chunk.epoch, chunk.seq_end, 0)
             if chunk.num_docs:
@@ -192,6 +203,9 @@ class DatasetIterator:
         if self._chunks is not None:
             self._chunks.close()
             self._chunks = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         self._reader.close()
 
 

@@ -1,7 +1,11 @@
 """The small core every row stage implements.
 
 A stage maps one :class:`~arrowstream.chunk.Chunk` to zero or more chunks that
-together cover the same sequence range, so positions stay exact. Stages are
+together cover the same sequence range, so positions stay exact. It does so in
+two steps: :meth:`Stage.split` cuts a chunk into pieces (cheap, in order) and
+:meth:`Stage.run` does the work on one piece; an ``expensive`` stage's pieces
+run concurrently in the iterator's thread pool (see :mod:`arrowstream.execute`),
+so ``run`` must not depend on other pieces. Stages are
 immutable descriptions: :meth:`Stage.spec` gives the JSON-able options that
 enter the pipeline's options hash, :meth:`Stage.check` validates them against
 the dataset schema when the pipeline is built (before any data is read).
@@ -27,6 +31,10 @@ class Stage(ABC):
 
     #: Short name used in options and errors.
     name: str = "stage"
+    #: Whether pieces are worth running concurrently (the tokenizer is).
+    expensive: bool = False
+    #: How many pieces of this stage may run at once when ``expensive``.
+    num_threads: int = 1
 
     @abstractmethod
     def spec(self) -> dict[str, Any]:
@@ -40,6 +48,18 @@ class Stage(ABC):
         """Validate against the incoming schema; return the outgoing schema."""
         return schema
 
+    def split(self, chunk: Chunk, *, warm: int = 0) -> Iterable[Chunk]:
+        """Cut ``chunk`` into pieces that :meth:`run` handles one at a time.
+
+        ``warm`` counts the pieces this stage already cut in the current stream
+        (it restarts at 0 after a start or resume).
+        """
+        return [chunk]
+
     @abstractmethod
+    def run(self, piece: Chunk) -> Chunk:
+        """Transform one piece into a chunk covering the same sequence range."""
+
     def apply(self, chunk: Chunk) -> Iterable[Chunk]:
-        """Transform one chunk into chunks covering the same sequence range."""
+        """Split and run ``chunk`` in order, in this thread."""
+        return (self.run(piece) for piece in self.split(chunk))

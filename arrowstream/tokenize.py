@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -130,7 +130,14 @@ class Tokenize(Stage):
     add_special_tokens
         Passed to the tokenizer (its post-processor may add BOS and the like).
     slice_bytes
-        Text per batch-encoder call; smaller gives an earlier first batch.
+        Text per batch-encoder call once warmed up (larger is more efficient).
+    first_slice_bytes
+        Text in the first call after a start or resume; slices double from
+        there up to ``slice_bytes`` (smaller gives an earlier first batch).
+    num_threads
+        Batch-encoder calls in flight at once (each uses the tokenizer's own
+        thread pool); 2 keeps that pool busy between calls. Output does not
+        depend on it.
 
     Examples
     --------
@@ -154,7 +161,9 @@ class Tokenize(Stage):
         add_eos: bool = True,
         eos_id: int | None = None,
         add_special_tokens: bool = True,
-        slice_bytes: int = 1 << 18,
+        slice_bytes: int = 1 << 20,
+        first_slice_bytes: int = 1 << 16,
+        num_threads: int = 2,
     ) -> None:
         self.tokenizer = None if tokenizer is None else load_tokenizer(tokenizer)
         if self.tokenizer is not None:
@@ -162,9 +171,15 @@ class Tokenize(Stage):
         self.column = column
         self.add_eos = bool(add_eos)
         self.add_special_tokens = bool(add_special_tokens)
-        if slice_bytes < 1:
-            raise ConfigError(f"`slice_bytes` must be positive, got {slice_bytes!r}")
-        self.slice_bytes = int(slice_bytes)
+        for key, value in (("slice_bytes", slice_bytes), ("first_slice_bytes", first_slice_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"`{key}` must be a positive int, got {value!r}")
+        self.slice_bytes = slice_bytes
+        self.first_slice_bytes = min(first_slice_bytes, slice_bytes)
+        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+            raise ConfigError(f"`num_threads` must be a positive int, got {num_threads!r}")
+        self.num_threads = num_threads
+        self.expensive = self.tokenizer is not None
         if eos_id is None and self.tokenizer is not None:
             eos_id = find_eos_id(self.tokenizer)
         if add_eos and eos_id is None:
@@ -221,7 +236,14 @@ class Tokenize(Stage):
             )
         return schema
 
-    def apply(self, chunk: Chunk) -> Iterable[Chunk]:
+    def split(self, chunk: Chunk, *, warm: int = 0) -> Iterable[Chunk]:
+        """Drop (and count) null and empty documents, then cut the text into slices.
+
+        Slices grow from ``first_slice_bytes`` (doubling per slice, counting the
+        ``warm`` slices this stream already cut) to ``slice_bytes``: small first
+        slices give an early first batch, large later ones keep the encoder
+        efficient.
+        """
         assert chunk.batch is not None
         col = chunk.batch.column(self.column)
         chunk = chunk.with_rows(col.is_valid().to_numpy(zero_copy_only=False), "null")
@@ -229,14 +251,19 @@ class Tokenize(Stage):
         lengths = pc.binary_length(col) if self.tokenizer is not None else pc.list_value_length(col)
         lengths = lengths.to_numpy(zero_copy_only=False)
         chunk = chunk.with_rows(lengths > 0, "empty")
-        if chunk.num_docs == 0:
-            return [replace(chunk, tokens=np.empty(0, np.int32), offsets=np.zeros(1, np.int64))]
-        col = chunk.batch.column(self.column)
+        if self.tokenizer is None or chunk.num_docs == 0:
+            return [chunk]
+        budgets = _budgets(self.first_slice_bytes, self.slice_bytes, warm)
+        return chunk.split(_slice_bounds(lengths[lengths > 0], budgets))
+
+    def run(self, piece: Chunk) -> Chunk:
+        """Encode one slice (or take its ids as they are)."""
+        if piece.num_docs == 0:
+            return replace(piece, tokens=np.empty(0, np.int32), offsets=np.zeros(1, np.int64))
+        assert piece.batch is not None
         if self.tokenizer is None:
-            return [self._from_ids(chunk, col)]
-        sizes = lengths[lengths > 0]
-        pieces = chunk.split(_slice_bounds(sizes, self.slice_bytes))
-        return (self._encode(piece) for piece in pieces)
+            return self._from_ids(piece, piece.batch.column(self.column))
+        return self._encode(piece)
 
     def _encode(self, chunk: Chunk) -> Chunk:
         assert self.tokenizer is not None and chunk.batch is not None
@@ -287,15 +314,21 @@ class Tokenize(Stage):
         return chunk
 
 
-def _slice_bounds(sizes: np.ndarray, budget: int) -> np.ndarray:
-    """Return row indices that cut rows into runs of about ``budget`` bytes (greedy)."""
-    if sizes.sum() <= budget:
-        return np.empty(0, dtype=np.int64)
+def _budgets(first: int, most: int, warm: int) -> Iterator[int]:
+    """Yield byte budgets: ``first`` doubling per slice (``warm`` already cut), capped at ``most``."""
+    step = warm
+    while True:
+        yield most if step >= 32 else min(most, first << step)
+        step += 1
+
+
+def _slice_bounds(sizes: np.ndarray, budgets: Iterator[int]) -> np.ndarray:
+    """Return row indices that cut rows into runs of about the next budget's bytes (greedy)."""
     cum = np.cumsum(sizes)
     bounds = []
     start_bytes = 0
     while True:
-        i = int(np.searchsorted(cum, start_bytes + budget, side="left")) + 1
+        i = int(np.searchsorted(cum, start_bytes + next(budgets), side="left")) + 1
         if i >= sizes.size:
             break
         bounds.append(i)

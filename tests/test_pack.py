@@ -202,8 +202,9 @@ def test_long_stream_is_lazy_and_endless_with_num_epochs_none(tmp_path: Path) ->
     assert len(batches) == 50
 
 
+@pytest.mark.parametrize("num_threads", [1, 2])
 def test_first_batch_waits_for_one_tokenizer_slice_only(
-    tmp_path: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch, num_threads: int
 ) -> None:
     """Regression: a whole chunk was tokenized before the first batch could leave."""
     from arrowstream.tokenize import Tokenize
@@ -216,11 +217,29 @@ def test_first_batch_waits_for_one_tokenizer_slice_only(
         return original(self, chunk)
 
     monkeypatch.setattr(Tokenize, "_encode", counting)
-    texts = ["word " * 400] * 200  # 400 KB in one chunk: two slices of 256 KB
-    write_parts(tmp_path, [{"text": texts}], row_group_size=200)
-    ds = read_parquet(tmp_path, batch_rows=200, prefetch=0).tokenize(tokenizer)
+    texts = ["word " * 400] * 512  # 1 MB in one chunk
+    write_parts(tmp_path, [{"text": texts}], row_group_size=512)
+    ds = read_parquet(tmp_path, batch_rows=512, prefetch=0).tokenize(
+        tokenizer, num_threads=num_threads, first_slice_bytes=1 << 16, slice_bytes=1 << 18
+    )
     it = ds.pack(seq_len=16, batch_size=1).iter()
     next(it)
-    assert len(calls) == 1 and calls[0] < 200
+    assert len(calls) <= num_threads  # at most the slices in flight
+    assert calls[0] == 33  # the first slice is about 64 KB: 2,000-byte texts
     list(it)
-    assert len(calls) == 2 and sum(calls) == 200
+    # slices grow 64 KB, 128 KB, then 256 KB each
+    assert calls == [33, 66, 132, 132, 132, 17] and sum(calls) == 512
+
+
+def test_output_does_not_depend_on_encoder_threads_or_prefetch(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    from arrowstream.sample import write_dataset
+
+    write_dataset(tmp_path, num_files=2, docs_per_file=60, rows_per_group=25, seed=4)
+    outs = set()
+    for threads, prefetch in ((1, 0), (2, 2), (3, 1)):
+        # small slices: many of them, so the threads really interleave
+        ds = read_parquet(tmp_path, prefetch=prefetch).tokenize(
+            tokenizer, num_threads=threads, slice_bytes=2000
+        )
+        outs.add(b"".join(b["input_ids"].tobytes() for b in ds.pack(seq_len=32, batch_size=2)))
+    assert len(outs) == 1

@@ -1,0 +1,107 @@
+"""Running a pipeline's stages over its source chunks: lazily, in order, errors located.
+
+Each stage first *splits* a chunk into pieces (cheap, in order) and then
+*runs* each piece. A stage marked ``expensive`` (tokenization) runs its pieces
+in the iterator's thread pool, a bounded number at once, and the results come
+back in order: two batch-encoder calls in flight keep the tokenizer's own
+thread pool busy between calls, where one call at a time leaves a core idle
+while the slowest document of a slice finishes. Output never depends on the
+pool: pieces are independent and their order is kept.
+
+Any error raised while splitting or running gets the file, row group and rows
+it happened in prepended, keeping its type.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from arrowstream.chunk import Chunk
+from arrowstream.errors import ArrowStreamError, SchemaError
+from arrowstream.stage import Stage
+
+__all__ = ["ordered_map", "run_stages"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def ordered_map(
+    pool: Executor, fn: Callable[[T], R], items: Iterable[T], *, in_flight: int
+) -> Iterator[R]:
+    """Apply ``fn`` to ``items`` in ``pool``, at most ``in_flight`` at once, yielding in order.
+
+    An exception raised by ``fn`` is raised here, with its traceback, when its
+    item's turn comes; pending work is cancelled.
+
+    Examples
+    --------
+    >>> from concurrent.futures import ThreadPoolExecutor
+    >>> with ThreadPoolExecutor(2) as pool:
+    ...     list(ordered_map(pool, lambda x: x * x, range(6), in_flight=2))
+    [0, 1, 4, 9, 16, 25]
+    """
+    pending: deque[Future[R]] = deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= in_flight:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def run_stages(
+    stages: Iterable[Stage],
+    chunks: Iterable[Chunk],
+    *,
+    where: Callable[[Chunk], str],
+    pool: Executor | None,
+    in_flight: int,
+) -> Iterator[Chunk]:
+    """Chain ``stages`` over ``chunks``; ``where(chunk)`` names a chunk's place for errors."""
+    stream: Iterable[Chunk] = chunks
+    for stage in stages:
+        stream = _run_stage(stage, stream, where, pool, in_flight)
+    return iter(stream)
+
+
+def _run_stage(
+    stage: Stage,
+    stream: Iterable[Chunk],
+    where: Callable[[Chunk], str],
+    pool: Executor | None,
+    in_flight: int,
+) -> Iterator[Chunk]:
+    def split_all() -> Iterator[Chunk]:
+        warm = 0
+        for chunk in stream:
+            pieces = _located(stage, chunk, where, lambda: list(stage.split(chunk, warm=warm)))
+            warm += len(pieces)
+            yield from pieces
+
+    pieces = split_all()
+
+    def run(piece: Chunk) -> Chunk:
+        return _located(stage, piece, where, lambda: stage.run(piece))
+
+    if pool is None or not stage.expensive or in_flight < 2:
+        return map(run, pieces)
+    return ordered_map(pool, run, pieces, in_flight=in_flight)
+
+
+def _located(stage: Stage, chunk: Chunk, where: Callable[[Chunk], str], call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except ArrowStreamError as exc:
+        raise type(exc)(f"{where(chunk)}: {exc}") from exc
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        raise SchemaError(f"{where(chunk)}: `{stage.name}` failed: {exc}") from exc
