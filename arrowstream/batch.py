@@ -52,6 +52,11 @@ def assemble_batch(
     Examples
     --------
     >>> import numpy as np
+    >>> gathered = assemble_batch(np.arange(10, 15, dtype=np.int32), np.array([3, 0]),
+    ...                           np.array([2, 3]), np.array([0, 1]),
+    ...                           batch_size=2, seq_len=3, pad_id=0)
+    >>> gathered["input_ids"].tolist(), gathered["position_ids"].tolist()
+    ([[13, 14, 0], [10, 11, 12]], [[0, 1, 2], [0, 1, 2]])
     >>> out = assemble_batch(np.arange(10, 15, dtype=np.int32), np.array([0, 3]),
     ...                      np.array([3, 2]), np.array([0, 0]),
     ...                      batch_size=1, seq_len=6, pad_id=0)
@@ -61,35 +66,32 @@ def assemble_batch(
     seg_src = np.asarray(seg_src, dtype=np.int64)
     seg_len = np.asarray(seg_len, dtype=np.int64)
     seg_row = np.asarray(seg_row, dtype=np.int64)
-    n_seg = seg_len.size
     size = batch_size * seq_len
-    input_ids = np.full(size, pad_id, dtype=np.int32)
-    position_ids = np.zeros(size, dtype=np.int32)
-    segment_ids = np.zeros(size, dtype=np.int32)
     row_fill = np.zeros(batch_size, dtype=np.int64)
-    last_len = np.zeros(batch_size, dtype=np.int64)
-    if n_seg:
-        first_of_row = np.searchsorted(seg_row, seg_row, side="left")
+    starts = np.zeros(size, dtype=bool)
+    input_ids = np.full(size, pad_id, dtype=np.int32)
+    if seg_len.size:
         excl = np.cumsum(seg_len) - seg_len
-        seg_off = excl - excl[first_of_row]
-        seg_rank = np.arange(n_seg) - first_of_row + 1
-        total = int(seg_len.sum())
-        seg_of_tok = np.repeat(np.arange(n_seg), seg_len)
-        within = np.arange(total, dtype=np.int64) - excl[seg_of_tok]
-        dst = (seg_row * seq_len + seg_off)[seg_of_tok] + within
-        input_ids[dst] = src[seg_src[seg_of_tok] + within]
-        position_ids[dst] = within
-        segment_ids[dst] = seg_rank[seg_of_tok]
-        np.add.at(row_fill, seg_row, seg_len)
+        seg_off = excl - excl[np.searchsorted(seg_row, seg_row, side="left")]
+        dst = seg_row * seq_len + seg_off
         last = np.r_[seg_row[1:] != seg_row[:-1], True]
-        last_len[seg_row[last]] = seg_len[last]
-    col = np.arange(seq_len, dtype=np.int64)[None, :]
-    pad = col >= row_fill[:, None]
-    pad_pos = last_len[:, None] + col - row_fill[:, None]
-    position_ids = position_ids.reshape(batch_size, seq_len)
-    position_ids[pad] = pad_pos[pad]
+        row_fill[seg_row[last]] = seg_off[last] + seg_len[last]
+        starts[dst] = True
+        if np.array_equal(dst, excl) and np.array_equal(seg_src, excl):
+            # rows filled back to back from a contiguous source: the gather is a copy
+            total = int(seg_len.sum())
+            input_ids[:total] = src[:total]
+        else:
+            real = np.flatnonzero(np.arange(seq_len) < row_fill[:, None])
+            seg = (np.cumsum(starts) - 1)[real]
+            input_ids[real] = src[seg_src[seg] + real - dst[seg]]
+    col = np.arange(seq_len, dtype=np.int32)
+    starts2d = starts.reshape(batch_size, seq_len)
+    position_ids = col - np.maximum.accumulate(np.where(starts2d, col, 0), axis=1)
+    segment_ids = np.cumsum(starts2d, axis=1, dtype=np.int32)
+    segment_ids[col >= row_fill[:, None]] = 0
     return {
         "input_ids": input_ids.reshape(batch_size, seq_len),
-        "position_ids": position_ids,
-        "segment_ids": segment_ids.reshape(batch_size, seq_len),
+        "position_ids": position_ids.astype(np.int32, copy=False),
+        "segment_ids": segment_ids,
     }
