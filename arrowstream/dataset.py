@@ -144,7 +144,7 @@ class Dataset:
         add_eos: bool = True,
         eos_id: int | None = None,
         add_special_tokens: bool = True,
-        num_threads: int = 2,
+        num_inflight: int = 4,
         slice_bytes: int = 1 << 20,
         first_slice_bytes: int = 1 << 16,
     ) -> Dataset:
@@ -173,7 +173,7 @@ class Dataset:
                 add_eos=add_eos,
                 eos_id=eos_id,
                 add_special_tokens=add_special_tokens,
-                num_threads=num_threads,
+                num_inflight=num_inflight,
                 slice_bytes=slice_bytes,
                 first_slice_bytes=first_slice_bytes,
             )
@@ -324,7 +324,7 @@ class Dataset:
         ``pool`` runs expensive stages (tokenization) a few pieces at once.
         """
         epoch, seq = start.epoch, start.seq
-        in_flight = max((s.num_threads for s in self.stages if s.expensive), default=1)
+        in_flight = self.num_inflight
         while self.num_epochs is None or epoch < self.num_epochs:
             plan = self.plan(epoch)
             if plan.num_rows == 0 and self.num_epochs is None:
@@ -347,9 +347,9 @@ class Dataset:
             epoch, seq = epoch + 1, 0
 
     @property
-    def num_threads(self) -> int:
-        """Threads the iterator's pool needs for expensive stages (1: no pool)."""
-        return max((s.num_threads for s in self.stages if s.expensive), default=1)
+    def num_inflight(self) -> int:
+        """Pieces of expensive stages run at once, so threads in the iterator's pool (1: no pool)."""
+        return max((s.num_inflight for s in self.stages if s.expensive), default=1)
 
     def _where(self, chunk: Chunk) -> str:
         m = self.manifest

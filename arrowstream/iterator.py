@@ -61,8 +61,8 @@ class DatasetIterator:
         self._reader = ShardReader(dataset.manifest, dataset.read_columns())
         self._chunks: Prefetcher[Chunk] | _Inline | None = None
         self._pool: ThreadPoolExecutor | None = None
-        if dataset.num_threads > 1:
-            self._pool = ThreadPoolExecutor(dataset.num_threads, thread_name_prefix="arrowstream-encode")
+        if dataset.num_inflight > 1:
+            self._pool = ThreadPoolExecutor(dataset.num_inflight, thread_name_prefix="arrowstream-encode")
             weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         self._reset(state)
 

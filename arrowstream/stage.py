@@ -34,7 +34,7 @@ class Stage(ABC):
     #: Whether pieces are worth running concurrently (the tokenizer is).
     expensive: bool = False
     #: How many pieces of this stage may run at once when ``expensive``.
-    num_threads: int = 1
+    num_inflight: int = 1
 
     @abstractmethod
     def spec(self) -> dict[str, Any]:

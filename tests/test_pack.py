@@ -202,9 +202,9 @@ def test_long_stream_is_lazy_and_endless_with_num_epochs_none(tmp_path: Path) ->
     assert len(batches) == 50
 
 
-@pytest.mark.parametrize("num_threads", [1, 2])
+@pytest.mark.parametrize("num_inflight", [1, 2])
 def test_first_batch_waits_for_one_tokenizer_slice_only(
-    tmp_path: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch, num_threads: int
+    tmp_path: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch, num_inflight: int
 ) -> None:
     """Regression: a whole chunk was tokenized before the first batch could leave."""
     from arrowstream.tokenize import Tokenize
@@ -220,11 +220,11 @@ def test_first_batch_waits_for_one_tokenizer_slice_only(
     texts = ["word " * 400] * 512  # 1 MB in one chunk
     write_parts(tmp_path, [{"text": texts}], row_group_size=512)
     ds = read_parquet(tmp_path, batch_rows=512, prefetch=0).tokenize(
-        tokenizer, num_threads=num_threads, first_slice_bytes=1 << 16, slice_bytes=1 << 18
+        tokenizer, num_inflight=num_inflight, first_slice_bytes=1 << 16, slice_bytes=1 << 18
     )
     it = ds.pack(seq_len=16, batch_size=1).iter()
     next(it)
-    assert len(calls) <= num_threads  # at most the slices in flight
+    assert len(calls) <= num_inflight  # at most the slices in flight
     assert calls[0] == 33  # the first slice is about 64 KB: 2,000-byte texts
     list(it)
     # slices grow 64 KB, 128 KB, then 256 KB each
@@ -239,7 +239,7 @@ def test_output_does_not_depend_on_encoder_threads_or_prefetch(tmp_path: Path, t
     for threads, prefetch in ((1, 0), (2, 2), (3, 1)):
         # small slices: many of them, so the threads really interleave
         ds = read_parquet(tmp_path, prefetch=prefetch).tokenize(
-            tokenizer, num_threads=threads, slice_bytes=2000
+            tokenizer, num_inflight=threads, slice_bytes=2000
         )
         outs.add(b"".join(b["input_ids"].tobytes() for b in ds.pack(seq_len=32, batch_size=2)))
     assert len(outs) == 1
