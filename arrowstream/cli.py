@@ -126,6 +126,7 @@ def _inspect(args: argparse.Namespace) -> int:
                     **m.describe(),
                     "num_empty_files": m.num_empty_files,
                     "num_empty_row_groups": m.num_empty_row_groups,
+                    "drift": m.drift,
                 },
                 indent=2,
             )
@@ -143,6 +144,10 @@ def _inspect(args: argparse.Namespace) -> int:
     print("schema:")
     for field in m.schema:
         print(f"  {field.name}: {field.type}")
+    if m.drift:
+        print("columns that differ between files (left out; select others with --columns):")
+        for name, problem in m.drift.items():
+            print(f"  {name}: {problem}")
     return 0
 
 

@@ -36,8 +36,10 @@ def ordered_map(
 ) -> Iterator[R]:
     """Apply ``fn`` to ``items`` in ``pool``, at most ``in_flight`` at once, yielding in order.
 
-    An exception raised by ``fn`` is raised here, with its traceback, when its
-    item's turn comes; pending work is cancelled.
+    The first item runs alone and the allowance grows by one with each result,
+    so the first result is not slowed by work submitted beside it. An exception
+    raised by ``fn`` is raised here, with its traceback, when its item's turn
+    comes; pending work is cancelled.
 
     Examples
     --------
@@ -47,11 +49,13 @@ def ordered_map(
     [0, 1, 4, 9, 16, 25]
     """
     pending: deque[Future[R]] = deque()
+    done = 0
     try:
         for item in items:
             pending.append(pool.submit(fn, item))
-            if len(pending) >= in_flight:
+            if len(pending) >= min(in_flight, done + 1):
                 yield pending.popleft().result()
+                done += 1
         while pending:
             yield pending.popleft().result()
     finally:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from arrowstream.chunk import Chunk, Ledger, tokens_to_arrow
+from arrowstream.chunk import Chunk, Ledger
 from arrowstream.errors import StateError
 from arrowstream.pack import PackRun
 from arrowstream.prefetch import Prefetcher
@@ -87,6 +87,12 @@ class DatasetIterator:
             start = Position(0, 0, 0)
         else:
             pos = state["position"]
+            if pos["token_offset"]:
+                raise StateError(
+                    f"state position has token_offset {pos['token_offset']}, but an unpacked "
+                    "pipeline only stops between documents: the state was edited or comes from "
+                    "a packed pipeline"
+                )
             start = Position(int(pos["epoch"]), int(pos["seq"]), 0)
         self._pos = start
         self._ledger = Ledger(None if state is None else state["stats"])
@@ -227,11 +233,4 @@ class _Inline:
 
 def _to_record_batch(chunk: Chunk) -> pa.RecordBatch:
     assert chunk.batch is not None
-    batch = chunk.batch
-    if chunk.tokens is None or chunk.offsets is None:
-        return batch
-    ids = tokens_to_arrow(chunk.tokens, chunk.offsets)
-    names = batch.schema.names
-    if "input_ids" in names:
-        return batch.set_column(names.index("input_ids"), "input_ids", ids)
-    return batch.append_column("input_ids", ids)
+    return chunk.batch

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
-from arrowstream.chunk import Chunk
+from arrowstream.chunk import Chunk, tokens_to_arrow
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.manifest import Manifest
 from arrowstream.stage import Stage
@@ -143,7 +143,7 @@ class Tokenize(Stage):
     Examples
     --------
     >>> import numpy as np, pyarrow as pa
-    >>> from arrowstream.chunk import Chunk
+    >>> from arrowstream.chunk import Chunk, tokens_to_arrow
     >>> batch = pa.record_batch({"ids": pa.array([[5, 6], [7]], pa.list_(pa.int64()))})
     >>> chunk = Chunk(epoch=0, shard=0, seq_start=0, seq_end=2, row_start=0,
     ...               seq=np.arange(2), batch=batch)
@@ -235,7 +235,10 @@ class Tokenize(Stage):
                 "`.tokenize(None, ...)` expects token ids (list<int32> or list<int64>); "
                 "for text pass a tokenizer"
             )
-        return schema
+        ids = pa.field("input_ids", pa.list_(pa.int32()))
+        if "input_ids" in schema.names:
+            return schema.set(schema.get_field_index("input_ids"), ids)
+        return schema.append(ids)
 
     def split(self, chunk: Chunk, *, warm: int = 0) -> Iterable[Chunk]:
         """Drop (and count) null and empty documents, then cut the text into slices.
@@ -299,20 +302,35 @@ class Tokenize(Stage):
         return self._finish(chunk, values, np.diff(offsets))
 
     def _finish(self, chunk: Chunk, flat: np.ndarray, lens: np.ndarray) -> Chunk:
+        if (lens == 0).any():  # texts that encode to no token at all (a normalizer ate them)
+            keep = lens > 0
+            flat_chunk = replace(chunk, tokens=flat, offsets=_offsets(lens))
+            chunk = flat_chunk.with_rows(keep, "empty")
+            flat, lens = chunk.tokens, lens[keep]
         if self.add_eos:
-            n = lens.size
-            out = np.empty(flat.size + n, dtype=np.int32)
+            out = np.empty(flat.size + lens.size, dtype=np.int32)
             is_eos = np.zeros(out.size, dtype=bool)
             is_eos[np.cumsum(lens + 1) - 1] = True
             out[is_eos] = self.eos_id
             out[~is_eos] = flat
             flat, lens = out, lens + 1
-        offsets = np.zeros(lens.size + 1, dtype=np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        chunk = replace(chunk, tokens=flat, offsets=offsets)
-        if (lens == 0).any():  # texts that encode to no tokens at all (only without EOS)
-            chunk = chunk.with_rows(lens > 0, "empty")
-        return chunk
+        offsets = _offsets(lens)
+        batch = chunk.batch
+        if batch is not None:  # later stages (a length filter) and unpacked output see the ids
+            ids = tokens_to_arrow(flat, offsets)
+            names = batch.schema.names
+            batch = (
+                batch.set_column(names.index("input_ids"), "input_ids", ids)
+                if "input_ids" in names
+                else batch.append_column("input_ids", ids)
+            )
+        return replace(chunk, tokens=flat, offsets=offsets, batch=batch)
+
+
+def _offsets(lens: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(lens.size + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    return offsets
 
 
 def _budgets(first: int, most: int, warm: int) -> Iterator[int]:

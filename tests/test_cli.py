@@ -101,3 +101,15 @@ def test_stream_endless_with_max_batches(tmp_path: Path, tokenizer_path: Path, c
     assert main(["stream", str(tmp_path / "d"), "--tokenizer", str(tokenizer_path), "--seq-len", "4",
                  "--batch-size", "1", "--endless", "--max-batches", "30"]) == 0
     assert "30 batches" in capsys.readouterr().out
+
+
+def test_inspect_reports_schema_drift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["a"], "n": [1]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"text": ["b"], "n": ["one"]}), tmp_path / "b.parquet")
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "columns that differ between files" in out and "n: column `n` has type int64" in out
+    assert main(["inspect", str(tmp_path), "--json"]) == 0
+    assert "n" in json.loads(capsys.readouterr().out)["drift"]

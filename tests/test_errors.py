@@ -149,6 +149,8 @@ def test_malformed_and_foreign_states_are_state_errors(tmp_path: Path) -> None:
             ds.iter({**good, key: [1]})
     with pytest.raises(StateError, match="int counters"):
         ds.iter({**good, "stats": {"rows": "many"}})
+    with pytest.raises(StateError, match="only stops between documents"):
+        ds.iter({**good, "position": {**good["position"], "token_offset": 5}})
     edited = {**good, "position": {**good["position"], "row_group": 7}}
     with pytest.raises(StateError, match="edited"):
         ds.iter(edited)
@@ -230,3 +232,14 @@ def test_bools_and_out_of_range_pad_ids_are_refused(tmp_path: Path, kwargs: dict
         ds.pack(**kwargs)
     with pytest.raises(ConfigError, match="num_epochs"):
         read_parquet(tmp_path, num_epochs=True)  # type: ignore[arg-type]
+
+
+def test_text_that_encodes_to_no_token_counts_as_empty(tmp_path: Path) -> None:
+    from tokenizers import pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1, "<eos>": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    write_parts(tmp_path, [{"text": ["a a", "   ", "a"]}])
+    it = read_parquet(tmp_path).tokenize(tok, eos_id=2).iter()
+    assert [ids for b in it for ids in b.column("input_ids").to_pylist()] == [[0, 0, 2], [0, 2]]
+    assert it.stats["empty"] == 1 and it.stats["docs"] == 2

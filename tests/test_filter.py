@@ -91,3 +91,15 @@ def test_filters_that_print_alike_have_different_identities(tmp_path: Path) -> N
     fa, fb = ds.filter(pc.field("n").isin(a)), ds.filter(pc.field("n").isin(b))
     assert fa.options_hash != fb.options_hash
     assert fa.options_hash == ds.filter(pc.field("n").isin(list(range(50)))).options_hash
+
+
+def test_filter_by_token_count_after_tokenize(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    ids = pa.array([[1, 1], [2, 2, 2, 2], [3]], pa.list_(pa.int32()))
+    write_parts(tmp_path, [{"input_ids": ids}])
+    ds = read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0)
+    long_only = ds.filter(pc.list_value_length(pc.field("input_ids")) > 3)
+    it = long_only.pack(seq_len=5, batch_size=1).iter()
+    assert [b["input_ids"].tolist() for b in it] == [[[2, 2, 2, 2, 0]]]
+    assert it.stats["filtered"] == 2

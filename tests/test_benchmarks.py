@@ -1,0 +1,23 @@
+"""A smoke-size run of the benchmark script, so it cannot rot unnoticed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_core_benchmark_smoke_run_passes_its_correctness_checks(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_core.py"), "--smoke",
+         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "correctness checks" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result  # the JSON report was written
