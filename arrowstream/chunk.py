@@ -47,6 +47,9 @@ class Chunk:
     source_end : bool
         Whether this chunk ends where a source chunk (one cell of the
         ``batch_rows`` grid) ends; false on all but the last piece of a split.
+    mixed : tuple[int, ...]
+        With shuffling, the shards whose rows are interleaved in this chunk
+        (``shard`` and ``row_start`` then name only the window's first piece).
     """
 
     epoch: int
@@ -60,6 +63,7 @@ class Chunk:
     offsets: np.ndarray | None = None
     skipped: dict[str, np.ndarray] = field(default_factory=dict)
     source_end: bool = True
+    mixed: tuple[int, ...] = ()
 
     @property
     def num_docs(self) -> int:
@@ -127,6 +131,7 @@ class Chunk:
                     offsets=offsets,
                     skipped=skipped,
                     source_end=self.source_end and k == last,
+                    mixed=self.mixed,
                 )
             )
         return pieces
@@ -162,6 +167,7 @@ class Chunk:
             offsets=offsets,
             skipped=skipped,
             source_end=last.source_end,
+            mixed=first.mixed,
         )
 
     def counts_before(self, seq: int) -> dict[str, int]:

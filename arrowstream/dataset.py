@@ -34,7 +34,8 @@ from arrowstream.iterator import DatasetIterator
 from arrowstream.manifest import Manifest, read_manifest
 from arrowstream.pack import Packer, make_packer
 from arrowstream.reader import ShardReader
-from arrowstream.source import EpochPlan, iter_chunks
+from arrowstream.order import Layout
+from arrowstream.source import iter_stream
 from arrowstream.stage import Stage
 from arrowstream.state import Position, hash_options
 from arrowstream.tokenize import Tokenize
@@ -117,6 +118,8 @@ class Dataset:
     num_epochs: int | None = 1
     batch_rows: int = 1024
     prefetch: int = 2
+    seed: int | None = None
+    window: int = 8
     stages: tuple[Stage, ...] = ()
     packer: Packer | None = None
     _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -135,6 +138,33 @@ class Dataset:
         [[2, 3]]
         """
         return self._add_stage(Filter(expr))
+
+    def shuffle(self, seed: int, *, window: int = 8) -> Dataset:
+        """Shuffle: a new row-group order every epoch and rows mixed across ``window`` row groups.
+
+        The order is a pure function of ``(seed, epoch)``: nothing is buffered
+        or stored, so a resume is exact and a state stays small. Memory grows
+        with ``window`` (that many row groups are held while their rows are
+        emitted). See ``docs/guide.md`` for the measured shuffle quality.
+
+        Examples
+        --------
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> d = tempfile.mkdtemp()
+        >>> pq.write_table(pa.table({"n": list(range(8))}), f"{d}/a.parquet", row_group_size=4)
+        >>> ds = read_parquet(d, num_epochs=2).shuffle(seed=0, window=2)
+        >>> [sorted(b.column("n").to_pylist()) for b in ds]
+        [[0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5, 6, 7]]
+        """
+        if self.seed is not None:
+            raise ConfigError("the pipeline is already shuffled: call `.shuffle` once")
+        if self.stages or self.packer is not None:
+            raise ConfigError("call `.shuffle` right after `read_parquet`, before other steps")
+        if not _is_int(seed) or seed < 0:
+            raise ConfigError(f"`seed` must be an int >= 0, got {seed!r}")
+        if not _is_int(window) or window < 1:
+            raise ConfigError(f"`window` must be a positive int (row groups mixed), got {window!r}")
+        return replace(self, seed=seed, window=window, _cache={})
 
     def tokenize(
         self,
@@ -241,6 +271,8 @@ class Dataset:
         source: dict[str, Any] = {"columns": list(self.read_columns())}
         if self.packer is None:
             source["batch_rows"] = self.batch_rows
+        if self.seed is not None:
+            source["shuffle"] = {"seed": self.seed, "window": self.window}
         options = {
             "source": source,
             "stages": [{"name": s.name, **s.spec()} for s in self.stages],
@@ -294,27 +326,41 @@ class Dataset:
     def __iter__(self) -> Iterator[Any]:
         return self.iter()
 
-    def plan(self, epoch: int) -> EpochPlan:
-        """Return the shards of ``epoch`` in reading order (every epoch reads in manifest order)."""
-        plan = self._cache.get("plan")
-        if plan is None:
+    def _planned_shards(self) -> np.ndarray:
+        shards = self._cache.get("shards")
+        if shards is None:
             mask = np.ones(self.manifest.num_shards, dtype=bool)
             for stage in self.stages:
                 if isinstance(stage, Filter):
                     mask &= prune_shards(self.manifest, stage.expr)
-            plan = EpochPlan.from_manifest(self.manifest, np.flatnonzero(mask))
-            self._cache["plan"] = plan
-        return plan
+            shards = self._cache["shards"] = np.flatnonzero(mask)
+        return shards
+
+    def layout(self, epoch: int) -> Layout:
+        """Return the order of ``epoch``: shards (pruned, maybe permuted), streams, windows."""
+        layouts = self._cache.setdefault("layouts", {})
+        if epoch not in layouts:
+            if len(layouts) >= 4:  # a few epochs at most: they are cheap to rebuild
+                layouts.pop(next(iter(layouts)))
+            layouts[epoch] = Layout(
+                self._planned_shards(),
+                self.manifest.shard_rows,
+                epoch=epoch,
+                seed=self.seed,
+                window=self.window,
+                num_streams=1,
+            )
+        return layouts[epoch]
 
     @property
     def num_pruned_shards(self) -> int:
         """Row groups per epoch that filter statistics rule out (never read)."""
-        return self.manifest.num_shards - int(self.plan(0).shards.size)
+        return self.manifest.num_shards - int(self._planned_shards().size)
 
     @property
     def num_pruned_rows(self) -> int:
         """Rows per epoch in row groups that filter statistics rule out."""
-        return self.manifest.num_rows - self.plan(0).num_rows
+        return self.manifest.num_rows - int(self.manifest.shard_rows[self._planned_shards()].sum())
 
     def iter_chunks(
         self, reader: ShardReader, start: Position, pool: Executor | None = None
@@ -326,13 +372,13 @@ class Dataset:
         epoch, seq = start.epoch, start.seq
         in_flight = self.num_inflight
         while self.num_epochs is None or epoch < self.num_epochs:
-            plan = self.plan(epoch)
-            if plan.num_rows == 0 and self.num_epochs is None:
+            layout = self.layout(epoch)
+            if layout.num_rows == 0 and self.num_epochs is None:
                 raise ConfigError(
                     "the filter leaves no row group to read, so an endless stream would never "
                     "yield: loosen the filter"
                 )
-            source = iter_chunks(reader, plan, epoch=epoch, start_seq=seq, batch_rows=self.batch_rows)
+            source = iter_stream(reader, layout, 0, start_seq=seq, batch_rows=self.batch_rows)
             docs = 0
             for out in run_stages(
                 self.stages, source, where=self._where, pool=pool, in_flight=in_flight
@@ -353,6 +399,13 @@ class Dataset:
 
     def _where(self, chunk: Chunk) -> str:
         m = self.manifest
+        if chunk.mixed:
+            groups = ", ".join(
+                f"{m.paths[int(m.shard_file[s])]!r} row group {int(m.shard_row_group[s])}"
+                for s in chunk.mixed[:4]
+            )
+            more = f" and {len(chunk.mixed) - 4} more" if len(chunk.mixed) > 4 else ""
+            return f"in a shuffle window over {groups}{more}"
         path = m.paths[int(m.shard_file[chunk.shard])]
         rows = f"{chunk.row_start}..{chunk.row_start + chunk.seq_end - chunk.seq_start - 1}"
         return f"in {path!r}, row group {int(m.shard_row_group[chunk.shard])}, rows {rows}"

@@ -148,11 +148,10 @@ class DatasetIterator:
         return self.state_dict()["stats"]
 
     def _where(self, pos: Position) -> dict[str, Any]:
-        plan = self.dataset.plan(pos.epoch)
-        if pos.seq >= plan.num_rows:
+        layout = self.dataset.layout(pos.epoch)
+        if pos.seq >= layout.stream_rows(0):
             return {"file": None, "row_group": None, "row": None}
-        k, row = plan.locate(pos.seq)
-        shard = int(plan.shards[k])
+        shard, row = layout.locate(0, pos.seq)
         manifest = self.dataset.manifest
         return {
             "file": manifest.relpaths[int(manifest.shard_file[shard])],
@@ -168,10 +167,10 @@ class DatasetIterator:
                 f"the state is in epoch {position.epoch} but this pipeline runs {num_epochs} "
                 f"epoch(s): nothing would be left to read; raise `num_epochs` to continue"
             )
-        plan = self.dataset.plan(position.epoch)
-        if position.seq > plan.num_rows:
+        num_rows = self.dataset.layout(position.epoch).stream_rows(0)
+        if position.seq > num_rows:
             raise StateError(
-                f"state position seq {position.seq} is outside the epoch's {plan.num_rows} rows: "
+                f"state position seq {position.seq} is outside the epoch's {num_rows} rows: "
                 "the state was edited or comes from other data"
             )
         where = self._where(position)
