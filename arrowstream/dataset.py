@@ -120,6 +120,7 @@ class Dataset:
     prefetch: int = 2
     seed: int | None = None
     window: int = 8
+    fragments: int = 2
     stages: tuple[Stage, ...] = ()
     packer: Packer | None = None
     _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -139,13 +140,17 @@ class Dataset:
         """
         return self._add_stage(Filter(expr))
 
-    def shuffle(self, seed: int, *, window: int = 8) -> Dataset:
-        """Shuffle: a new row-group order every epoch and rows mixed across ``window`` row groups.
+    def shuffle(self, seed: int, *, window: int = 8, fragments: int = 2) -> Dataset:
+        """Shuffle: a new order every epoch, rows mixed across row groups.
 
-        The order is a pure function of ``(seed, epoch)``: nothing is buffered
-        or stored, so a resume is exact and a state stays small. Memory grows
-        with ``window`` (that many row groups are held while their rows are
-        emitted). See ``docs/guide.md`` for the measured shuffle quality.
+        Every row group is cut into ``fragments`` row ranges, the fragments of
+        all row groups are permuted per epoch, and the rows of each run of
+        ``window * fragments`` fragments (about ``window`` row groups' worth)
+        are emitted in a permuted order. The order is a pure function of
+        ``(seed, epoch)``: nothing is buffered or stored, so a resume is exact
+        and a state stays small. Memory grows with ``window``; each row group
+        is read ``fragments`` times per epoch (reading is cheap next to
+        tokenizing). See ``docs/guide.md`` for the measured shuffle quality.
 
         Examples
         --------
@@ -164,7 +169,9 @@ class Dataset:
             raise ConfigError(f"`seed` must be an int >= 0, got {seed!r}")
         if not _is_int(window) or window < 1:
             raise ConfigError(f"`window` must be a positive int (row groups mixed), got {window!r}")
-        return replace(self, seed=seed, window=window, _cache={})
+        if not _is_int(fragments) or fragments < 1:
+            raise ConfigError(f"`fragments` must be a positive int, got {fragments!r}")
+        return replace(self, seed=seed, window=window, fragments=fragments, _cache={})
 
     def tokenize(
         self,
@@ -272,7 +279,7 @@ class Dataset:
         if self.packer is None:
             source["batch_rows"] = self.batch_rows
         if self.seed is not None:
-            source["shuffle"] = {"seed": self.seed, "window": self.window}
+            source["shuffle"] = {"seed": self.seed, "window": self.window, "fragments": self.fragments}
         options = {
             "source": source,
             "stages": [{"name": s.name, **s.spec()} for s in self.stages],
@@ -349,6 +356,7 @@ class Dataset:
                 seed=self.seed,
                 window=self.window,
                 num_streams=1,
+                fragments=self.fragments,
             )
         return layouts[epoch]
 

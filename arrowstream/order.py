@@ -3,13 +3,16 @@
 An epoch's rows are laid out as follows, all derived from ``(seed, epoch)``
 and never stored:
 
-1. The epoch's shards (row groups) are put in order: manifest order, or a
-   permutation of them when shuffling.
+1. The epoch's shards (row groups) are put in order: manifest order, or, when
+   shuffling, each shard is cut into ``fragments`` equal row ranges and the
+   fragments of all shards are permuted.
 2. Their rows, concatenated in that order, are cut into ``num_streams``
    contiguous ranges of (nearly) equal row counts: the streams.
-3. Inside a stream, rows are grouped into windows of ``window`` consecutive
-   shard pieces; when shuffling, a window's rows are emitted in a permuted
-   order, so rows of several row groups mix.
+3. Inside a stream, pieces are grouped into windows of ``window * fragments``
+   consecutive pieces (about ``window`` row groups' worth of rows); when
+   shuffling, a window's rows are emitted in a permuted order, so rows of
+   several row groups mix. More fragments mix more row groups in the same
+   memory, at the cost of reading each row group ``fragments`` times.
 
 A stream position ``seq`` counts rows in the stream's order; :meth:`Layout.locate`
 maps it back to (shard, row). Permutations come from a counter-based hash
@@ -118,9 +121,11 @@ class Layout:
     seed
         Shuffle seed; ``None`` keeps manifest order and natural row order.
     window
-        Shard pieces mixed together when shuffling.
+        Row groups' worth of rows mixed together when shuffling.
     num_streams
         Contiguous, equal-row ranges the epoch is cut into.
+    fragments
+        When shuffling, pieces each shard is cut into before permuting.
 
     Examples
     --------
@@ -139,17 +144,29 @@ class Layout:
         seed: int | None,
         window: int,
         num_streams: int,
+        fragments: int = 1,
     ) -> None:
         self.epoch = epoch
         self.seed = seed
-        self.window = window
         self.num_streams = num_streams
         shards = np.asarray(shards, dtype=np.int64)
-        if seed is not None and shards.size > 1:
-            shards = shards[permutation(shards.size, seed, epoch, 0)]
-        self.shards = shards
-        self.cum = np.zeros(shards.size + 1, dtype=np.int64)
-        np.cumsum(shard_rows[shards], out=self.cum[1:])
+        m = fragments if seed is not None else 1
+        rows = np.asarray(shard_rows, dtype=np.int64)[shards]
+        parts = np.arange(m, dtype=np.int64)
+        lo = (rows[:, None] * parts[None, :]) // m
+        hi = (rows[:, None] * (parts[None, :] + 1)) // m
+        keep = (hi > lo).ravel()
+        self.unit_shard = np.repeat(shards, m)[keep]
+        self.unit_lo = lo.ravel()[keep]
+        self.unit_hi = hi.ravel()[keep]
+        if seed is not None and self.unit_shard.size > 1:
+            perm = permutation(self.unit_shard.size, seed, epoch, 0)
+            self.unit_shard = self.unit_shard[perm]
+            self.unit_lo = self.unit_lo[perm]
+            self.unit_hi = self.unit_hi[perm]
+        self.window = window * m if seed is not None else 1
+        self.cum = np.zeros(self.unit_shard.size + 1, dtype=np.int64)
+        np.cumsum(self.unit_hi - self.unit_lo, out=self.cum[1:])
         total = int(self.cum[-1])
         self.bounds = np.array(
             [total * s // num_streams for s in range(num_streams + 1)], dtype=np.int64
@@ -179,17 +196,16 @@ class Layout:
         first = int(np.searchsorted(self.cum, lo, side="right")) - 1
         last = int(np.searchsorted(self.cum, hi, side="left"))
         ks = np.arange(first, last)
-        row_lo = np.maximum(self.cum[ks], lo) - self.cum[ks]
-        row_hi = np.minimum(self.cum[ks + 1], hi) - self.cum[ks]
-        step = self.window if self.seed is not None else 1
+        row_lo = self.unit_lo[ks] + np.maximum(self.cum[ks], lo) - self.cum[ks]
+        row_hi = self.unit_lo[ks] + np.minimum(self.cum[ks + 1], hi) - self.cum[ks]
         out, start = [], 0
-        for w, a in enumerate(range(0, ks.size, step)):
-            b = min(a + step, ks.size)
+        for w, a in enumerate(range(0, ks.size, self.window)):
+            b = min(a + self.window, ks.size)
             n = int((row_hi[a:b] - row_lo[a:b]).sum())
             order = None
             if self.seed is not None and n > 1:
                 order = permutation(n, self.seed, self.epoch, 1, stream, w)
-            out.append(Window(self.shards[ks[a:b]], row_lo[a:b], row_hi[a:b], start, order))
+            out.append(Window(self.unit_shard[ks[a:b]], row_lo[a:b], row_hi[a:b], start, order))
             start += n
         return out
 

@@ -21,3 +21,17 @@ def test_core_benchmark_smoke_run_passes_its_correctness_checks(tmp_path: Path) 
     assert "correctness checks" in proc.stdout
     result = json.loads(out.read_text())
     assert result  # the JSON report was written
+
+
+def test_shuffle_benchmark_runs_and_beats_shard_order(tmp_path: Path) -> None:
+    out = tmp_path / "shuffle.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_shuffle.py"), "--files", "4", "--groups", "4",
+         "--rows", "200", "--window", "4", "--run", "400", "--epochs", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    ours = results["arrowstream .shuffle(window=4, fragments=2)"]
+    assert ours["source_imbalance"] < results["shard-order shuffle"]["source_imbalance"]
+    assert abs(ours["position_correlation"]) < 0.2

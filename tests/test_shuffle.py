@@ -49,8 +49,13 @@ def test_rows_of_several_row_groups_mix(text_dir: Callable[..., Path]) -> None:
     assert len(groups) >= 3  # 12 rows drawn from at least 3 of the 4 row groups of the window
 
 
-def test_shuffle_resumes_across_epochs(text_dir: Callable[..., Path], tokenizer: Tokenizer) -> None:
-    base = read_parquet(text_dir(), num_epochs=2, batch_rows=5).shuffle(seed=3, window=2)
+@pytest.mark.parametrize("fragments", [1, 3])
+def test_shuffle_resumes_across_epochs(
+    text_dir: Callable[..., Path], tokenizer: Tokenizer, fragments: int
+) -> None:
+    base = read_parquet(text_dir(), num_epochs=2, batch_rows=5).shuffle(
+        seed=3, window=2, fragments=fragments
+    )
     assert assert_resumes_identically(base, min_epochs=2) > 10
     packed = base.tokenize(tokenizer).pack(seq_len=24, batch_size=2)
     assert assert_resumes_identically(packed, min_epochs=2) > 10
@@ -61,7 +66,7 @@ def test_state_records_the_shuffle_and_refuses_another_seed(text_dir: Callable[.
     it = ds.shuffle(seed=1).iter()
     next(it)
     state = it.state_dict()
-    assert state["options"]["source"]["shuffle"] == {"seed": 1, "window": 8}
+    assert state["options"]["source"]["shuffle"] == {"seed": 1, "window": 8, "fragments": 2}
     from arrowstream import StateMismatchError
 
     with pytest.raises(StateMismatchError, match="shuffle.seed"):
@@ -87,8 +92,12 @@ def test_permutations_are_stable_across_versions() -> None:
     assert permutation(8, 1, 0, 0).tolist() == [6, 7, 2, 4, 1, 5, 0, 3]
 
 
-def test_layout_streams_split_rows_evenly() -> None:
-    lay = Layout(np.arange(5), np.array([10, 3, 7, 0, 9]), epoch=2, seed=4, window=2, num_streams=3)
+@pytest.mark.parametrize("fragments", [1, 2, 3])
+def test_layout_streams_split_rows_evenly(fragments: int) -> None:
+    lay = Layout(
+        np.arange(5), np.array([10, 3, 7, 0, 9]), epoch=2, seed=4, window=2, num_streams=3,
+        fragments=fragments,
+    )
     sizes = [lay.stream_rows(s) for s in range(3)]
     assert sum(sizes) == 29 and max(sizes) - min(sizes) <= 1
     seen = sorted(lay.locate(s, q) for s in range(3) for q in range(lay.stream_rows(s)))
