@@ -8,10 +8,16 @@ consumer's position, not the producer's, is what a state records.
 
 Memory is bounded by ``depth`` items. An exception in the producer is raised
 in the consumer as the same exception object, with its original traceback.
+
+At interpreter exit, producer threads still running, including those of
+prefetchers already garbage-collected, are stopped and joined before Python
+finalizes: a daemon thread that is still releasing pyarrow objects (closing a
+Parquet file drops and retakes the GIL) during finalization aborts the process.
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import weakref
@@ -43,13 +49,34 @@ def _put(q: queue.Queue[object], stop: threading.Event, item: object) -> bool:
 
 def _produce(make: Callable[[], Iterator[T]], q: queue.Queue[object], stop: threading.Event) -> None:
     try:
-        for item in make():
-            if not _put(q, stop, item):
-                return
-    except BaseException as exc:  # noqa: BLE001 - handed to the consumer, never swallowed
-        _put(q, stop, _Failure(exc))
-        return
-    _put(q, stop, _DONE)
+        try:
+            for item in make():
+                if not _put(q, stop, item):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, never swallowed
+            _put(q, stop, _Failure(exc))
+            return
+        _put(q, stop, _DONE)
+    finally:
+        del make  # drop the producer's objects (open Parquet files) in this thread, now
+
+
+# Weak keys: a thread stays listed while its Thread object lives (at least until it has
+# finished), so the exit hook also joins producers whose prefetcher is already gone.
+_RUNNING: weakref.WeakKeyDictionary[threading.Thread, threading.Event] = weakref.WeakKeyDictionary()
+_RUNNING_LOCK = threading.Lock()
+_EXIT_HOOK: list[bool] = []
+_EXIT_JOIN_SECONDS = 30.0
+
+
+def _stop_all() -> None:
+    """Stop every running producer thread and wait for it (registered with ``atexit``)."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING.items())
+    for _, stop in running:
+        stop.set()
+    for thread, _ in running:
+        thread.join(timeout=_EXIT_JOIN_SECONDS)
 
 
 class Prefetcher(Generic[T]):
@@ -95,6 +122,11 @@ class Prefetcher(Generic[T]):
         if self._finished:
             raise StopIteration
         if not self._started:
+            with _RUNNING_LOCK:
+                if not _EXIT_HOOK:  # once, on first use rather than at import
+                    atexit.register(_stop_all)
+                    _EXIT_HOOK.append(True)
+                _RUNNING[self._thread] = self._stop
             self._started = True
             self._thread.start()
         item = self._queue.get()

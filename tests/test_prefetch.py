@@ -1,0 +1,54 @@
+"""The background producer: order, errors, and a clean interpreter exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arrowstream.prefetch import Prefetcher
+
+from .conftest import write_parts
+
+SCRIPT = """
+import sys, arrowstream
+from arrowstream.sample import sample_tokenizer
+ds = arrowstream.read_parquet(sys.argv[1]).tokenize(sample_tokenizer(1024)).pack(seq_len=64, batch_size=2)
+iterators = [ds.iter() for _ in range(3)]
+for it in iterators:
+    next(it)  # leave them alive, their threads mid-stream, and exit
+"""
+
+
+def test_exit_with_live_iterators_does_not_abort(tmp_path: Path) -> None:
+    """Regression: a producer thread releasing pyarrow files during finalization aborted Python."""
+    from arrowstream.sample import make_texts
+
+    write_parts(tmp_path / "d", [{"text": make_texts(400, seed=1)}], row_group_size=50)
+    codes = [
+        subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "d")], capture_output=True,
+                       timeout=120).returncode
+        for _ in range(4)
+    ]
+    assert codes == [0, 0, 0, 0]
+
+
+def test_items_keep_their_order_and_errors_reach_the_consumer() -> None:
+    assert list(Prefetcher(lambda: iter(range(100)), depth=3)) == list(range(100))
+
+    def failing():  # noqa: ANN202
+        yield 1
+        raise ValueError("broken shard")
+
+    p = Prefetcher(failing)
+    assert next(p) == 1
+    with pytest.raises(ValueError, match="broken shard"):
+        next(p)
+
+
+def test_close_before_use_starts_no_thread() -> None:
+    p = Prefetcher(lambda: iter(range(3)))
+    p.close()
+    assert not p._thread.is_alive() and not p._started
