@@ -16,6 +16,7 @@ from arrowstream.errors import (
 )
 from arrowstream.iterator import DatasetIterator
 from arrowstream.manifest import Manifest, Shard, read_manifest
+from arrowstream.topology import merge_states
 
 __all__ = [
     "ArrowStreamError",
@@ -29,6 +30,7 @@ __all__ = [
     "ShardError",
     "StateError",
     "StateMismatchError",
+    "merge_states",
     "read_manifest",
     "read_parquet",
 ]

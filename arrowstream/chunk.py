@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pyarrow as pa
 
+from arrowstream.errors import StateError
+
 __all__ = ["Chunk", "Ledger", "tokens_to_arrow"]
 
 
@@ -50,6 +52,12 @@ class Chunk:
     mixed : tuple[int, ...]
         With shuffling, the shards whose rows are interleaved in this chunk
         (``shard`` and ``row_start`` then name only the window's first piece).
+    segment : int
+        Index, in the consumer's work, of the segment the rows belong to;
+        ``seq`` numbers count rows of that segment's stream.
+    head_skip : int
+        Tokens already removed from the front of the first document (emitted
+        before a resume or by another consumer).
     """
 
     epoch: int
@@ -64,6 +72,8 @@ class Chunk:
     skipped: dict[str, np.ndarray] = field(default_factory=dict)
     source_end: bool = True
     mixed: tuple[int, ...] = ()
+    segment: int = 0
+    head_skip: int = 0
 
     @property
     def num_docs(self) -> int:
@@ -93,6 +103,32 @@ class Chunk:
             np.cumsum(lens[keep], out=offsets[1:])
             changes["offsets"] = offsets
         return replace(self, seq=self.seq[keep], skipped=skipped, **changes)
+
+    def trim_head(self, seq: int, skip: int) -> Chunk:
+        """Drop the first ``skip`` tokens of document ``seq``, which must come first.
+
+        Raises
+        ------
+        StateError
+            Document ``seq`` is not the first kept document, or has no more
+            than ``skip`` tokens (the data, filter or tokenizer changed).
+        """
+        if self.num_docs == 0 or int(self.seq[0]) != seq or self.offsets is None:
+            raise StateError(
+                f"the state points {skip} tokens into document {seq} of epoch {self.epoch}, but "
+                "that document is not there any more (the data or the filter changed): start "
+                "without the state"
+            )
+        length = int(self.offsets[1] - self.offsets[0])
+        if skip >= length:
+            raise StateError(
+                f"the state points {skip} tokens into document {seq} of epoch {self.epoch}, which "
+                f"has only {length} tokens: the tokenizer or the data changed; start without the state"
+            )
+        assert self.tokens is not None
+        offsets = self.offsets - skip
+        offsets[0] = 0
+        return replace(self, tokens=self.tokens[skip:], offsets=offsets, head_skip=skip)
 
     def split(self, bounds: np.ndarray) -> list[Chunk]:
         """Split at kept-row indices ``bounds`` (increasing, excluding 0 and ``num_docs``).
@@ -132,6 +168,7 @@ class Chunk:
                     skipped=skipped,
                     source_end=self.source_end and k == last,
                     mixed=self.mixed,
+                    segment=self.segment,
                 )
             )
         return pieces
@@ -168,6 +205,8 @@ class Chunk:
             skipped=skipped,
             source_end=last.source_end,
             mixed=first.mixed,
+            segment=first.segment,
+            head_skip=first.head_skip,
         )
 
     def counts_before(self, seq: int) -> dict[str, int]:

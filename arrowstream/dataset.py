@@ -39,6 +39,7 @@ from arrowstream.source import iter_stream
 from arrowstream.stage import Stage
 from arrowstream.state import Position, hash_options
 from arrowstream.tokenize import Tokenize
+from arrowstream.topology import Consumer, Segment
 
 __all__ = ["Dataset", "read_parquet"]
 
@@ -326,9 +327,27 @@ class Dataset:
 
     # -- iteration ----------------------------------------------------------------
 
-    def iter(self, state: dict[str, Any] | None = None) -> DatasetIterator:
-        """Return a new iterator, from the start or from a saved ``state``."""
-        return DatasetIterator(self, state)
+    def iter(
+        self,
+        state: dict[str, Any] | None = None,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+    ) -> DatasetIterator:
+        """Return a new iterator, from the start or from a saved ``state``.
+
+        ``rank``/``world_size`` and ``worker``/``num_workers`` make this
+        iterator one consumer among ``world_size * num_workers``: each reads
+        its own equal share of every epoch, so together they read every
+        document once. ``state`` may be this consumer's own state, or a global
+        one from :func:`~arrowstream.merge_states` for any topology.
+        """
+        consumer = Consumer.of(
+            rank=rank, world_size=world_size, worker=worker, num_workers=num_workers
+        )
+        return DatasetIterator(self, state, consumer=consumer)
 
     def __iter__(self) -> Iterator[Any]:
         return self.iter()
@@ -343,22 +362,28 @@ class Dataset:
             shards = self._cache["shards"] = np.flatnonzero(mask)
         return shards
 
-    def layout(self, epoch: int) -> Layout:
-        """Return the order of ``epoch``: shards (pruned, maybe permuted), streams, windows."""
+    def layout(self, epoch: int, num_streams: int = 1) -> Layout:
+        """Return the order of ``epoch`` cut into ``num_streams`` streams (cached)."""
         layouts = self._cache.setdefault("layouts", {})
-        if epoch not in layouts:
-            if len(layouts) >= 4:  # a few epochs at most: they are cheap to rebuild
+        key = (epoch, num_streams)
+        if key not in layouts:
+            if len(layouts) >= 4:  # a few at most: they are cheap to rebuild
                 layouts.pop(next(iter(layouts)))
-            layouts[epoch] = Layout(
+            layouts[key] = Layout(
                 self._planned_shards(),
                 self.manifest.shard_rows,
                 epoch=epoch,
                 seed=self.seed,
                 window=self.window,
-                num_streams=1,
+                num_streams=num_streams,
                 fragments=self.fragments,
             )
-        return layouts[epoch]
+        return layouts[key]
+
+    def fresh_work(self, epoch: int, consumer: Consumer) -> list[Segment]:
+        """Return ``consumer``'s share of a fresh ``epoch``: its own stream, whole."""
+        rows = self.layout(epoch, consumer.count).stream_rows(consumer.index)
+        return [(consumer.index, 0, rows, 0)]
 
     @property
     def num_pruned_shards(self) -> int:
@@ -371,34 +396,60 @@ class Dataset:
         return self.manifest.num_rows - int(self.manifest.shard_rows[self._planned_shards()].sum())
 
     def iter_chunks(
-        self, reader: ShardReader, start: Position, pool: Executor | None = None
+        self,
+        reader: ShardReader,
+        start: Position,
+        work: list[Segment],
+        num_streams: int,
+        consumer: Consumer,
+        pool: Executor | None = None,
     ) -> Iterator[Chunk]:
-        """Yield processed chunks from ``start`` (token offsets are the packer's business).
+        """Yield ``consumer``'s processed chunks from ``start`` on.
 
-        ``pool`` runs expensive stages (tokenization) a few pieces at once.
+        ``work`` and ``num_streams`` describe ``start.epoch`` (a resumed epoch
+        may have been re-dealt); later epochs are fresh. Token offsets are the
+        packer's business. ``pool`` runs expensive stages a few pieces at once.
         """
-        epoch, seq = start.epoch, start.seq
-        in_flight = self.num_inflight
+        epoch, segment, seq = start.epoch, start.segment, start.seq
+        head_skip = start.token_offset
         while self.num_epochs is None or epoch < self.num_epochs:
-            layout = self.layout(epoch)
+            layout = self.layout(epoch, num_streams)
             if layout.num_rows == 0 and self.num_epochs is None:
                 raise ConfigError(
                     "the filter leaves no row group to read, so an endless stream would never "
                     "yield: loosen the filter"
                 )
-            source = iter_stream(reader, layout, 0, start_seq=seq, batch_rows=self.batch_rows)
             docs = 0
-            for out in run_stages(
-                self.stages, source, where=self._where, pool=pool, in_flight=in_flight
-            ):
-                docs += out.num_docs
-                yield out
-            if docs == 0 and seq == 0 and self.num_epochs is None:
-                raise ConfigError(
-                    f"epoch {epoch} kept no document (all filtered, null or empty), so an endless "
-                    "stream would never yield: check the filter and the data"
+            for k in range(segment, len(work)):
+                stream, lo, hi, skip = work[k]
+                first, skip = (seq, head_skip) if k == segment else (lo, skip)
+                source = iter_stream(
+                    reader,
+                    layout,
+                    stream,
+                    start_seq=first,
+                    end_seq=hi,
+                    batch_rows=self.batch_rows,
+                    segment=k,
                 )
-            epoch, seq = epoch + 1, 0
+                for out in run_stages(
+                    self.stages, source, where=self._where, pool=pool, in_flight=self.num_inflight
+                ):
+                    if skip and first < hi:  # tokens of the first document already emitted
+                        out, skip = out.trim_head(first, skip), 0
+                    docs += out.num_docs
+                    yield out
+            fresh = segment == 0 and work and seq == work[0][1]
+            if docs == 0 and fresh and self.num_epochs is None:
+                raise ConfigError(
+                    f"epoch {epoch} kept no document for consumer {consumer.index} of "
+                    f"{consumer.count} (all filtered, null or empty, or fewer rows than "
+                    "consumers), so an endless stream would never yield: check the filter and "
+                    "the data"
+                )
+            epoch, num_streams = epoch + 1, consumer.count
+            work = self.fresh_work(epoch, consumer)
+            segment, seq, head_skip = 0, 0, 0
 
     @property
     def num_inflight(self) -> int:

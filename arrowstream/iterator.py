@@ -24,6 +24,7 @@ from arrowstream.pack import PackRun
 from arrowstream.prefetch import Prefetcher
 from arrowstream.reader import ShardReader
 from arrowstream.state import STATE_FORMAT, STATE_VERSION, Position, check_state
+from arrowstream.topology import Consumer, Segment, own_share
 
 if TYPE_CHECKING:
     from arrowstream.dataset import Dataset
@@ -56,8 +57,15 @@ class DatasetIterator:
     True
     """
 
-    def __init__(self, dataset: Dataset, state: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        state: dict[str, Any] | None = None,
+        *,
+        consumer: Consumer | None = None,
+    ) -> None:
         self.dataset = dataset
+        self.consumer = consumer or Consumer(0, 1)
         self._reader = ShardReader(dataset.manifest, dataset.read_columns())
         self._chunks: Prefetcher[Chunk] | _Inline | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -70,13 +78,22 @@ class DatasetIterator:
 
     def _reset(self, state: dict[str, Any] | None) -> None:
         if state is not None:
+            if state.get("kind") == "global":
+                state = self._own_share(state)
             check_state(
                 state,
                 dataset=self.dataset.manifest.describe(),
                 options=self.dataset.options(),
                 options_hash=self.dataset.options_hash,
             )
+            self._check_consumer(state["consumer"])
+            self._start_epoch = state["position"]["epoch"]
+            self._start_streams = int(state["work"]["num_streams"])
+            self._start_work = [tuple(int(v) for v in seg) for seg in state["work"]["segments"]]
             self._check_position(state["position"])
+        else:
+            self._start_epoch, self._start_streams = 0, self.consumer.count
+            self._start_work = self.dataset.fresh_work(0, self.consumer)
         if self._chunks is not None:
             self._chunks.close()
         self._run: PackRun | None = None
@@ -84,7 +101,7 @@ class DatasetIterator:
             self._run = self.dataset.packer.start(state)
             start = self._run.upstream_position()
         elif state is None:
-            start = Position(0, 0, 0)
+            start = Position(0, 0, 0, 0)
         else:
             pos = state["position"]
             if pos["token_offset"]:
@@ -93,24 +110,35 @@ class DatasetIterator:
                     "pipeline only stops between documents: the state was edited or comes from "
                     "a packed pipeline"
                 )
-            start = Position(int(pos["epoch"]), int(pos["seq"]), 0)
+            start = Position(int(pos["epoch"]), int(pos["segment"]), int(pos["seq"]), 0)
+        if state is None and self._start_work:
+            start = Position(0, 0, self._start_work[0][1], 0)
         self._pos = start
         self._ledger = Ledger(None if state is None else state["stats"])
-        produce = functools.partial(self.dataset.iter_chunks, self._reader, start, self._pool)
+        produce = functools.partial(
+            self.dataset.iter_chunks,
+            self._reader,
+            start,
+            self._start_work,
+            self._start_streams,
+            self.consumer,
+            self._pool,
+        )
         if self.dataset.prefetch > 0:
             self._chunks = Prefetcher(produce, depth=self.dataset.prefetch)
         else:
             self._chunks = _Inline(produce())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (as returned by :meth:`state_dict`, possibly via JSON).
+        """Continue from ``state``: this consumer's own, or a global one (any topology).
 
         Raises
         ------
         StateMismatchError
             The state comes from other data or other pipeline options.
         StateError
-            The state is malformed or of another format version.
+            The state is malformed, of another format version, or another
+            consumer's own state (use :func:`~arrowstream.merge_states`).
         """
         self._reset(state)
 
@@ -119,13 +147,14 @@ class DatasetIterator:
         if self._run is not None:
             inner = self._run.state_dict()
             pos = inner["position"]
-            position = Position(pos["epoch"], pos["seq"], pos["token_offset"])
+            position = Position(pos["epoch"], pos["segment"], pos["seq"], pos["token_offset"])
             stats, extra = inner["stats"], inner.get("packer", {})
         else:
             position, stats, extra = self._pos, self._ledger.snapshot(), {}
         pruned = self.dataset.num_pruned_rows
         if pruned:  # derived, so it is exact at any position: epochs begun times rows pruned
             stats["pruned_rows"] = pruned * (position.epoch + 1)
+        num_streams, work = self._work(position.epoch)
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -134,10 +163,13 @@ class DatasetIterator:
             "options": self.dataset.options(),
             "position": {
                 "epoch": position.epoch,
+                "segment": position.segment,
                 "seq": position.seq,
                 "token_offset": position.token_offset,
                 **self._where(position),
             },
+            "work": {"num_streams": num_streams, "segments": [list(seg) for seg in work]},
+            "consumer": {"index": self.consumer.index, "count": self.consumer.count},
             "stats": stats,
             "packer": extra,
         }
@@ -147,32 +179,66 @@ class DatasetIterator:
         """Counters up to the current position: rows, docs, skips by reason, tokens, padding."""
         return self.state_dict()["stats"]
 
+    def _work(self, epoch: int) -> tuple[int, list[Segment]]:
+        """Return the layout's stream count and this consumer's segments for ``epoch``."""
+        if epoch == self._start_epoch:
+            return self._start_streams, self._start_work
+        return self.consumer.count, self.dataset.fresh_work(epoch, self.consumer)
+
     def _where(self, pos: Position) -> dict[str, Any]:
-        layout = self.dataset.layout(pos.epoch)
-        if pos.seq >= layout.stream_rows(0):
-            return {"file": None, "row_group": None, "row": None}
-        shard, row = layout.locate(0, pos.seq)
+        num_streams, work = self._work(pos.epoch)
+        none = {"stream": None, "file": None, "row_group": None, "row": None}
+        if pos.segment >= len(work):
+            return none
+        stream, _, end, _ = work[pos.segment]
+        if pos.seq >= end:
+            return {**none, "stream": stream}
+        shard, row = self.dataset.layout(pos.epoch, num_streams).locate(stream, pos.seq)
         manifest = self.dataset.manifest
         return {
+            "stream": stream,
             "file": manifest.relpaths[int(manifest.shard_file[shard])],
             "row_group": int(manifest.shard_row_group[shard]),
             "row": row,
         }
 
+    def _check_consumer(self, saved: dict[str, Any]) -> None:
+        mine = {"index": self.consumer.index, "count": self.consumer.count}
+        if saved != mine:
+            raise StateError(
+                f"the state belongs to consumer {saved.get('index')} of {saved.get('count')}, "
+                f"this iterator is consumer {mine['index']} of {mine['count']} "
+                "(rank x DataLoader worker): load the state saved by this consumer, or merge all "
+                "consumers' states with `arrowstream.merge_states` to resume on any topology"
+            )
+
     def _check_position(self, pos: dict[str, Any]) -> None:
-        position = Position(pos["epoch"], pos["seq"], pos["token_offset"])
+        position = Position(pos["epoch"], pos["segment"], pos["seq"], pos["token_offset"])
         num_epochs = self.dataset.num_epochs
         if num_epochs is not None and position.epoch >= num_epochs:
             raise StateError(
                 f"the state is in epoch {position.epoch} but this pipeline runs {num_epochs} "
                 f"epoch(s): nothing would be left to read; raise `num_epochs` to continue"
             )
-        num_rows = self.dataset.layout(position.epoch).stream_rows(0)
-        if position.seq > num_rows:
+        num_streams, work = self._work(position.epoch)
+        layout = self.dataset.layout(position.epoch, num_streams)
+        bad = [
+            seg for seg in work
+            if len(seg) != 4 or not 0 <= seg[0] < num_streams
+            or not 0 <= seg[1] <= seg[2] <= layout.stream_rows(seg[0]) or seg[3] < 0
+        ]
+        if bad or position.segment > len(work):
             raise StateError(
-                f"state position seq {position.seq} is outside the epoch's {num_rows} rows: "
-                "the state was edited or comes from other data"
+                f"state `work` {work!r} does not fit this epoch's {num_streams} stream(s): the "
+                "state was edited or comes from other data"
             )
+        if position.segment < len(work):
+            _, lo, hi, _ = work[position.segment]
+            if not lo <= position.seq <= hi:
+                raise StateError(
+                    f"state position seq {position.seq} is outside its segment's rows {lo}..{hi}: "
+                    "the state was edited or comes from other data"
+                )
         where = self._where(position)
         saved = {k: pos.get(k) for k in where if k in pos}
         if saved and saved != {k: where[k] for k in saved}:
@@ -180,6 +246,10 @@ class DatasetIterator:
                 f"state position seq {position.seq} names {saved!r} but that sequence number is "
                 f"{where!r} in this dataset: the state was edited or comes from other data"
             )
+
+    def _own_share(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Turn a global state into this consumer's own state (see :mod:`arrowstream.topology`)."""
+        return own_share(state, self.consumer)
 
     # -- iteration ----------------------------------------------------------------
 
@@ -198,7 +268,7 @@ class DatasetIterator:
                 pieces.append(next(self._chunks))
             chunk = Chunk.concat(pieces)
             self._ledger.commit(chunk)
-            self._pos = Position(chunk.epoch, chunk.seq_end, 0)
+            self._pos = Position(chunk.epoch, chunk.segment, chunk.seq_end, 0)
             if chunk.num_docs:
                 self._ledger.add("batches", 1)
                 return _to_record_batch(chunk)

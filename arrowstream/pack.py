@@ -25,7 +25,7 @@ import numpy as np
 
 from arrowstream.batch import assemble_batch
 from arrowstream.chunk import Chunk, Ledger
-from arrowstream.errors import ConfigError, StateError
+from arrowstream.errors import ConfigError
 from arrowstream.state import Position
 
 __all__ = ["ConcatPacker", "PackRun", "Packer", "make_packer"]
@@ -109,7 +109,7 @@ class ConcatPacker(Packer):
     >>> batch["input_ids"].tolist(), batch["segment_ids"].tolist()
     ([[1, 2, 3], [4, 5, 6]], [[1, 1, 1], [1, 2, 2]])
     >>> run.state_dict()["position"]
-    {'epoch': 0, 'seq': 1, 'token_offset': 2}
+    {'epoch': 0, 'segment': 0, 'seq': 1, 'token_offset': 2}
     """
 
     name = "concat"
@@ -124,17 +124,18 @@ class _ConcatRun(PackRun):
         self.queue: deque[Chunk] = deque()
         self.cursor = 0  # token index into queue[0]
         if state is None:
-            self.pos = Position(0, 0, 0)
+            self.pos = Position(0, 0, 0, 0)
             self.ledger = Ledger()
         else:
             pos = state["position"]
-            self.pos = Position(int(pos["epoch"]), int(pos["seq"]), int(pos["token_offset"]))
+            self.pos = Position(
+                int(pos["epoch"]), int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"])
+            )
             self.ledger = Ledger(state["stats"])
-        self._skip_tokens = self.pos.token_offset
         self._ended = False
 
     def upstream_position(self) -> Position:
-        return Position(self.pos.epoch, self.pos.seq, 0)
+        return self.pos
 
     def _head(self, chunks: Iterator[Chunk]) -> Chunk | None:
         """Return the chunk holding the next token, pulling and retiring chunks as needed."""
@@ -145,7 +146,7 @@ class _ConcatRun(PackRun):
                     return head
                 self.queue.popleft()
                 self.ledger.commit(head)
-                self.pos = Position(head.epoch, head.seq_end, 0)
+                self.pos = Position(head.epoch, head.segment, head.seq_end, 0)
                 self.cursor = 0
                 continue
             if self._ended:
@@ -154,26 +155,7 @@ class _ConcatRun(PackRun):
             if chunk is None:
                 self._ended = True
                 return None
-            if self._skip_tokens:
-                self._apply_resume_offset(chunk)
             self.queue.append(chunk)
-
-    def _apply_resume_offset(self, chunk: Chunk) -> None:
-        if chunk.num_docs == 0 or chunk.seq[0] != self.pos.seq:
-            raise StateError(
-                f"the state points {self.pos.token_offset} tokens into document {self.pos.seq} of "
-                f"epoch {self.pos.epoch}, but that document is not there any more (the data or "
-                "the filter changed): start without the state"
-            )
-        length = int(chunk.offsets[1] - chunk.offsets[0])
-        if self._skip_tokens >= length:
-            raise StateError(
-                f"the state points {self._skip_tokens} tokens into document {self.pos.seq} of "
-                f"epoch {self.pos.epoch}, which has only {length} tokens: the tokenizer or the "
-                "data changed; start without the state"
-            )
-        self.cursor = int(chunk.offsets[0]) + self._skip_tokens
-        self._skip_tokens = 0
 
     def next_batch(self, chunks: Iterator[Chunk]) -> dict[str, np.ndarray]:
         L, B = self.p.seq_len, self.p.batch_size
@@ -222,15 +204,22 @@ class _ConcatRun(PackRun):
         if self.queue and self.cursor < self.queue[0].offsets[-1]:
             head = self.queue[0]
             i = int(np.searchsorted(head.offsets, self.cursor, side="right")) - 1
-            pos = Position(head.epoch, int(head.seq[i]), self.cursor - int(head.offsets[i]))
+            skipped = head.head_skip if i == 0 else 0  # tokens removed before this run
+            offset = self.cursor - int(head.offsets[i]) + skipped
+            pos = Position(head.epoch, head.segment, int(head.seq[i]), offset)
             partial = head
         elif self.queue:
             head = self.queue[0]
-            pos = Position(head.epoch, head.seq_end, 0)
+            pos = Position(head.epoch, head.segment, head.seq_end, 0)
             partial = head
         stats = self.ledger.snapshot(partial, pos.seq)
         return {
-            "position": {"epoch": pos.epoch, "seq": pos.seq, "token_offset": pos.token_offset},
+            "position": {
+                "epoch": pos.epoch,
+                "segment": pos.segment,
+                "seq": pos.seq,
+                "token_offset": pos.token_offset,
+            },
             "stats": stats,
             "packer": {},
         }

@@ -24,22 +24,41 @@ __all__ = ["iter_stream"]
 
 
 def iter_stream(
-    reader: ShardReader, layout: Layout, stream: int, *, start_seq: int, batch_rows: int
+    reader: ShardReader,
+    layout: Layout,
+    stream: int,
+    *,
+    start_seq: int,
+    end_seq: int | None = None,
+    batch_rows: int,
+    segment: int = 0,
 ) -> Iterator[Chunk]:
-    """Yield ``stream``'s rows from ``start_seq`` on, as chunks of at most ``batch_rows`` rows."""
+    """Yield ``stream``'s rows ``start_seq..end_seq-1`` as chunks of at most ``batch_rows`` rows.
+
+    Chunks carry ``segment`` so positions name the consumer's segment.
+    """
     windows = layout.windows(stream)
-    if not windows:
+    end = layout.stream_rows(stream) if end_seq is None else end_seq
+    if not windows or start_seq >= end:
         return
     for window in windows[layout.find_window(stream, start_seq) :]:
+        if window.start >= end:
+            return
         offset = max(0, start_seq - window.start)
-        if offset < window.num_rows:
-            yield from _iter_window(reader, window, layout.epoch, offset, batch_rows)
+        stop = min(window.num_rows, end - window.start)
+        if offset < stop:
+            yield from _iter_window(reader, window, layout.epoch, offset, stop, batch_rows, segment)
 
 
 def _iter_window(
-    reader: ShardReader, window: Window, epoch: int, offset: int, batch_rows: int
+    reader: ShardReader,
+    window: Window,
+    epoch: int,
+    offset: int,
+    n: int,
+    batch_rows: int,
+    segment: int,
 ) -> Iterator[Chunk]:
-    n = window.num_rows
     if window.order is None:
         # natural order: one piece per window; read it and slice from the offset
         shard, lo = int(window.shards[0]), int(window.row_lo[0])
@@ -70,6 +89,7 @@ def _iter_window(
             seq=np.arange(window.start + a, window.start + b, dtype=np.int64),
             batch=rows,
             mixed=mixed,
+            segment=segment,
         )
         a = b
 

@@ -6,16 +6,22 @@ A state is a JSON-able ``dict`` of the same shape at every step::
       "format": "arrowstream.state", "version": 1,
       "dataset": {"fingerprint": ..., "num_files": ..., "num_shards": ..., "num_rows": ...},
       "options_hash": ..., "options": {...},
-      "position": {"epoch": 0, "seq": 1234, "token_offset": 17,
-                   "file": "part-0.parquet", "row_group": 2, "row": 210},
+      "position": {"epoch": 0, "segment": 0, "seq": 1234, "token_offset": 17,
+                   "stream": 0, "file": "part-0.parquet", "row_group": 2, "row": 210},
+      "work": {"num_streams": 1, "segments": [[0, 0, 5000]]},
+      "consumer": {"index": 0, "count": 1},
       "stats": {"rows": ..., "docs": ..., "tokens": ..., "batches": ..., ...},
       "packer": {},
     }
 
-``position.seq`` (the epoch's row sequence number of the next document to
-read) and ``position.token_offset`` (tokens of that document already emitted)
-are authoritative; ``file``, ``row_group`` and ``row`` name the same place for
-people and are checked on load. See ``docs/state-format.md``.
+``work`` lists the consumer's segments of the epoch (``[stream, start, end]``
+rows of the epoch's streams, read in order); ``position.segment``,
+``position.seq`` (row sequence number in that segment's stream) and
+``position.token_offset`` (tokens of that document already emitted) are
+authoritative; ``stream``, ``file``, ``row_group`` and ``row`` name the same
+place for people and are checked on load. A *global* state from
+:func:`~arrowstream.topology.merge_states` holds every consumer's state
+instead. See ``docs/state-format.md``.
 """
 
 from __future__ import annotations
@@ -36,20 +42,21 @@ __all__ = [
 ]
 
 STATE_FORMAT = "arrowstream.state"
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class Position:
-    """Where the stream continues: epoch, row sequence number, tokens already emitted.
+    """Where a consumer continues: epoch, segment of its work, row sequence number, tokens emitted.
 
     Examples
     --------
-    >>> Position(0, 10, 3) < Position(1, 0, 0)
+    >>> Position(0, 0, 10, 3) < Position(1, 0, 0, 0)
     True
     """
 
     epoch: int
+    segment: int
     seq: int
     token_offset: int = 0
 
@@ -90,13 +97,15 @@ def check_state(
             f"state format version {state.get('version')!r} is not supported (this arrowstream "
             f"reads version {STATE_VERSION}): resume with the arrowstream release that saved it"
         )
-    for key, kind in (("dataset", dict), ("position", dict), ("stats", dict)):
+    for key, kind in (
+        ("dataset", dict), ("position", dict), ("stats", dict), ("work", dict), ("consumer", dict)
+    ):
         if not isinstance(state.get(key), kind):
             raise StateError(
                 f"state `{key}` should be a {kind.__name__}, got {type(state.get(key)).__name__}: "
                 "the state is truncated or was edited; pass what `state_dict()` returned"
             )
-    for key in ("epoch", "seq", "token_offset"):
+    for key in ("epoch", "segment", "seq", "token_offset"):
         value = state["position"].get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise StateError(

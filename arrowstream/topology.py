@@ -1,0 +1,250 @@
+"""Consumers and their share of an epoch; merging states and re-dealing them.
+
+A *consumer* is one iterator among ``count`` (rank x DataLoader worker). A
+fresh epoch is laid out with one stream per consumer (equal rows, see
+:mod:`arrowstream.order`) and consumer ``i`` reads stream ``i``. A consumer's
+*work* is a list of segments ``(stream, start, end, skip)``: rows
+``start..end-1`` of one of the epoch's streams, read in order, where the first
+``skip`` tokens of row ``start`` were already emitted by another consumer. A
+position names a segment, a row sequence number inside its stream and a token
+offset.
+
+:func:`merge_states` joins the states of all consumers into one global
+checkpoint. Loading it with the same topology gives every consumer its own
+state back (byte-identical continuation). With another topology the rows not
+yet emitted are pooled in consumer order and cut into equal contiguous parts,
+one per new consumer: every document not yet emitted in the epoch is emitted
+exactly once, none twice. Later epochs start fresh with the new topology.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from arrowstream.errors import ConfigError, StateError, StateMismatchError
+
+__all__ = ["Consumer", "Segment", "merge_states", "own_share", "recut", "remaining"]
+
+#: ``(stream, start, end, skip)``: rows ``start..end-1`` of a stream, in its order,
+#: the first ``skip`` tokens of row ``start`` already emitted.
+Segment = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Consumer:
+    """One iterator's place among all: ``index`` of ``count``.
+
+    Examples
+    --------
+    >>> Consumer.of(rank=1, world_size=2, worker=1, num_workers=3)
+    Consumer(index=4, count=6)
+    """
+
+    index: int
+    count: int
+
+    @classmethod
+    def of(cls, *, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> Consumer:
+        """Return the consumer for a rank and a DataLoader worker (rank-major)."""
+        for key, value, low in (
+            ("world_size", world_size, 1),
+            ("num_workers", num_workers, 1),
+            ("rank", rank, 0),
+            ("worker", worker, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"`{key}` must be an int >= {low}, got {value!r}")
+        if rank >= world_size:
+            raise ConfigError(f"`rank` must be below `world_size` ({world_size}), got {rank}")
+        if worker >= num_workers:
+            raise ConfigError(f"`worker` must be below `num_workers` ({num_workers}), got {worker}")
+        return cls(rank * num_workers + worker, world_size * num_workers)
+
+
+def remaining(work: list[Segment], segment: int, seq: int, token_offset: int) -> list[Segment]:
+    """Return the segments still to read from position ``(segment, seq, token_offset)`` on.
+
+    Examples
+    --------
+    >>> remaining([(0, 0, 10, 0), (3, 5, 9, 0)], 0, 4, 2)
+    [(0, 4, 10, 2), (3, 5, 9, 0)]
+    >>> remaining([(0, 0, 10, 0), (3, 5, 9, 0)], 1, 9, 0)
+    []
+    """
+    out = []
+    for k, (stream, start, end, skip) in enumerate(work):
+        if k < segment:
+            continue
+        lo, first = (seq, token_offset) if k == segment else (start, skip)
+        if lo < end:
+            out.append((stream, lo, end, first))
+    return out
+
+
+def recut(pool: list[Segment], parts: int) -> list[list[Segment]]:
+    """Cut pooled segments, in order, into ``parts`` runs of (nearly) equal rows.
+
+    A segment's ``skip`` stays with its first row.
+
+    Examples
+    --------
+    >>> recut([(0, 4, 10, 3), (1, 0, 4, 0)], 2)
+    [[(0, 4, 9, 3)], [(0, 9, 10, 0), (1, 0, 4, 0)]]
+    """
+    total = sum(end - start for _, start, end, _ in pool)
+    bounds = [total * p // parts for p in range(parts + 1)]
+    out: list[list[Segment]] = [[] for _ in range(parts)]
+    offset = 0
+    for stream, start, end, skip in pool:
+        n = end - start
+        for p in range(parts):
+            lo, hi = max(bounds[p], offset), min(bounds[p + 1], offset + n)
+            if lo < hi:
+                first = skip if lo == offset else 0
+                out[p].append((stream, start + lo - offset, start + hi - offset, first))
+        offset += n
+    return out
+
+
+def own_share(state: dict[str, Any], consumer: Consumer) -> dict[str, Any]:
+    """Return ``consumer``'s own state from a global one.
+
+    With the topology the global state was merged from, that is the
+    consumer's saved state; otherwise its equal share of every row not yet
+    emitted (counters restart at zero; the merged totals stay in the global
+    state's ``stats``).
+
+    Raises
+    ------
+    StateError
+        ``state`` is not a well-formed global state.
+    """
+    try:
+        entries = state["consumers"]
+        count = int(state["consumer_count"])
+        epoch = int(state["epoch"])
+        if len(entries) != count:
+            raise ValueError(f"{len(entries)} consumer entries for {count} consumers")
+        streams = {int(e["work"]["num_streams"]) for e in entries}
+        if len(streams) != 1:
+            raise ValueError(f"entries disagree on the stream count: {sorted(streams)}")
+        num_streams = streams.pop()
+        pool: list[Segment] = []
+        for entry in entries:
+            pos = entry["position"]
+            work = [tuple(int(v) for v in seg) for seg in entry["work"]["segments"]]
+            pool += remaining(work, int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateError(
+            f"global state is malformed ({exc}): pass what `merge_states` returned"
+        ) from exc
+    common = {k: state[k] for k in ("format", "version", "dataset", "options_hash", "options")}
+    me = {"index": consumer.index, "count": consumer.count}
+    if count == consumer.count:
+        entry = entries[consumer.index]
+        return {**common, **{k: entry[k] for k in ("position", "work", "stats", "packer")}, "consumer": me}
+    mine = recut(pool, consumer.count)[consumer.index]
+    first = mine[0] if mine else (0, 0, 0, 0)
+    return {
+        **common,
+        "position": {"epoch": epoch, "segment": 0, "seq": first[1], "token_offset": first[3]},
+        "work": {"num_streams": num_streams, "segments": [list(seg) for seg in mine]},
+        "consumer": me,
+        "stats": {},
+        "packer": {},
+    }
+
+
+def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """Join the states of all consumers of one run into a global checkpoint.
+
+    Parameters
+    ----------
+    states
+        One ``state_dict()`` per consumer (every rank, every worker), taken at
+        the same training step.
+
+    Returns
+    -------
+    dict
+        A JSON-able global state; ``load_state_dict`` accepts it on any
+        topology.
+
+    Raises
+    ------
+    StateError
+        A consumer is missing or given twice, or the states are not from one
+        run (other data, options, topology or epoch).
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> from arrowstream import read_parquet
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"n": list(range(12))}), f"{d}/a.parquet", row_group_size=3)
+    >>> ds = read_parquet(d)
+    >>> its = [ds.iter(rank=r, world_size=2) for r in range(2)]
+    >>> _ = [next(it) for it in its]
+    >>> merged = merge_states([it.state_dict() for it in its])
+    >>> rest = [n for b in ds.iter(merged) for n in b.column("n").to_pylist()]
+    >>> sorted(rest)  # one consumer now reads what both had left
+    [3, 4, 5, 9, 10, 11]
+    """
+    if not states:
+        raise StateError("`merge_states` needs the states of every consumer, got none")
+    for st in states:
+        if not isinstance(st, dict) or "consumer" not in st or "work" not in st:
+            raise StateError(
+                "`merge_states` takes per-consumer states (from `state_dict()`), got "
+                f"{type(st).__name__ if not isinstance(st, dict) else sorted(st)!r}"
+            )
+    first = states[0]
+    count = first["consumer"]["count"]
+    for st in states[1:]:
+        for key in ("dataset", "options_hash"):
+            if st.get(key) != first.get(key):
+                raise StateMismatchError(
+                    f"states disagree on `{key}`: they are not from one run; merge the states "
+                    "of one pipeline over one dataset"
+                )
+        if st["consumer"]["count"] != count:
+            raise StateError(
+                f"states come from topologies of {count} and {st['consumer']['count']} consumers: "
+                "merge the states of one step of one run"
+            )
+    seen = sorted(st["consumer"]["index"] for st in states)
+    if seen != list(range(count)):
+        raise StateError(
+            f"`merge_states` needs one state per consumer 0..{count - 1}, got consumers {seen}: "
+            "collect every rank's (and every DataLoader worker's) state"
+        )
+    epochs = {st["position"]["epoch"] for st in states}
+    if len(epochs) != 1:
+        raise StateError(
+            f"consumers are in different epochs {sorted(epochs)}: merge states taken at one step "
+            "while every consumer is in the same epoch"
+        )
+    ordered = sorted(states, key=lambda st: st["consumer"]["index"])
+    totals: dict[str, int] = {}
+    for st in ordered:
+        for key, value in st["stats"].items():
+            totals[key] = totals.get(key, 0) + int(value)
+    merged = {
+        key: copy.deepcopy(first[key])
+        for key in ("format", "version", "dataset", "options_hash", "options")
+    }
+    merged.update(
+        {
+            "kind": "global",
+            "epoch": epochs.pop(),
+            "consumer_count": count,
+            "consumers": [
+                {k: copy.deepcopy(st[k]) for k in ("position", "work", "stats", "packer")}
+                for st in ordered
+            ],
+            "stats": totals,
+        }
+    )
+    return merged

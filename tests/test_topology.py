@@ -1,0 +1,149 @@
+"""Ranks and workers: exactly-once coverage, merged checkpoints, elastic resume."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from arrowstream import StateError, merge_states, read_parquet
+from arrowstream.testing import assert_resumes_identically
+
+from .conftest import write_parts
+
+NUM_DOCS = 90
+
+
+def _corpus(tmp_path: Path) -> tuple[Path, Counter]:
+    """Docs whose every token is the doc's id + 1 (EOS is 0): emitted tokens name their doc."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 12, size=NUM_DOCS)
+    docs = [[i + 1] * int(n) for i, n in enumerate(lengths)]
+    parts = [{"input_ids": pa.array(docs[a : a + 30], pa.list_(pa.int32()))} for a in range(0, NUM_DOCS, 30)]
+    write_parts(tmp_path, parts, row_group_size=7)
+    return tmp_path, Counter({i + 1: int(n) for i, n in enumerate(lengths)})
+
+
+def _pipeline(root: Path, *, shuffle: bool, packed: bool = True):  # noqa: ANN202
+    ds = read_parquet(root, batch_rows=4)
+    if shuffle:
+        ds = ds.shuffle(seed=7, window=2)
+    ds = ds.tokenize(None, column="input_ids", eos_id=0)
+    return ds.pack(seq_len=8, batch_size=2) if packed else ds
+
+
+def _tokens(batches: list[dict[str, np.ndarray]]) -> Counter:
+    out: Counter = Counter()
+    for b in batches:
+        ids = b["input_ids"][(b["segment_ids"] > 0) & (b["input_ids"] > 0)]
+        out.update(ids.tolist())
+    return out
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_every_document_goes_to_exactly_one_consumer(
+    tmp_path: Path, shuffle: bool, world_size: int, num_workers: int
+) -> None:
+    root, expected = _corpus(tmp_path)
+    ds = _pipeline(root, shuffle=shuffle)
+    seen: Counter = Counter()
+    rows = []
+    for rank in range(world_size):
+        for worker in range(num_workers):
+            it = ds.iter(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
+            seen += _tokens(list(it))
+            rows.append(it.stats["rows"])
+    assert seen == expected
+    assert max(rows) - min(rows) <= 1  # balanced by rows
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [((4, 1), (3, 1)), ((2, 1), (4, 1)), ((1, 2), (1, 1)), ((1, 1), (2, 1)), ((2, 2), (3, 2))],
+)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_elastic_resume_emits_the_rest_exactly_once(
+    tmp_path: Path, before: tuple[int, int], after: tuple[int, int], shuffle: bool
+) -> None:
+    root, expected = _corpus(tmp_path)
+    ds = _pipeline(root, shuffle=shuffle)
+    (world, workers), (new_world, new_workers) = before, after
+    seen: Counter = Counter()
+    states = []
+    for rank in range(world):
+        for worker in range(workers):
+            it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
+            for _ in range(1 + (rank * workers + worker) % 3):  # uneven progress, mid-document cuts
+                seen += _tokens([next(it)])
+            states.append(json.loads(json.dumps(it.state_dict())))
+    merged = json.loads(json.dumps(merge_states(states)))
+    for rank in range(new_world):
+        for worker in range(new_workers):
+            it = ds.iter(merged, rank=rank, world_size=new_world, worker=worker, num_workers=new_workers)
+            seen += _tokens(list(it))
+    assert seen == expected
+
+
+def test_merged_state_on_the_same_topology_is_byte_identical(tmp_path: Path) -> None:
+    root, _ = _corpus(tmp_path)
+    ds = _pipeline(root, shuffle=True)
+    its = [ds.iter(rank=r, world_size=3) for r in range(3)]
+    for k, it in enumerate(its):
+        for _ in range(k + 1):
+            next(it)
+    states = [it.state_dict() for it in its]
+    rest = [[b["input_ids"].tobytes() for b in it] for it in its]
+    merged = merge_states(states)
+    for r in range(3):
+        again = [b["input_ids"].tobytes() for b in ds.iter(merged, rank=r, world_size=3)]
+        assert again == rest[r]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_each_consumer_resumes_identically(tmp_path: Path, shuffle: bool) -> None:
+    root, _ = _corpus(tmp_path)
+    for packed in (True, False):
+        ds = _pipeline(root, shuffle=shuffle, packed=packed)
+        n = assert_resumes_identically(lambda: ds.iter(rank=1, world_size=3, worker=1, num_workers=2))
+        assert n > 1
+
+
+def test_a_consumers_state_is_small_and_names_its_place(tmp_path: Path) -> None:
+    root, _ = _corpus(tmp_path)
+    it = _pipeline(root, shuffle=True).iter(rank=2, world_size=4)
+    next(it)
+    state = it.state_dict()
+    assert state["consumer"] == {"index": 2, "count": 4}
+    assert state["work"]["num_streams"] == 4 and len(state["work"]["segments"]) == 1
+    assert len(json.dumps(state)) < 4096
+
+
+def test_loading_another_consumers_state_is_refused(tmp_path: Path) -> None:
+    root, _ = _corpus(tmp_path)
+    ds = _pipeline(root, shuffle=False)
+    state = ds.iter(rank=0, world_size=2).state_dict()
+    with pytest.raises(StateError, match="consumer 0 of 2.*merge_states"):
+        ds.iter(state, rank=1, world_size=2)
+    with pytest.raises(StateError, match="consumer 0 of 2"):
+        ds.iter(state)
+
+
+def test_merge_needs_every_consumer_once_from_one_run(tmp_path: Path) -> None:
+    root, _ = _corpus(tmp_path)
+    ds = _pipeline(root, shuffle=False)
+    states = [ds.iter(rank=r, world_size=3).state_dict() for r in range(3)]
+    with pytest.raises(StateError, match="one state per consumer 0..2, got consumers \\[0, 1\\]"):
+        merge_states(states[:2])
+    with pytest.raises(StateError, match="got consumers \\[0, 0, 1\\]"):
+        merge_states([states[0], states[0], states[1]])
+    other = ds.iter(rank=0, world_size=2).state_dict()
+    with pytest.raises(StateError, match="topologies"):
+        merge_states([states[0], other])
+    with pytest.raises(StateError, match="none"):
+        merge_states([])
