@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +40,9 @@ from arrowstream.stage import Stage
 from arrowstream.state import Position, hash_options
 from arrowstream.tokenize import Tokenize
 from arrowstream.topology import Consumer, Segment
+
+if TYPE_CHECKING:
+    from arrowstream.pytorch import TorchDataset
 
 __all__ = ["Dataset", "read_parquet"]
 
@@ -351,6 +354,19 @@ class Dataset:
 
     def __iter__(self) -> Iterator[Any]:
         return self.iter()
+
+    def to_torch(
+        self, *, rank: int | None = None, world_size: int | None = None
+    ) -> TorchDataset:
+        """Return a ``torch.utils.data.IterableDataset`` of tensor batches (needs ``torch``).
+
+        Rank and world size come from ``torch.distributed`` when it is
+        initialised; DataLoader workers each become a consumer. See
+        :mod:`arrowstream.pytorch` and ``docs/guide.md``.
+        """
+        from arrowstream.pytorch import TorchDataset  # torch is optional: imported on use
+
+        return TorchDataset(self, rank=rank, world_size=world_size)
 
     def _planned_shards(self) -> np.ndarray:
         shards = self._cache.get("shards")

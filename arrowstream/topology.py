@@ -157,14 +157,19 @@ def own_share(state: dict[str, Any], consumer: Consumer) -> dict[str, Any]:
     }
 
 
+def _is_rank(state: Any) -> bool:
+    return isinstance(state, dict) and state.get("kind") == "rank"
+
+
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     """Join the states of all consumers of one run into a global checkpoint.
 
     Parameters
     ----------
     states
-        One ``state_dict()`` per consumer (every rank, every worker), taken at
-        the same training step.
+        One ``state_dict()`` per consumer (every rank, every worker), or one
+        per rank from :class:`~arrowstream.pytorch.StatefulLoader`, taken at the
+        same training step.
 
     Returns
     -------
@@ -192,6 +197,8 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     >>> sorted(rest)  # one consumer now reads what both had left
     [3, 4, 5, 9, 10, 11]
     """
+    # a loader's rank state holds one state per DataLoader worker
+    states = [own for st in states for own in (st["states"] if _is_rank(st) else [st])]
     if not states:
         raise StateError("`merge_states` needs the states of every consumer, got none")
     for st in states:

@@ -1,0 +1,219 @@
+"""The PyTorch adapter: an ``IterableDataset`` with exact state, and a loader that tracks it.
+
+:class:`TorchDataset` (from :meth:`Dataset.to_torch <arrowstream.Dataset.to_torch>`)
+turns each packed batch into a dict of ``torch`` tensors that share memory with
+the numpy arrays (``torch.from_numpy``: no copy). Every DataLoader worker of
+every rank is one consumer (rank-major numbering); rank and world size come
+from ``torch.distributed`` when it is initialised. It implements
+``state_dict``/``load_state_dict``, so torchdata's ``StatefulDataLoader`` can
+checkpoint it per worker.
+
+Without torchdata, :class:`StatefulLoader` wraps a plain ``DataLoader``: each
+batch carries its worker's state, popped and recorded when the trainer
+receives the batch, so ``state_dict()`` describes exactly the batches
+consumed, however many workers prefetch ahead.
+
+Forked workers: the main process never tokenizes, so each worker's tokenizer
+keeps its own thread pool and no fork warning is printed.
+
+Requires ``pip install arrowstream[torch]``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+try:
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+except ImportError as exc:  # pragma: no cover - exercised only without torch
+    raise ImportError(
+        "the PyTorch adapter needs torch: pip install 'arrowstream[torch]'"
+    ) from exc
+
+from arrowstream.errors import ConfigError, StateError
+from arrowstream.state import STATE_FORMAT, STATE_VERSION
+
+if TYPE_CHECKING:
+    from arrowstream.dataset import Dataset
+    from arrowstream.iterator import DatasetIterator
+
+__all__ = ["STATE_KEY", "StatefulLoader", "TorchDataset"]
+
+#: Key under which a batch carries its worker's state (``attach_state=True``).
+STATE_KEY = "arrowstream_state"
+
+
+class TorchDataset(IterableDataset):  # type: ignore[type-arg]
+    """A ``torch.utils.data.IterableDataset`` over a packed arrowstream pipeline.
+
+    Parameters
+    ----------
+    dataset
+        A packed :class:`~arrowstream.Dataset`.
+    rank, world_size
+        This process's rank; ``None`` takes them from ``torch.distributed``
+        when it is initialised, else 0 and 1.
+    attach_state
+        Add each batch's state under :data:`STATE_KEY` (used by
+        :class:`StatefulLoader`).
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> from arrowstream import read_parquet
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"ids": pa.array([[5, 6, 7]] * 4, pa.list_(pa.int32()))}), f"{d}/a.parquet")
+    >>> ds = read_parquet(d).tokenize(None, column="ids", eos_id=0).pack(seq_len=8, batch_size=2)
+    >>> batch = next(iter(ds.to_torch()))
+    >>> batch["input_ids"].dtype, tuple(batch["input_ids"].shape)
+    (torch.int32, (2, 8))
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        attach_state: bool = False,
+    ) -> None:
+        if dataset.packer is None:
+            raise ConfigError(
+                "`to_torch` needs a packed pipeline (fixed-shape batches): call `.pack(...)` first"
+            )
+        self.dataset = dataset
+        self.rank = rank
+        self.world_size = world_size
+        self.attach_state = attach_state
+        self._pending: dict[str, Any] | None = None
+        self._it: DatasetIterator | None = None
+
+    def topology(self) -> tuple[int, int, int, int]:
+        """Return ``(rank, world_size, worker, num_workers)`` of the calling process."""
+        rank, world = self.rank, self.world_size
+        if rank is None or world is None:
+            if dist.is_available() and dist.is_initialized():
+                rank = dist.get_rank() if rank is None else rank
+                world = dist.get_world_size() if world is None else world
+            else:
+                rank = 0 if rank is None else rank
+                world = 1 if world is None else world
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return rank, world, worker, num_workers
+
+    def iterator(self) -> DatasetIterator:
+        """Return a new arrowstream iterator for the calling consumer, from the loaded state."""
+        rank, world, worker, num_workers = self.topology()
+        state = _pick(self._pending, rank * num_workers + worker, world * num_workers)
+        return self.dataset.iter(
+            state, rank=rank, world_size=world, worker=worker, num_workers=num_workers
+        )
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._it = it = self.iterator()
+        for batch in it:
+            out: dict[str, Any] = {key: torch.from_numpy(value) for key, value in batch.items()}
+            if self.attach_state:
+                out[STATE_KEY] = it.state_dict()
+            yield out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the state of this process's consumer after the last batch it produced."""
+        if self._it is not None:
+            return self._it.state_dict()
+        return self.iterator().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start the next iteration from ``state``: a consumer's own, a loader's, or a global one."""
+        self._pending = copy.deepcopy(state)
+        self._it = None
+
+
+class StatefulLoader:
+    """A ``DataLoader`` over a :class:`TorchDataset` whose state is exact with workers.
+
+    Each batch carries its worker's state; the loader records it when it hands
+    the batch over, so :meth:`state_dict` covers exactly the batches the
+    trainer received, whatever the workers prefetched. Extra keyword arguments
+    go to ``torch.utils.data.DataLoader`` (``batch_size`` is always ``None``).
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> from arrowstream import read_parquet
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"ids": pa.array([[5, 6, 7]] * 8, pa.list_(pa.int32()))}), f"{d}/a.parquet")
+    >>> ds = read_parquet(d).tokenize(None, column="ids", eos_id=0).pack(seq_len=4, batch_size=2)
+    >>> loader = StatefulLoader(ds.to_torch())
+    >>> first = next(iter(loader))
+    >>> state = loader.state_dict()
+    >>> resumed = StatefulLoader(ds.to_torch())
+    >>> resumed.load_state_dict(state)
+    >>> len(list(resumed))  # the 3 batches the first loader had not handed out yet
+    3
+    """
+
+    def __init__(self, dataset: TorchDataset, **dataloader_kwargs: Any) -> None:
+        if "batch_size" in dataloader_kwargs and dataloader_kwargs["batch_size"] is not None:
+            raise ConfigError("batches are already formed by `.pack`: leave `batch_size` unset")
+        dataloader_kwargs["batch_size"] = None
+        self.dataset = dataset
+        self.kwargs = dataloader_kwargs
+        self._latest: dict[int, dict[str, Any]] = {}
+        self._loaded: dict[str, Any] | None = None
+
+    def _consumers(self) -> tuple[list[int], int]:
+        rank, world, _, _ = self.dataset.topology()
+        n = max(1, int(self.kwargs.get("num_workers", 0)))
+        return [rank * n + w for w in range(n)], world * n
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.dataset.attach_state = True
+        if self._loaded is not None:
+            self.dataset.load_state_dict(self._loaded)
+        self._latest = {}
+        for batch in DataLoader(self.dataset, **self.kwargs):
+            state = batch.pop(STATE_KEY)
+            self._latest[state["consumer"]["index"]] = state
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return this rank's state: one state per DataLoader worker, as of the batches received."""
+        consumers, count = self._consumers()
+        rank, world, _, _ = self.dataset.topology()
+        states = []
+        for index in consumers:
+            if index in self._latest:
+                states.append(self._latest[index])
+                continue
+            worker = index - consumers[0]
+            start = _pick(self._loaded, index, count)
+            it = self.dataset.dataset.iter(
+                start, rank=rank, world_size=world, worker=worker, num_workers=len(consumers)
+            )
+            states.append(it.state_dict())
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "kind": "rank", "states": states}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a rank state (same topology) or a global state (any topology)."""
+        self._loaded = copy.deepcopy(state)
+        self._latest = {}
+
+
+def _pick(state: dict[str, Any] | None, index: int, count: int) -> dict[str, Any] | None:
+    """Return what consumer ``index`` of ``count`` should load from ``state``."""
+    if state is None or state.get("kind") != "rank":
+        return state
+    for own in state.get("states", []):
+        if own.get("consumer") == {"index": index, "count": count}:
+            return own
+    raise StateError(
+        f"this rank state has no state for consumer {index} of {count} (rank x DataLoader "
+        "worker): the topology changed; merge every rank's state with "
+        "`arrowstream.merge_states` and load the result"
+    )

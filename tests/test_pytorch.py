@@ -1,0 +1,120 @@
+"""The PyTorch adapter: DataLoader workers, exact state with prefetching, StatefulDataLoader."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from arrowstream import ConfigError, merge_states, read_parquet
+from arrowstream.pytorch import StatefulLoader
+
+from .conftest import write_parts
+
+NUM_DOCS = 120
+
+
+def _ds(tmp_path: Path):  # noqa: ANN202
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 10, size=NUM_DOCS)
+    docs = [[i + 1] * int(n) for i, n in enumerate(lengths)]
+    parts = [{"input_ids": pa.array(docs[a : a + 40], pa.list_(pa.int32()))} for a in range(0, NUM_DOCS, 40)]
+    write_parts(tmp_path, parts, row_group_size=9)
+    expected = Counter({i + 1: int(n) for i, n in enumerate(lengths)})
+    ds = read_parquet(tmp_path, batch_rows=5).shuffle(seed=3, window=2)
+    return ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2), expected
+
+
+def _tokens(batches) -> Counter:  # noqa: ANN001
+    out: Counter = Counter()
+    for b in batches:
+        ids = b["input_ids"][(b["segment_ids"] > 0) & (b["input_ids"] > 0)]
+        out.update(ids.tolist())
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dataloader_workers_cover_the_epoch_exactly_once(tmp_path: Path, num_workers: int) -> None:
+    ds, expected = _ds(tmp_path)
+    loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=num_workers)
+    batches = list(loader)
+    assert all(b["input_ids"].dtype == torch.int32 and b["input_ids"].shape == (2, 8) for b in batches)
+    assert _tokens(batches) == expected
+
+
+def test_batches_share_memory_with_numpy(tmp_path: Path) -> None:
+    ds, _ = _ds(tmp_path)
+    batch = next(iter(ds.to_torch()))
+    array = batch["input_ids"].numpy()
+    array[0, 0] = 12345  # writes through: no copy was made
+    assert int(batch["input_ids"][0, 0]) == 12345
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_loader_resumes_exactly_despite_prefetching(tmp_path: Path, num_workers: int) -> None:
+    ds, expected = _ds(tmp_path)
+    full = [b["input_ids"].numpy().tobytes() for b in StatefulLoader(ds.to_torch(), num_workers=num_workers)]
+    loader = StatefulLoader(ds.to_torch(), num_workers=num_workers, prefetch_factor=4 if num_workers else None)
+    it = iter(loader)
+    first = [next(it) for _ in range(5)]  # workers have prefetched well beyond these
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    resumed = StatefulLoader(ds.to_torch(), num_workers=num_workers)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert _tokens(first) + _tokens(rest) == expected
+    got = Counter(b["input_ids"].numpy().tobytes() for b in first + rest)
+    assert got == Counter(full)  # the same batches as an uninterrupted run
+
+
+def test_two_workers_resume_on_no_workers_through_merge(tmp_path: Path) -> None:
+    ds, expected = _ds(tmp_path)
+    loader = StatefulLoader(ds.to_torch(), num_workers=2)
+    it = iter(loader)
+    first = [next(it) for _ in range(3)]
+    merged = merge_states([loader.state_dict()])
+    del it
+    resumed = StatefulLoader(ds.to_torch(), num_workers=0)
+    resumed.load_state_dict(merged)
+    assert _tokens(first) + _tokens(list(resumed)) == expected
+
+
+def test_torchdata_stateful_dataloader_saves_and_resumes_mid_epoch(tmp_path: Path) -> None:
+    ds, expected = _ds(tmp_path)
+    uninterrupted = [b["input_ids"].numpy().tobytes() for b in StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2)]
+    loader = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2)
+    it = iter(loader)
+    first = [next(it) for _ in range(5)]
+    state = loader.state_dict()
+    del it
+    resumed = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert _tokens(first) + _tokens(rest) == expected
+    assert [b["input_ids"].numpy().tobytes() for b in first + rest] == uninterrupted
+
+
+def test_rank_comes_from_torch_distributed(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    ds, _ = _ds(tmp_path)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        assert ds.to_torch().topology() == (0, 1, 0, 1)
+        assert ds.to_torch(rank=1, world_size=3).topology() == (1, 3, 0, 1)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_unpacked_pipelines_and_batch_sizes_are_refused(tmp_path: Path) -> None:
+    ds, _ = _ds(tmp_path)
+    with pytest.raises(ConfigError, match="packed"):
+        read_parquet(tmp_path).to_torch()
+    with pytest.raises(ConfigError, match="batch_size"):
+        StatefulLoader(ds.to_torch(), batch_size=4)
