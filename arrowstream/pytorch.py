@@ -11,7 +11,10 @@ checkpoint it per worker.
 Without torchdata, :class:`StatefulLoader` wraps a plain ``DataLoader``: each
 batch carries its worker's state, popped and recorded when the trainer
 receives the batch, so ``state_dict()`` describes exactly the batches
-consumed, however many workers prefetch ahead.
+consumed, however many workers prefetch ahead. It also records which worker's
+batch comes next and, after a resume, restores that round-robin order (a
+``DataLoader`` always starts with worker 0), so the trainer sees the same
+sequence of batches as without the interruption.
 
 Forked workers: the main process never tokenizes, so each worker's tokenizer
 keeps its own thread pool and no fork warning is printed.
@@ -22,6 +25,7 @@ Requires ``pip install arrowstream[torch]``.
 from __future__ import annotations
 
 import copy
+from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -116,11 +120,21 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._it = it = self.iterator()
+        if not self.attach_state:
+            for batch in it:
+                yield {key: torch.from_numpy(value) for key, value in batch.items()}
+            return
+        # one batch of look-ahead, so the last batch can say it is the last
+        held: dict[str, Any] | None = None
         for batch in it:
             out: dict[str, Any] = {key: torch.from_numpy(value) for key, value in batch.items()}
-            if self.attach_state:
-                out[STATE_KEY] = it.state_dict()
-            yield out
+            out[STATE_KEY] = {"state": it.state_dict(), "last": False}
+            if held is not None:
+                yield held
+            held = out
+        if held is not None:
+            held[STATE_KEY]["last"] = True
+            yield held
 
     def state_dict(self) -> dict[str, Any]:
         """Return the state of this process's consumer after the last batch it produced."""
@@ -166,6 +180,7 @@ class StatefulLoader:
         self.kwargs = dataloader_kwargs
         self._latest: dict[int, dict[str, Any]] = {}
         self._loaded: dict[str, Any] | None = None
+        self._next = 0  # the worker whose batch comes next
 
     def _consumers(self) -> tuple[list[int], int]:
         rank, world, _, _ = self.dataset.topology()
@@ -177,9 +192,42 @@ class StatefulLoader:
         if self._loaded is not None:
             self.dataset.load_state_dict(self._loaded)
         self._latest = {}
+        consumers, _ = self._consumers()
+        n = len(consumers)
+        waiting: list[deque[tuple[dict[str, Any], dict[str, Any]]]] = [deque() for _ in range(n)]
+        done = [False] * n
         for batch in DataLoader(self.dataset, **self.kwargs):
-            state = batch.pop(STATE_KEY)
-            self._latest[state["consumer"]["index"]] = state
+            tag = batch.pop(STATE_KEY)
+            worker = tag["state"]["consumer"]["index"] - consumers[0]
+            waiting[worker].append((batch, tag))
+            yield from self._release(waiting, done, flush=False)
+        yield from self._release(waiting, done, flush=True)
+
+    def _release(
+        self,
+        waiting: list[deque[tuple[dict[str, Any], dict[str, Any]]]],
+        done: list[bool],
+        *,
+        flush: bool,
+    ) -> Iterator[dict[str, Any]]:
+        """Yield held batches in the workers' round-robin order, from ``self._next``."""
+        n = len(waiting)
+        while True:
+            if all(done):
+                return
+            while done[self._next]:
+                self._next = (self._next + 1) % n
+            queue = waiting[self._next]
+            if not queue:
+                if not flush:
+                    return
+                done[self._next] = True  # the loader ended: that worker has nothing more
+                continue
+            batch, tag = queue.popleft()
+            self._latest[tag["state"]["consumer"]["index"]] = tag["state"]
+            if tag["last"]:
+                done[self._next] = True
+            self._next = (self._next + 1) % n
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
@@ -197,12 +245,20 @@ class StatefulLoader:
                 start, rank=rank, world_size=world, worker=worker, num_workers=len(consumers)
             )
             states.append(it.state_dict())
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "kind": "rank", "states": states}
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "kind": "rank",
+            "states": states,
+            "next_worker": self._next,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a rank state (same topology) or a global state (any topology)."""
         self._loaded = copy.deepcopy(state)
         self._latest = {}
+        same = state.get("kind") == "rank" and len(state.get("states", [])) == len(self._consumers()[0])
+        self._next = int(state.get("next_worker", 0)) if same else 0
 
 
 def _pick(state: dict[str, Any] | None, index: int, count: int) -> dict[str, Any] | None:
