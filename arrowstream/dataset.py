@@ -44,7 +44,11 @@ from arrowstream.topology import Consumer, Segment
 if TYPE_CHECKING:
     from arrowstream.pytorch import TorchDataset
 
-__all__ = ["Dataset", "read_parquet"]
+__all__ = ["EVEN_BATCHES_SLACK", "Dataset", "read_parquet"]
+
+#: Fraction taken off the estimated batch count of the smallest consumer share, so a
+#: slightly optimistic estimate drops a little data rather than padding many batches.
+EVEN_BATCHES_SLACK = 0.01
 
 
 def read_parquet(
@@ -228,6 +232,7 @@ class Dataset:
         strategy: str = "concat",
         drop_last: bool = False,
         pad_id: int | None = None,
+        even_batches: bool = True,
     ) -> Dataset:
         """Pack tokens into batches of ``batch_size`` rows of exactly ``seq_len`` tokens.
 
@@ -237,6 +242,16 @@ class Dataset:
         never span epochs; the last one of an epoch is padded, or dropped and
         counted in ``stats["dropped_tokens"]`` with ``drop_last=True``.
         ``pad_id`` defaults to the EOS id (0 without one).
+
+        With several consumers (ranks x workers) and finite epochs,
+        ``even_batches=True`` makes every consumer emit the same number of
+        batches per epoch, so no rank waits for another at an epoch end: the
+        number is estimated, identically on every consumer, from Parquet row
+        sizes and a fixed tokenized sample, minus 1% slack. A consumer with
+        data left at that count drops it (``stats["dropped_docs"]``,
+        ``stats["dropped_tokens"]``); one that runs out first emits all-padding
+        batches (``stats["padding_batches"]``). Every document is emitted or
+        counted as dropped, once.
 
         Examples
         --------
@@ -257,7 +272,12 @@ class Dataset:
         if pad_id is None:
             pad_id = tok.eos_id if tok.eos_id is not None else 0
         packer = make_packer(
-            strategy, seq_len=seq_len, batch_size=batch_size, drop_last=drop_last, pad_id=pad_id
+            strategy,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            pad_id=pad_id,
+            even_batches=even_batches,
         )
         return replace(self, packer=packer, _cache={})
 
@@ -400,6 +420,46 @@ class Dataset:
         """Return ``consumer``'s share of a fresh ``epoch``: its own stream, whole."""
         rows = self.layout(epoch, consumer.count).stream_rows(consumer.index)
         return [(consumer.index, 0, rows, 0)]
+
+    def token_ratio(self) -> float:
+        """Tokens the stages make per Parquet byte, measured on a fixed sample (cached).
+
+        The sample is the first rows of the first row groups read (at least
+        1,024 rows or one row group, up to 8 row groups until a token shows up),
+        so every consumer measures the same number.
+        """
+        if "token_ratio" not in self._cache:
+            reader = ShardReader(self.manifest, self.read_columns())
+            tokens, nbytes = 0, 0.0
+            try:
+                for shard in self._planned_shards()[:8].tolist():
+                    rows = min(1024, int(self.manifest.shard_rows[shard]))
+                    batch = reader.read(shard).slice(0, rows).combine_chunks().to_batches()[0]
+                    chunk = Chunk(epoch=0, shard=shard, seq_start=0, seq_end=rows, row_start=0,
+                                  seq=np.arange(rows, dtype=np.int64), batch=batch)
+                    outs = run_stages(self.stages, [chunk], where=self._where, pool=None, in_flight=1)
+                    tokens += sum(int(out.tokens.size) for out in outs if out.tokens is not None)
+                    share = rows / int(self.manifest.shard_rows[shard])
+                    nbytes += share * float(self.manifest.shard_bytes[shard])
+                    if tokens:
+                        break
+            finally:
+                reader.close()
+            self._cache["token_ratio"] = tokens / nbytes if nbytes else 0.0
+        return self._cache["token_ratio"]
+
+    def batch_target(self, epoch: int, parts: list[list[Segment]], num_streams: int) -> int:
+        """Return the batches every consumer emits in ``epoch`` given all consumers' ``parts``."""
+        assert self.packer is not None
+        layout = self.layout(epoch, num_streams)
+        row_bytes = self.manifest.shard_bytes / np.maximum(self.manifest.shard_rows, 1)
+        ratio = self.token_ratio()
+        estimates = [
+            ratio * sum(layout.segment_bytes(s, a, b, row_bytes) for s, a, b, _ in part)
+            for part in parts
+        ]
+        per_batch = self.packer.seq_len * self.packer.batch_size
+        return int(min(estimates, default=0.0) * (1.0 - EVEN_BATCHES_SLACK) // per_batch)
 
     @property
     def num_pruned_shards(self) -> int:

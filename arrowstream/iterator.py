@@ -24,7 +24,7 @@ from arrowstream.pack import PackRun
 from arrowstream.prefetch import Prefetcher
 from arrowstream.reader import ShardReader
 from arrowstream.state import STATE_FORMAT, STATE_VERSION, Position, check_state
-from arrowstream.topology import Consumer, Segment, own_share
+from arrowstream.topology import Consumer, Segment, own_share, pool, recut
 
 if TYPE_CHECKING:
     from arrowstream.dataset import Dataset
@@ -78,7 +78,10 @@ class DatasetIterator:
 
     def _reset(self, state: dict[str, Any] | None) -> None:
         if state is not None:
+            self._start_parts: list[list[Segment]] | None = None
             if state.get("kind") == "global":
+                if state.get("consumer_count") != self.consumer.count:
+                    self._start_parts = recut(pool(state), self.consumer.count)
                 state = self._own_share(state)
             check_state(
                 state,
@@ -94,11 +97,12 @@ class DatasetIterator:
         else:
             self._start_epoch, self._start_streams = 0, self.consumer.count
             self._start_work = self.dataset.fresh_work(0, self.consumer)
+            self._start_parts = None
         if self._chunks is not None:
             self._chunks.close()
         self._run: PackRun | None = None
         if self.dataset.packer is not None:
-            self._run = self.dataset.packer.start(state)
+            self._run = self.dataset.packer.start(state, targets=self._targets)
             start = self._run.upstream_position()
         elif state is None:
             start = Position(0, 0, 0, 0)
@@ -178,6 +182,19 @@ class DatasetIterator:
     def stats(self) -> dict[str, int]:
         """Counters up to the current position: rows, docs, skips by reason, tokens, padding."""
         return self.state_dict()["stats"]
+
+    def _targets(self, epoch: int) -> int | None:
+        """Batches every consumer emits in ``epoch`` (None: as many as the data gives)."""
+        ds = self.dataset
+        if ds.packer is None or not ds.packer.even_batches or self.consumer.count == 1:
+            return None
+        if ds.num_epochs is None or epoch >= ds.num_epochs:
+            return None
+        if epoch == self._start_epoch and self._start_parts is not None:
+            return ds.batch_target(epoch, self._start_parts, self._start_streams)
+        everyone = [Consumer(c, self.consumer.count) for c in range(self.consumer.count)]
+        parts = [ds.fresh_work(epoch, c) for c in everyone]
+        return ds.batch_target(epoch, parts, self.consumer.count)
 
     def _work(self, epoch: int) -> tuple[int, list[Segment]]:
         """Return the layout's stream count and this consumer's segments for ``epoch``."""

@@ -209,6 +209,21 @@ class Layout:
             start += n
         return out
 
+    def segment_bytes(self, stream: int, start: int, end: int, row_bytes: np.ndarray) -> float:
+        """Estimate the bytes of rows ``start..end-1`` of ``stream`` from per-shard row sizes.
+
+        A window's rows are taken as equally large (its rows are interleaved
+        when shuffled), so this is exact at window boundaries.
+        """
+        total = 0.0
+        for w in self.windows(stream):
+            n = w.num_rows
+            overlap = min(end, w.start + n) - max(start, w.start)
+            if overlap > 0:
+                size = float(((w.row_hi - w.row_lo) * row_bytes[w.shards]).sum())
+                total += overlap * size / n
+        return total
+
     def find_window(self, stream: int, seq: int) -> int:
         """Return the index of the window of ``stream`` holding position ``seq``."""
         starts = [w.start for w in self.windows(stream)]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -60,11 +60,17 @@ class Packer(ABC):
         Drop (and count) the last incomplete batch of an epoch instead of padding it.
     pad_id
         Token id on padding.
+    even_batches
+        With several consumers and finite epochs, emit the same number of
+        batches per epoch on every consumer (see :meth:`Dataset.pack
+        <arrowstream.Dataset.pack>`).
     """
 
     name = "packer"
 
-    def __init__(self, *, seq_len: int, batch_size: int, drop_last: bool, pad_id: int) -> None:
+    def __init__(
+        self, *, seq_len: int, batch_size: int, drop_last: bool, pad_id: int, even_batches: bool = True
+    ) -> None:
         for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ConfigError(f"`{key}` must be a positive int, got {value!r}")
@@ -78,6 +84,7 @@ class Packer(ABC):
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
         self.pad_id = int(pad_id)
+        self.even_batches = bool(even_batches)
 
     def spec(self) -> dict[str, Any]:
         """Return the JSON-able options that define the packer's output."""
@@ -87,11 +94,19 @@ class Packer(ABC):
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
             "pad_id": self.pad_id,
+            "even_batches": self.even_batches,
         }
 
     @abstractmethod
-    def start(self, state: dict[str, Any] | None) -> PackRun:
-        """Return a run starting fresh (``None``) or from a saved state."""
+    def start(
+        self, state: dict[str, Any] | None, *, targets: Callable[[int], int | None] | None = None
+    ) -> PackRun:
+        """Return a run starting fresh (``None``) or from a saved state.
+
+        ``targets(epoch)`` gives the number of batches to emit in ``epoch`` (the
+        same for every consumer, so no rank waits for another), or ``None`` for
+        as many as the data gives; for an epoch past the last it must be ``None``.
+        """
 
 
 class ConcatPacker(Packer):
@@ -114,13 +129,21 @@ class ConcatPacker(Packer):
 
     name = "concat"
 
-    def start(self, state: dict[str, Any] | None) -> PackRun:
-        return _ConcatRun(self, state)
+    def start(
+        self, state: dict[str, Any] | None, *, targets: Callable[[int], int | None] | None = None
+    ) -> PackRun:
+        return _ConcatRun(self, state, targets or (lambda epoch: None))
 
 
 class _ConcatRun(PackRun):
-    def __init__(self, packer: ConcatPacker, state: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        packer: ConcatPacker,
+        state: dict[str, Any] | None,
+        targets: Callable[[int], int | None],
+    ) -> None:
         self.p = packer
+        self.targets = targets
         self.queue: deque[Chunk] = deque()
         self.cursor = 0  # token index into queue[0]
         if state is None:
@@ -133,6 +156,10 @@ class _ConcatRun(PackRun):
             )
             self.ledger = Ledger(state["stats"])
         self._ended = False
+        saved = (state or {}).get("packer") or {}
+        self.epoch = int(saved.get("epoch", self.pos.epoch))
+        self.emitted = int(saved.get("epoch_batches", 0))  # batches emitted in self.epoch
+        self.target = saved["target"] if "target" in saved else targets(self.epoch)
 
     def upstream_position(self) -> Position:
         return self.pos
@@ -161,28 +188,65 @@ class _ConcatRun(PackRun):
         L, B = self.p.seq_len, self.p.batch_size
         need = L * B
         while True:
+            if self.target is not None and self.emitted >= self.target:
+                self._drain_epoch(chunks)  # this consumer's share is used up: count the rest
+                if not self._next_epoch(chunks):
+                    raise StopIteration
+                continue
             pieces: list[tuple[Chunk, int, int]] = []
             got = 0
-            epoch = None
+            head = None
             while got < need:
                 head = self._head(chunks)
-                if head is None or (epoch is not None and head.epoch != epoch):
+                if head is None or head.epoch != self.epoch:
                     break
-                epoch = head.epoch
                 take = min(need - got, int(head.offsets[-1]) - self.cursor)
                 pieces.append((head, self.cursor, self.cursor + take))
                 self.cursor += take
                 got += take
-            if got == 0:
-                raise StopIteration
-            if got < need and self.p.drop_last:
+            if got == 0:  # the epoch's data is used up
+                if self.target is not None and self.emitted < self.target:
+                    self.emitted += 1
+                    self.ledger.add("padding_batches", 1)
+                    return self._assemble([], 0)  # all padding: other consumers still have data
+                if not self._next_epoch(chunks):
+                    raise StopIteration
+                continue
+            if got < need and self.p.drop_last and self.target is None:
                 self.ledger.add("dropped_tokens", got)
                 continue
+            self.emitted += 1
             return self._assemble(pieces, got)
+
+    def _next_epoch(self, chunks: Iterator[Chunk]) -> bool:
+        """Move to the next epoch; return false when there is none."""
+        head = self._head(chunks)
+        target = self.targets(self.epoch + 1)
+        if head is None and target is None:
+            return False
+        self.epoch += 1
+        self.emitted = 0
+        self.target = target
+        return True
+
+    def _drain_epoch(self, chunks: Iterator[Chunk]) -> None:
+        """Skip what is left of ``self.epoch``, counting the documents and tokens dropped."""
+        while True:
+            head = self._head(chunks)
+            if head is None or head.epoch != self.epoch:
+                return
+            assert head.offsets is not None
+            starts = head.offsets[:-1]
+            self.ledger.add("dropped_tokens", int(head.offsets[-1]) - self.cursor)
+            untouched = int((starts >= self.cursor).sum())
+            if head.head_skip and self.cursor == 0:
+                untouched -= 1  # its first tokens went out before a resume
+            self.ledger.add("dropped_docs", untouched)
+            self.cursor = int(head.offsets[-1])
 
     def _assemble(self, pieces: list[tuple[Chunk, int, int]], got: int) -> dict[str, np.ndarray]:
         L, B = self.p.seq_len, self.p.batch_size
-        src = np.concatenate([c.tokens[a:b] for c, a, b in pieces])
+        src = np.concatenate([c.tokens[a:b] for c, a, b in pieces] or [np.empty(0, np.int32)])
         cuts = [np.arange(0, got, L, dtype=np.int64)]
         base = 0
         for chunk, a, b in pieces:
@@ -221,7 +285,7 @@ class _ConcatRun(PackRun):
                 "token_offset": pos.token_offset,
             },
             "stats": stats,
-            "packer": {},
+            "packer": {"epoch": self.epoch, "epoch_batches": self.emitted, "target": self.target},
         }
 
 
@@ -229,7 +293,13 @@ _STRATEGIES: dict[str, type[Packer]] = {"concat": ConcatPacker}
 
 
 def make_packer(
-    strategy: str, *, seq_len: int, batch_size: int, drop_last: bool, pad_id: int
+    strategy: str,
+    *,
+    seq_len: int,
+    batch_size: int,
+    drop_last: bool,
+    pad_id: int,
+    even_batches: bool = True,
 ) -> Packer:
     """Return the packer registered under ``strategy``.
 
@@ -243,4 +313,10 @@ def make_packer(
         raise ConfigError(
             f"unknown packing strategy {strategy!r}: expected one of {sorted(_STRATEGIES)!r}"
         )
-    return cls(seq_len=seq_len, batch_size=batch_size, drop_last=drop_last, pad_id=pad_id)
+    return cls(
+        seq_len=seq_len,
+        batch_size=batch_size,
+        drop_last=drop_last,
+        pad_id=pad_id,
+        even_batches=even_batches,
+    )

@@ -25,7 +25,7 @@ from typing import Any
 
 from arrowstream.errors import ConfigError, StateError, StateMismatchError
 
-__all__ = ["Consumer", "Segment", "merge_states", "own_share", "recut", "remaining"]
+__all__ = ["Consumer", "Segment", "merge_states", "own_share", "pool", "recut", "remaining"]
 
 #: ``(stream, start, end, skip)``: rows ``start..end-1`` of a stream, in its order,
 #: the first ``skip`` tokens of row ``start`` already emitted.
@@ -108,6 +108,16 @@ def recut(pool: list[Segment], parts: int) -> list[list[Segment]]:
     return out
 
 
+def pool(state: dict[str, Any]) -> list[Segment]:
+    """Return every consumer's remaining segments of a global state, in consumer order."""
+    out: list[Segment] = []
+    for entry in state["consumers"]:
+        pos = entry["position"]
+        work = [tuple(int(v) for v in seg) for seg in entry["work"]["segments"]]
+        out += remaining(work, int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"]))
+    return out
+
+
 def own_share(state: dict[str, Any], consumer: Consumer) -> dict[str, Any]:
     """Return ``consumer``'s own state from a global one.
 
@@ -131,11 +141,7 @@ def own_share(state: dict[str, Any], consumer: Consumer) -> dict[str, Any]:
         if len(streams) != 1:
             raise ValueError(f"entries disagree on the stream count: {sorted(streams)}")
         num_streams = streams.pop()
-        pool: list[Segment] = []
-        for entry in entries:
-            pos = entry["position"]
-            work = [tuple(int(v) for v in seg) for seg in entry["work"]["segments"]]
-            pool += remaining(work, int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"]))
+        pooled = pool(state)
     except (KeyError, TypeError, ValueError) as exc:
         raise StateError(
             f"global state is malformed ({exc}): pass what `merge_states` returned"
@@ -145,7 +151,7 @@ def own_share(state: dict[str, Any], consumer: Consumer) -> dict[str, Any]:
     if count == consumer.count:
         entry = entries[consumer.index]
         return {**common, **{k: entry[k] for k in ("position", "work", "stats", "packer")}, "consumer": me}
-    mine = recut(pool, consumer.count)[consumer.index]
+    mine = recut(pooled, consumer.count)[consumer.index]
     first = mine[0] if mine else (0, 0, 0, 0)
     return {
         **common,

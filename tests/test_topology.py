@@ -28,12 +28,16 @@ def _corpus(tmp_path: Path) -> tuple[Path, Counter]:
     return tmp_path, Counter({i + 1: int(n) for i, n in enumerate(lengths)})
 
 
-def _pipeline(root: Path, *, shuffle: bool, packed: bool = True):  # noqa: ANN202
+def _pipeline(root: Path, *, shuffle: bool, packed: bool = True, even: bool = False):  # noqa: ANN202
     ds = read_parquet(root, batch_rows=4)
     if shuffle:
         ds = ds.shuffle(seed=7, window=2)
     ds = ds.tokenize(None, column="input_ids", eos_id=0)
-    return ds.pack(seq_len=8, batch_size=2) if packed else ds
+    return ds.pack(seq_len=8, batch_size=2, even_batches=even) if packed else ds
+
+
+def _all_tokens(batches: list[dict[str, np.ndarray]]) -> int:
+    return int(sum((b["segment_ids"] > 0).sum() for b in batches))
 
 
 def _tokens(batches: list[dict[str, np.ndarray]]) -> Counter:
@@ -61,6 +65,37 @@ def test_every_document_goes_to_exactly_one_consumer(
             rows.append(it.stats["rows"])
     assert seen == expected
     assert max(rows) - min(rows) <= 1  # balanced by rows
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize(("world_size", "num_workers"), [(2, 1), (3, 1), (2, 2), (4, 2)])
+def test_even_batches_give_equal_counts_and_account_for_every_document(
+    tmp_path: Path, shuffle: bool, world_size: int, num_workers: int
+) -> None:
+    num_epochs = 1
+    root, expected = _corpus(tmp_path)
+    ds = read_parquet(root, batch_rows=4, num_epochs=num_epochs)
+    if shuffle:
+        ds = ds.shuffle(seed=7, window=2)
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2)
+    counts, emitted_docs, dropped_docs, tokens, dropped_tokens = [], 0, 0, 0, 0
+    seen: Counter = Counter()
+    for rank in range(world_size):
+        for worker in range(num_workers):
+            it = ds.iter(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
+            batches = list(it)
+            counts.append(len(batches))
+            got = _tokens(batches)
+            seen += got
+            emitted_docs += len(got)
+            tokens += _all_tokens(batches)
+            dropped_docs += it.stats.get("dropped_docs", 0)
+            dropped_tokens += it.stats.get("dropped_tokens", 0)
+    assert len(set(counts)) == 1 and counts[0] > 0  # no rank waits for another
+    assert all(seen[d] <= expected[d] for d in seen)  # nothing repeated
+    assert tokens + dropped_tokens == sum(n + 1 for n in expected.values())  # EOS included
+    # a document is emitted (whole, or cut at the count) or counted as dropped: once
+    assert emitted_docs + dropped_docs == NUM_DOCS
 
 
 @pytest.mark.parametrize(
@@ -147,3 +182,39 @@ def test_merge_needs_every_consumer_once_from_one_run(tmp_path: Path) -> None:
         merge_states([states[0], other])
     with pytest.raises(StateError, match="none"):
         merge_states([])
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_even_batches_hold_in_every_epoch_and_resume_exactly(tmp_path: Path, world_size: int) -> None:
+    root, _ = _corpus(tmp_path)
+    ds = read_parquet(root, batch_rows=4, num_epochs=3).shuffle(seed=2, window=2)
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2)
+    per_epoch = []
+    for rank in range(world_size):
+        it = ds.iter(rank=rank, world_size=world_size)
+        epochs: Counter = Counter()
+        for _ in it:
+            epochs[it.state_dict()["packer"]["epoch"]] += 1
+        per_epoch.append(epochs)
+    assert all(p == per_epoch[0] for p in per_epoch) and len(per_epoch[0]) == 3
+    assert assert_resumes_identically(lambda: ds.iter(rank=1, world_size=world_size), min_epochs=3) > 3
+
+
+def test_even_batches_after_an_elastic_resume(tmp_path: Path) -> None:
+    root, expected = _corpus(tmp_path)
+    ds = _pipeline(root, shuffle=True, even=True)
+    states, tokens, dropped = [], 0, 0
+    for rank in range(2):
+        it = ds.iter(rank=rank, world_size=2)
+        tokens += _all_tokens([next(it) for _ in range(3)])
+        states.append(it.state_dict())
+    merged = merge_states(states)
+    counts = []
+    for rank in range(3):
+        it = ds.iter(merged, rank=rank, world_size=3)
+        batches = list(it)
+        counts.append(len(batches))
+        tokens += _all_tokens(batches)
+        dropped += it.stats.get("dropped_tokens", 0)
+    assert len(set(counts)) == 1
+    assert tokens + dropped == sum(n + 1 for n in expected.values())
