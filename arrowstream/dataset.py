@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
+from arrowstream.balance import batch_target, measure_token_rate
 from arrowstream.chunk import Chunk
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.execute import run_stages
@@ -44,11 +45,7 @@ from arrowstream.topology import Consumer, Segment
 if TYPE_CHECKING:
     from arrowstream.pytorch import TorchDataset
 
-__all__ = ["EVEN_BATCHES_SLACK", "Dataset", "read_parquet"]
-
-#: Fraction taken off the estimated batch count of the smallest consumer share, so a
-#: slightly optimistic estimate drops a little data rather than padding many batches.
-EVEN_BATCHES_SLACK = 0.01
+__all__ = ["Dataset", "read_parquet"]
 
 
 def read_parquet(
@@ -421,45 +418,24 @@ class Dataset:
         rows = self.layout(epoch, consumer.count).stream_rows(consumer.index)
         return [(consumer.index, 0, rows, 0)]
 
-    def token_ratio(self) -> float:
-        """Tokens the stages make per Parquet byte, measured on a fixed sample (cached).
-
-        The sample is the first rows of the first row groups read (at least
-        1,024 rows or one row group, up to 8 row groups until a token shows up),
-        so every consumer measures the same number.
-        """
-        if "token_ratio" not in self._cache:
-            reader = ShardReader(self.manifest, self.read_columns())
-            tokens, nbytes = 0, 0.0
-            try:
-                for shard in self._planned_shards()[:8].tolist():
-                    rows = min(1024, int(self.manifest.shard_rows[shard]))
-                    batch = reader.read(shard).slice(0, rows).combine_chunks().to_batches()[0]
-                    chunk = Chunk(epoch=0, shard=shard, seq_start=0, seq_end=rows, row_start=0,
-                                  seq=np.arange(rows, dtype=np.int64), batch=batch)
-                    outs = run_stages(self.stages, [chunk], where=self._where, pool=None, in_flight=1)
-                    tokens += sum(int(out.tokens.size) for out in outs if out.tokens is not None)
-                    share = rows / int(self.manifest.shard_rows[shard])
-                    nbytes += share * float(self.manifest.shard_bytes[shard])
-                    if tokens:
-                        break
-            finally:
-                reader.close()
-            self._cache["token_ratio"] = tokens / nbytes if nbytes else 0.0
-        return self._cache["token_ratio"]
+    def token_rate(self) -> float:
+        """Tokens the stages make per Parquet byte, on a fixed sample (cached; see :mod:`~arrowstream.balance`)."""
+        if "token_rate" not in self._cache:
+            self._cache["token_rate"] = measure_token_rate(
+                self.manifest, self.read_columns(), self._planned_shards(), self.stages, self._where
+            )
+        return self._cache["token_rate"]
 
     def batch_target(self, epoch: int, parts: list[list[Segment]], num_streams: int) -> int:
         """Return the batches every consumer emits in ``epoch`` given all consumers' ``parts``."""
         assert self.packer is not None
-        layout = self.layout(epoch, num_streams)
-        row_bytes = self.manifest.shard_bytes / np.maximum(self.manifest.shard_rows, 1)
-        ratio = self.token_ratio()
-        estimates = [
-            ratio * sum(layout.segment_bytes(s, a, b, row_bytes) for s, a, b, _ in part)
-            for part in parts
-        ]
-        per_batch = self.packer.seq_len * self.packer.batch_size
-        return int(min(estimates, default=0.0) * (1.0 - EVEN_BATCHES_SLACK) // per_batch)
+        return batch_target(
+            self.layout(epoch, num_streams),
+            self.manifest,
+            self.token_rate(),
+            parts,
+            self.packer.seq_len * self.packer.batch_size,
+        )
 
     @property
     def num_pruned_shards(self) -> int:
