@@ -10,16 +10,19 @@ computed identically everywhere from information all of them share:
     target = floor(min over parts of estimate * (1 - slack) / (seq_len * batch_size))
 
 ``token_rate`` is measured on a fixed sample (the first rows of the first row
-groups, run through the pipeline's stages), Parquet bytes come from the
-footers' row-group sizes. The packer drops and counts what a consumer has
+groups, run through the pipeline's stages); Parquet bytes are the uncompressed
+sizes of the columns the pipeline reads, from the footers (columns it does not
+read do not count, however large). The packer drops and counts what a consumer has
 beyond the target and pads with all-padding batches when it runs short.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from arrowstream.chunk import Chunk
 from arrowstream.execute import run_stages
@@ -29,7 +32,7 @@ from arrowstream.reader import ShardReader
 from arrowstream.stage import Stage
 from arrowstream.topology import Segment
 
-__all__ = ["EVEN_BATCHES_SLACK", "batch_target", "measure_token_rate"]
+__all__ = ["EVEN_BATCHES_SLACK", "batch_target", "column_bytes", "measure_token_rate"]
 
 #: Fraction taken off the smallest share's estimate, so a slightly optimistic
 #: estimate drops a little data rather than padding many batches.
@@ -39,12 +42,40 @@ _SAMPLE_ROWS = 1024
 _SAMPLE_SHARDS = 8
 
 
+def column_bytes(manifest: Manifest, columns: Sequence[str]) -> np.ndarray:
+    """Return, per shard, the uncompressed bytes of ``columns`` (footers read again, in threads)."""
+    wanted = set(columns)
+
+    def per_file(path: str) -> list[int]:
+        with manifest.filesystem.open_input_file(path) as handle:
+            meta = pq.ParquetFile(handle).metadata
+        out = []
+        for i in range(meta.num_row_groups):
+            rg = meta.row_group(i)
+            out.append(
+                sum(
+                    rg.column(j).total_uncompressed_size
+                    for j in range(rg.num_columns)
+                    if rg.column(j).path_in_schema.split(".")[0] in wanted
+                )
+            )
+        return out
+
+    with ThreadPoolExecutor(max_workers=min(16, manifest.num_files)) as pool:
+        sizes = list(pool.map(per_file, manifest.paths))
+    return np.array(
+        [sizes[int(f)][int(rg)] for f, rg in zip(manifest.shard_file, manifest.shard_row_group)],
+        dtype=np.float64,
+    )
+
+
 def measure_token_rate(
     manifest: Manifest,
     columns: Sequence[str],
     shards: np.ndarray,
     stages: Sequence[Stage],
     where: Callable[[Chunk], str],
+    shard_bytes: np.ndarray,
 ) -> float:
     """Return tokens made by ``stages`` per Parquet byte, on the first rows of ``shards``.
 
@@ -63,7 +94,7 @@ def measure_token_rate(
             )
             outs = run_stages(stages, [chunk], where=where, pool=None, in_flight=1)
             tokens += sum(int(out.tokens.size) for out in outs if out.tokens is not None)
-            nbytes += rows / total * float(manifest.shard_bytes[shard])
+            nbytes += rows / total * float(shard_bytes[shard])
             if tokens:
                 break
     finally:
@@ -73,7 +104,8 @@ def measure_token_rate(
 
 def batch_target(
     layout: Layout,
-    manifest: Manifest,
+    shard_rows: np.ndarray,
+    shard_bytes: np.ndarray,
     token_rate: float,
     parts: Sequence[Sequence[Segment]],
     tokens_per_batch: int,
@@ -84,13 +116,12 @@ def batch_target(
     --------
     >>> import numpy as np
     >>> from arrowstream.order import Layout
-    >>> class M:  # a stand-in manifest: 2 row groups of 10 rows, 1000 bytes each
-    ...     shard_rows = np.array([10, 10]); shard_bytes = np.array([1000, 1000])
-    >>> lay = Layout(np.arange(2), M.shard_rows, epoch=0, seed=None, window=1, num_streams=2)
-    >>> batch_target(lay, M, 0.5, [[(0, 0, 10, 0)], [(1, 0, 10, 0)]], tokens_per_batch=100)
+    >>> rows, sizes = np.array([10, 10]), np.array([1000.0, 1000.0])  # 2 row groups
+    >>> lay = Layout(np.arange(2), rows, epoch=0, seed=None, window=1, num_streams=2)
+    >>> batch_target(lay, rows, sizes, 0.5, [[(0, 0, 10, 0)], [(1, 0, 10, 0)]], tokens_per_batch=100)
     4
     """
-    row_bytes = manifest.shard_bytes / np.maximum(manifest.shard_rows, 1)
+    row_bytes = shard_bytes / np.maximum(shard_rows, 1)
     estimates = [
         token_rate * sum(layout.segment_bytes(s, a, b, row_bytes) for s, a, b, _ in part)
         for part in parts

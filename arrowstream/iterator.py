@@ -11,7 +11,6 @@ Not thread-safe: one iterator belongs to one consumer.
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -70,13 +69,28 @@ class DatasetIterator:
         self._chunks: Prefetcher[Chunk] | _Inline | None = None
         self._pool: ThreadPoolExecutor | None = None
         if dataset.num_inflight > 1:
+            # no finalizer: an executor's idle threads end once it is garbage-collected, and
+            # a shutdown run by the garbage collector inside another pool's submit deadlocks
             self._pool = ThreadPoolExecutor(dataset.num_inflight, thread_name_prefix="arrowstream-encode")
-            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         self._reset(state)
 
     # -- state --------------------------------------------------------------------
 
     def _reset(self, state: dict[str, Any] | None) -> None:
+        saved = {k: getattr(self, k) for k in ("_start_epoch", "_start_streams", "_start_work",
+                                                "_start_parts") if hasattr(self, k)}
+        try:
+            self._load(state)
+        except BaseException:
+            self.__dict__.update(saved)  # a refused state leaves the iterator as it was
+            raise
+
+    def _load(self, state: dict[str, Any] | None) -> None:
+        if state is not None and not isinstance(state, dict):
+            raise StateError(
+                f"expected a state dict (from `state_dict()`, or JSON-loaded), got "
+                f"{type(state).__name__}: load the file with `json.load` first"
+            )
         if state is not None:
             self._start_parts: list[list[Segment]] | None = None
             if state.get("kind") == "global":
@@ -92,7 +106,10 @@ class DatasetIterator:
             self._check_consumer(state["consumer"])
             self._start_epoch = state["position"]["epoch"]
             self._start_streams = int(state["work"]["num_streams"])
-            self._start_work = [tuple(int(v) for v in seg) for seg in state["work"]["segments"]]
+            try:
+                self._start_work = [tuple(int(v) for v in seg) for seg in state["work"]["segments"]]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise StateError(f"state `work` is malformed ({exc}): the state was edited") from exc
             self._check_position(state["position"])
         else:
             self._start_epoch, self._start_streams = 0, self.consumer.count
@@ -102,7 +119,16 @@ class DatasetIterator:
             self._chunks.close()
         self._run: PackRun | None = None
         if self.dataset.packer is not None:
-            self._run = self.dataset.packer.start(state, targets=self._targets)
+            # a plain function, not a bound method: the run must not hold the iterator
+            targets = functools.partial(
+                _targets,
+                self.dataset,
+                self.consumer,
+                self._start_epoch,
+                self._start_parts,
+                self._start_streams,
+            )
+            self._run = self.dataset.packer.start(state, targets=targets)
             start = self._run.upstream_position()
         elif state is None:
             start = Position(0, 0, 0, 0)
@@ -182,19 +208,6 @@ class DatasetIterator:
     def stats(self) -> dict[str, int]:
         """Counters up to the current position: rows, docs, skips by reason, tokens, padding."""
         return self.state_dict()["stats"]
-
-    def _targets(self, epoch: int) -> int | None:
-        """Batches every consumer emits in ``epoch`` (None: as many as the data gives)."""
-        ds = self.dataset
-        if ds.packer is None or not ds.packer.even_batches or self.consumer.count == 1:
-            return None
-        if ds.num_epochs is None or epoch >= ds.num_epochs:
-            return None
-        if epoch == self._start_epoch and self._start_parts is not None:
-            return ds.batch_target(epoch, self._start_parts, self._start_streams)
-        everyone = [Consumer(c, self.consumer.count) for c in range(self.consumer.count)]
-        parts = [ds.fresh_work(epoch, c) for c in everyone]
-        return ds.batch_target(epoch, parts, self.consumer.count)
 
     def _work(self, epoch: int) -> tuple[int, list[Segment]]:
         """Return the layout's stream count and this consumer's segments for ``epoch``."""
@@ -299,6 +312,25 @@ class DatasetIterator:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._reader.close()
+
+
+def _targets(
+    dataset: Dataset,
+    consumer: Consumer,
+    start_epoch: int,
+    start_parts: list[list[Segment]] | None,
+    start_streams: int,
+    epoch: int,
+) -> int | None:
+    """Batches every consumer emits in ``epoch`` (None: as many as the data gives)."""
+    if dataset.packer is None or not dataset.packer.even_batches or consumer.count == 1:
+        return None
+    if dataset.num_epochs is None or epoch >= dataset.num_epochs:
+        return None
+    if epoch == start_epoch and start_parts is not None:
+        return dataset.batch_target(epoch, start_parts, start_streams)
+    parts = [dataset.fresh_work(epoch, Consumer(c, consumer.count)) for c in range(consumer.count)]
+    return dataset.batch_target(epoch, parts, consumer.count)
 
 
 class _Inline:

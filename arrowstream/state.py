@@ -8,7 +8,7 @@ A state is a JSON-able ``dict`` of the same shape at every step::
       "options_hash": ..., "options": {...},
       "position": {"epoch": 0, "segment": 0, "seq": 1234, "token_offset": 17,
                    "stream": 0, "file": "part-0.parquet", "row_group": 2, "row": 210},
-      "work": {"num_streams": 1, "segments": [[0, 0, 5000]]},
+      "work": {"num_streams": 1, "segments": [[0, 0, 5000, 0]]},
       "consumer": {"index": 0, "count": 1},
       "stats": {"rows": ..., "docs": ..., "tokens": ..., "batches": ..., ...},
       "packer": {},

@@ -243,3 +243,19 @@ def test_text_that_encodes_to_no_token_counts_as_empty(tmp_path: Path) -> None:
     it = read_parquet(tmp_path).tokenize(tok, eos_id=2).iter()
     assert [ids for b in it for ids in b.column("input_ids").to_pylist()] == [[0, 0, 2], [0, 2]]
     assert it.stats["empty"] == 1 and it.stats["docs"] == 2
+
+
+def test_a_refused_state_leaves_the_iterator_as_it_was(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"text": ["a", "b", "c", "d"]}], row_group_size=2)
+    ds = read_parquet(tmp_path)
+    it = ds.iter()
+    next(it)
+    before = it.state_dict()
+    bad = {**before, "work": {"num_streams": 1, "segments": [[0, 0, 99, 0]]}}
+    with pytest.raises(StateError, match="work"):
+        it.load_state_dict(bad)
+    with pytest.raises(StateError, match="work"):
+        it.load_state_dict({**before, "work": {"num_streams": 1, "segments": [["x", 0, 1, 0]]}})
+    with pytest.raises(StateError, match="json.load"):
+        it.load_state_dict("state.json")  # type: ignore[arg-type]
+    assert it.state_dict() == before

@@ -218,3 +218,21 @@ def test_even_batches_after_an_elastic_resume(tmp_path: Path) -> None:
         dropped += it.stats.get("dropped_tokens", 0)
     assert len(set(counts)) == 1
     assert tokens + dropped == sum(n + 1 for n in expected.values())
+
+
+def test_even_batches_ignore_columns_the_pipeline_does_not_read(tmp_path: Path) -> None:
+    """Regression: a large unread column made the estimate 0 and every document was dropped."""
+    docs = [[i + 1] * 6 for i in range(60)]
+    blobs = ["x" * 20_000 if i < 10 else "" for i in range(60)]  # huge, only in the first row group
+    write_parts(tmp_path, [{"input_ids": pa.array(docs, pa.list_(pa.int32())), "blob": blobs}], row_group_size=10)
+    ds = read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0).pack(seq_len=7, batch_size=2)
+    tokens = dropped = 0
+    counts = []
+    for rank in range(2):
+        it = ds.iter(rank=rank, world_size=2)
+        batches = list(it)
+        counts.append(len(batches))
+        tokens += _all_tokens(batches)
+        dropped += it.stats.get("dropped_tokens", 0)
+    assert counts[0] == counts[1] > 0
+    assert tokens + dropped == 60 * 7 and dropped <= 0.1 * 60 * 7
