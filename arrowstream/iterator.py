@@ -96,7 +96,7 @@ class DatasetIterator:
             if state.get("kind") == "global":
                 if state.get("consumer_count") != self.consumer.count:
                     self._start_parts = recut(pool(state), self.consumer.count)
-                state = self._own_share(state)
+                state = own_share(state, self.consumer)
             check_state(
                 state,
                 dataset=self.dataset.manifest.describe(),
@@ -276,10 +276,6 @@ class DatasetIterator:
                 f"state position seq {position.seq} names {saved!r} but that sequence number is "
                 f"{where!r} in this dataset: the state was edited or comes from other data"
             )
-
-    def _own_share(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Turn a global state into this consumer's own state (see :mod:`arrowstream.topology`)."""
-        return own_share(state, self.consumer)
 
     # -- iteration ----------------------------------------------------------------
 

@@ -36,7 +36,7 @@ class PackRun(ABC):
 
     @abstractmethod
     def upstream_position(self) -> Position:
-        """Return where upstream reading must start for this run."""
+        """Return where upstream reading must start (tokens of that document to skip included)."""
 
     @abstractmethod
     def next_batch(self, chunks: Iterator[Chunk]) -> dict[str, np.ndarray]:
