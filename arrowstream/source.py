@@ -95,6 +95,5 @@ def _iter_window(
 
 
 def _read_piece(reader: ShardReader, shard: int, lo: int, hi: int) -> pa.RecordBatch:
-    table = reader.read(shard).combine_chunks()
-    batch = table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
-    return batch.slice(lo, hi - lo)
+    # shards are non-empty row groups (the manifest leaves empty ones out)
+    return reader.read(shard).combine_chunks().to_batches()[0].slice(lo, hi - lo)
