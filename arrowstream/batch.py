@@ -11,14 +11,22 @@ padding), ``position_ids`` (``int32``, restarting at 0 at every segment start;
 padding after a row's last segment keeps counting from its last token, so it
 never looks like a document start; a row that is all padding counts 0..L-1 and
 holds no document), ``segment_ids`` (``int32``, 1..k within a row, 0 on
-padding).
+padding), ``labels`` (``int64``, the Hugging Face convention: unshifted token
+ids, ``-100`` on padding and on the first token of every segment, since
+predicting it would cross a document boundary or a row start).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["assemble_batch"]
+__all__ = ["BATCH_ARRAYS", "IGNORE_INDEX", "assemble_batch"]
+
+#: The arrays of every packed batch, by name.
+BATCH_ARRAYS = ("input_ids", "labels", "position_ids", "segment_ids")
+
+#: Label on positions that carry no loss (PyTorch's ``CrossEntropyLoss`` default ``ignore_index``).
+IGNORE_INDEX = -100
 
 
 def assemble_batch(
@@ -47,7 +55,7 @@ def assemble_batch(
     Returns
     -------
     dict[str, numpy.ndarray]
-        ``input_ids``, ``position_ids`` and ``segment_ids``.
+        ``input_ids``, ``labels``, ``position_ids`` and ``segment_ids``.
 
     Examples
     --------
@@ -62,6 +70,8 @@ def assemble_batch(
     ...                      batch_size=1, seq_len=6, pad_id=0)
     >>> out["input_ids"].tolist(), out["segment_ids"].tolist(), out["position_ids"].tolist()
     ([[10, 11, 12, 13, 14, 0]], [[1, 1, 1, 2, 2, 0]], [[0, 1, 2, 0, 1, 2]])
+    >>> out["labels"].tolist()
+    [[-100, 11, 12, -100, 14, -100]]
     """
     seg_src = np.asarray(seg_src, dtype=np.int64)
     seg_len = np.asarray(seg_len, dtype=np.int64)
@@ -90,8 +100,12 @@ def assemble_batch(
     position_ids = col - np.maximum.accumulate(np.where(starts2d, col, 0), axis=1)
     segment_ids = np.cumsum(starts2d, axis=1, dtype=np.int32)
     segment_ids[col >= row_fill[:, None]] = 0
+    ids2d = input_ids.reshape(batch_size, seq_len)
+    labels = ids2d.astype(np.int64)
+    labels[starts2d | (segment_ids == 0)] = IGNORE_INDEX
     return {
-        "input_ids": input_ids.reshape(batch_size, seq_len),
+        "input_ids": ids2d,
+        "labels": labels,
         "position_ids": position_ids.astype(np.int32, copy=False),
         "segment_ids": segment_ids,
     }

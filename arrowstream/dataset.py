@@ -32,9 +32,9 @@ from arrowstream.execute import run_stages
 from arrowstream.filter import Filter, prune_shards
 from arrowstream.iterator import DatasetIterator
 from arrowstream.manifest import Manifest, read_manifest
+from arrowstream.order import Layout
 from arrowstream.pack import Packer, make_packer
 from arrowstream.reader import ShardReader
-from arrowstream.order import Layout
 from arrowstream.source import iter_stream
 from arrowstream.stage import Stage
 from arrowstream.state import Position, hash_options
@@ -374,17 +374,25 @@ class Dataset:
         return self.iter()
 
     def to_torch(
-        self, *, rank: int | None = None, world_size: int | None = None
+        self,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        columns: Sequence[str] | None = None,
     ) -> TorchDataset:
         """Return a ``torch.utils.data.IterableDataset`` of tensor batches (needs ``torch``).
 
         Rank and world size come from ``torch.distributed`` when it is
-        initialised; DataLoader workers each become a consumer. See
-        :mod:`arrowstream.pytorch` and ``docs/guide.md``.
+        initialised; DataLoader workers each become a consumer. ``columns``
+        keeps only the named arrays of each batch (for a model whose
+        ``forward`` takes, say, ``input_ids``, ``labels`` and
+        ``position_ids``). See :mod:`arrowstream.pytorch` and ``docs/training.md``.
         """
-        from arrowstream.pytorch import TorchDataset  # torch is optional: imported on use
+        from arrowstream.pytorch import (
+            TorchDataset,  # torch is optional: imported on use
+        )
 
-        return TorchDataset(self, rank=rank, world_size=world_size)
+        return TorchDataset(self, rank=rank, world_size=world_size, columns=columns)
 
     def _planned_shards(self) -> np.ndarray:
         shards = self._cache.get("shards")
@@ -464,19 +472,21 @@ class Dataset:
         self,
         reader: ShardReader,
         start: Position,
-        work: list[Segment],
-        num_streams: int,
+        deals: dict[int, tuple[int, list[Segment]]],
         consumer: Consumer,
         pool: Executor | None = None,
     ) -> Iterator[Chunk]:
         """Yield ``consumer``'s processed chunks from ``start`` on.
 
-        ``work`` and ``num_streams`` describe ``start.epoch`` (a resumed epoch
-        may have been re-dealt); later epochs are fresh. Token offsets are the
-        packer's business. ``pool`` runs expensive stages a few pieces at once.
+        ``deals`` maps an epoch to its layout's stream count and the
+        consumer's work in it, where that is not a fresh share (a resumed
+        epoch, and maybe the next, re-dealt); other epochs are fresh. Token
+        offsets are the packer's business. ``pool`` runs expensive stages a
+        few pieces at once.
         """
         epoch, segment, seq = start.epoch, start.segment, start.seq
         head_skip = start.token_offset
+        num_streams, work = deals.get(epoch) or (consumer.count, self.fresh_work(epoch, consumer))
         while self.num_epochs is None or epoch < self.num_epochs:
             layout = self.layout(epoch, num_streams)
             if layout.num_rows == 0 and self.num_epochs is None:
@@ -512,9 +522,10 @@ class Dataset:
                     "consumers), so an endless stream would never yield: check the filter and "
                     "the data"
                 )
-            epoch, num_streams = epoch + 1, consumer.count
-            work = self.fresh_work(epoch, consumer)
-            segment, seq, head_skip = 0, 0, 0
+            epoch += 1
+            num_streams, work = deals.get(epoch) or (consumer.count, self.fresh_work(epoch, consumer))
+            segment = 0
+            seq, head_skip = (work[0][1], work[0][3]) if work else (0, 0)
 
     @property
     def num_inflight(self) -> int:

@@ -23,7 +23,7 @@ from arrowstream.pack import PackRun
 from arrowstream.prefetch import Prefetcher
 from arrowstream.reader import ShardReader
 from arrowstream.state import STATE_FORMAT, STATE_VERSION, Position, check_state
-from arrowstream.topology import Consumer, Segment, own_share, pool, recut
+from arrowstream.topology import Consumer, Deal, Segment, own_share, redeal
 
 if TYPE_CHECKING:
     from arrowstream.dataset import Dataset
@@ -77,8 +77,8 @@ class DatasetIterator:
     # -- state --------------------------------------------------------------------
 
     def _reset(self, state: dict[str, Any] | None) -> None:
-        saved = {k: getattr(self, k) for k in ("_start_epoch", "_start_streams", "_start_work",
-                                                "_start_parts") if hasattr(self, k)}
+        keys = ("_start_epoch", "_deals", "_known_targets", "_parts")
+        saved = {k: getattr(self, k) for k in keys if hasattr(self, k)}
         try:
             self._load(state)
         except BaseException:
@@ -91,12 +91,20 @@ class DatasetIterator:
                 f"expected a state dict (from `state_dict()`, or JSON-loaded), got "
                 f"{type(state).__name__}: load the file with `json.load` first"
             )
+        fresh = self.dataset.fresh_work
+        # epoch -> (stream count, this consumer's work) where it is not a fresh share
+        self._deals: dict[int, tuple[int, list[Segment]]] = {}
+        # epoch -> every consumer's parts, for epochs re-dealt by this load (their targets)
+        self._parts: dict[int, Deal] = {}
+        self._known_targets: dict[int, int | None] = {}
         if state is not None:
-            self._start_parts: list[list[Segment]] | None = None
             if state.get("kind") == "global":
                 if state.get("consumer_count") != self.consumer.count:
-                    self._start_parts = recut(pool(state), self.consumer.count)
-                state = own_share(state, self.consumer)
+                    try:
+                        self._parts = redeal(state, self.consumer.count, fresh)
+                    except (KeyError, TypeError, ValueError):
+                        pass  # own_share below names what is malformed
+                state = own_share(state, self.consumer, fresh)
             check_state(
                 state,
                 dataset=self.dataset.manifest.describe(),
@@ -104,30 +112,31 @@ class DatasetIterator:
                 options_hash=self.dataset.options_hash,
             )
             self._check_consumer(state["consumer"])
-            self._start_epoch = state["position"]["epoch"]
-            self._start_streams = int(state["work"]["num_streams"])
-            try:
-                self._start_work = [tuple(int(v) for v in seg) for seg in state["work"]["segments"]]
-            except (KeyError, TypeError, ValueError) as exc:
-                raise StateError(f"state `work` is malformed ({exc}): the state was edited") from exc
+            self._start_epoch = int(state["position"]["epoch"])
+            self._deals[self._start_epoch] = _read_work(state["work"], "work")
+            if "next_work" in state:
+                nxt = state["next_work"]
+                self._deals[self._start_epoch + 1] = _read_work(nxt, "next_work")
+                if isinstance(nxt, dict) and "target" in nxt:
+                    self._known_targets[self._start_epoch + 1] = nxt["target"]
+            for epoch in sorted(self._deals):
+                self._check_work(epoch)
             self._check_position(state["position"])
         else:
-            self._start_epoch, self._start_streams = 0, self.consumer.count
-            self._start_work = self.dataset.fresh_work(0, self.consumer)
-            self._start_parts = None
+            self._start_epoch = 0
+            self._deals[0] = (self.consumer.count, fresh(0, self.consumer))
         if self._chunks is not None:
             self._chunks.close()
         self._run: PackRun | None = None
         if self.dataset.packer is not None:
             # a plain function, not a bound method: the run must not hold the iterator
             targets = functools.partial(
-                _targets,
-                self.dataset,
-                self.consumer,
-                self._start_epoch,
-                self._start_parts,
-                self._start_streams,
+                _targets, self.dataset, self.consumer, self._parts, self._known_targets
             )
+            nxt_epoch = self._start_epoch + 1
+            if nxt_epoch in self._deals and nxt_epoch not in self._known_targets:
+                # saved with next_work, so an own-state resume needs no other consumer's parts
+                self._known_targets[nxt_epoch] = targets(nxt_epoch)
             self._run = self.dataset.packer.start(state, targets=targets)
             start = self._run.upstream_position()
         elif state is None:
@@ -141,16 +150,16 @@ class DatasetIterator:
                     "a packed pipeline"
                 )
             start = Position(int(pos["epoch"]), int(pos["segment"]), int(pos["seq"]), 0)
-        if state is None and self._start_work:
-            start = Position(0, 0, self._start_work[0][1], 0)
+        first_work = self._deals[self._start_epoch][1]
+        if state is None and first_work:
+            start = Position(0, 0, first_work[0][1], 0)
         self._pos = start
         self._ledger = Ledger(None if state is None else state["stats"])
         produce = functools.partial(
             self.dataset.iter_chunks,
             self._reader,
             start,
-            self._start_work,
-            self._start_streams,
+            dict(self._deals),
             self.consumer,
             self._pool,
         )
@@ -185,7 +194,7 @@ class DatasetIterator:
         if pruned:  # derived, so it is exact at any position: epochs begun times rows pruned
             stats["pruned_rows"] = pruned * (position.epoch + 1)
         num_streams, work = self._work(position.epoch)
-        return {
+        state = {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "dataset": self.dataset.manifest.describe(),
@@ -203,6 +212,15 @@ class DatasetIterator:
             "stats": stats,
             "packer": extra,
         }
+        nxt = position.epoch + 1
+        if nxt in self._deals:
+            streams, segments = self._deals[nxt]
+            state["next_work"] = {
+                "num_streams": streams,
+                "segments": [list(seg) for seg in segments],
+                "target": self._known_targets.get(nxt),
+            }
+        return state
 
     @property
     def stats(self) -> dict[str, int]:
@@ -211,8 +229,8 @@ class DatasetIterator:
 
     def _work(self, epoch: int) -> tuple[int, list[Segment]]:
         """Return the layout's stream count and this consumer's segments for ``epoch``."""
-        if epoch == self._start_epoch:
-            return self._start_streams, self._start_work
+        if epoch in self._deals:
+            return self._deals[epoch]
         return self.consumer.count, self.dataset.fresh_work(epoch, self.consumer)
 
     def _where(self, pos: Position) -> dict[str, Any]:
@@ -242,6 +260,20 @@ class DatasetIterator:
                 "consumers' states with `arrowstream.merge_states` to resume on any topology"
             )
 
+    def _check_work(self, epoch: int) -> None:
+        num_streams, work = self._work(epoch)
+        layout = self.dataset.layout(epoch, num_streams)
+        bad = [
+            seg for seg in work
+            if len(seg) != 4 or not 0 <= seg[0] < num_streams
+            or not 0 <= seg[1] <= seg[2] <= layout.stream_rows(seg[0]) or seg[3] < 0
+        ]
+        if bad:
+            raise StateError(
+                f"state work {work!r} of epoch {epoch} does not fit that epoch's {num_streams} "
+                "stream(s): the state was edited or comes from other data"
+            )
+
     def _check_position(self, pos: dict[str, Any]) -> None:
         position = Position(pos["epoch"], pos["segment"], pos["seq"], pos["token_offset"])
         num_epochs = self.dataset.num_epochs
@@ -250,17 +282,11 @@ class DatasetIterator:
                 f"the state is in epoch {position.epoch} but this pipeline runs {num_epochs} "
                 f"epoch(s): nothing would be left to read; raise `num_epochs` to continue"
             )
-        num_streams, work = self._work(position.epoch)
-        layout = self.dataset.layout(position.epoch, num_streams)
-        bad = [
-            seg for seg in work
-            if len(seg) != 4 or not 0 <= seg[0] < num_streams
-            or not 0 <= seg[1] <= seg[2] <= layout.stream_rows(seg[0]) or seg[3] < 0
-        ]
-        if bad or position.segment > len(work):
+        _, work = self._work(position.epoch)
+        if position.segment > len(work):
             raise StateError(
-                f"state `work` {work!r} does not fit this epoch's {num_streams} stream(s): the "
-                "state was edited or comes from other data"
+                f"state position segment {position.segment} is past its {len(work)} work "
+                "segment(s): the state was edited or comes from other data"
             )
         if position.segment < len(work):
             _, lo, hi, _ = work[position.segment]
@@ -313,9 +339,8 @@ class DatasetIterator:
 def _targets(
     dataset: Dataset,
     consumer: Consumer,
-    start_epoch: int,
-    start_parts: list[list[Segment]] | None,
-    start_streams: int,
+    parts: dict[int, Deal],
+    known: dict[int, int | None],
     epoch: int,
 ) -> int | None:
     """Batches every consumer emits in ``epoch`` (None: as many as the data gives)."""
@@ -323,10 +348,23 @@ def _targets(
         return None
     if dataset.num_epochs is None or epoch >= dataset.num_epochs:
         return None
-    if epoch == start_epoch and start_parts is not None:
-        return dataset.batch_target(epoch, start_parts, start_streams)
-    parts = [dataset.fresh_work(epoch, Consumer(c, consumer.count)) for c in range(consumer.count)]
-    return dataset.batch_target(epoch, parts, consumer.count)
+    if epoch in known:
+        return known[epoch]
+    if epoch in parts:
+        return dataset.batch_target(epoch, parts[epoch].parts, parts[epoch].num_streams)
+    fresh = [dataset.fresh_work(epoch, Consumer(c, consumer.count)) for c in range(consumer.count)]
+    return dataset.batch_target(epoch, fresh, consumer.count)
+
+
+def _read_work(work: Any, key: str) -> tuple[int, list[Segment]]:
+    try:
+        streams = int(work["num_streams"])
+        segments: list[Segment] = [tuple(int(v) for v in seg) for seg in work["segments"]]  # type: ignore[misc]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateError(f"state `{key}` is malformed ({exc}): the state was edited") from exc
+    if streams < 1:
+        raise StateError(f"state `{key}.num_streams` must be >= 1, got {streams}: the state was edited")
+    return streams, segments
 
 
 class _Inline:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -38,6 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
         "the PyTorch adapter needs torch: pip install 'arrowstream[torch]'"
     ) from exc
 
+from arrowstream.batch import BATCH_ARRAYS
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 
@@ -64,6 +65,9 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
     attach_state
         Add each batch's state under :data:`STATE_KEY` (used by
         :class:`StatefulLoader`).
+    columns
+        The arrays to keep in each batch (``None``: all of
+        :data:`~arrowstream.batch.BATCH_ARRAYS`).
 
     Examples
     --------
@@ -75,6 +79,8 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
     >>> batch = next(iter(ds.to_torch()))
     >>> batch["input_ids"].dtype, tuple(batch["input_ids"].shape)
     (torch.int32, (2, 8))
+    >>> sorted(next(iter(ds.to_torch(columns=["input_ids", "labels"]))))
+    ['input_ids', 'labels']
     """
 
     def __init__(
@@ -84,11 +90,22 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         rank: int | None = None,
         world_size: int | None = None,
         attach_state: bool = False,
+        columns: Sequence[str] | None = None,
     ) -> None:
         if dataset.packer is None:
             raise ConfigError(
                 "`to_torch` needs a packed pipeline (fixed-shape batches): call `.pack(...)` first"
             )
+        if isinstance(columns, str):
+            columns = [columns]
+        if columns is not None:
+            unknown = [c for c in columns if c not in BATCH_ARRAYS]
+            if unknown or not columns:
+                raise ConfigError(
+                    f"`columns` must name some of the batch arrays {list(BATCH_ARRAYS)!r}, "
+                    f"got {list(columns)!r}"
+                )
+        self.columns = None if columns is None else tuple(columns)
         self.dataset = dataset
         self.rank = rank
         self.world_size = world_size
@@ -118,16 +135,20 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             state, rank=rank, world_size=world, worker=worker, num_workers=num_workers
         )
 
+    def _tensors(self, batch: dict[str, Any]) -> dict[str, Any]:
+        keys = batch if self.columns is None else self.columns
+        return {key: torch.from_numpy(batch[key]) for key in keys}
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._it = it = self.iterator()
         if not self.attach_state:
             for batch in it:
-                yield {key: torch.from_numpy(value) for key, value in batch.items()}
+                yield self._tensors(batch)
             return
         # one batch of look-ahead, so the last batch can say it is the last
         held: dict[str, Any] | None = None
         for batch in it:
-            out: dict[str, Any] = {key: torch.from_numpy(value) for key, value in batch.items()}
+            out: dict[str, Any] = self._tensors(batch)
             out[STATE_KEY] = {"state": it.state_dict(), "last": False}
             if held is not None:
                 yield held

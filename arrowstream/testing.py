@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["assert_resumes_identically", "assert_items_equal"]
+__all__ = ["assert_items_equal", "assert_resumes_identically"]
 
 
 def assert_items_equal(a: Any, b: Any, *, where: str = "") -> None:

@@ -14,18 +14,32 @@ checkpoint. Loading it with the same topology gives every consumer its own
 state back (byte-identical continuation). With another topology the rows not
 yet emitted are pooled in consumer order and cut into equal contiguous parts,
 one per new consumer: every document not yet emitted in the epoch is emitted
-exactly once, none twice. Later epochs start fresh with the new topology.
+exactly once, none twice. Near an epoch end, consumers may be one epoch apart;
+then the next epoch's rows left are pooled and dealt the same way (a
+consumer's ``next_work``). Later epochs start fresh with the new topology.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from arrowstream.errors import ConfigError, StateError, StateMismatchError
 
-__all__ = ["Consumer", "Segment", "merge_states", "own_share", "pool", "recut", "remaining"]
+__all__ = [
+    "Consumer",
+    "Deal",
+    "Fresh",
+    "Segment",
+    "merge_states",
+    "own_share",
+    "pools",
+    "recut",
+    "redeal",
+    "remaining",
+]
 
 #: ``(stream, start, end, skip)``: rows ``start..end-1`` of a stream, in its order,
 #: the first ``skip`` tokens of row ``start`` already emitted.
@@ -108,23 +122,87 @@ def recut(pool: list[Segment], parts: int) -> list[list[Segment]]:
     return out
 
 
-def pool(state: dict[str, Any]) -> list[Segment]:
-    """Return every consumer's remaining segments of a global state, in consumer order."""
-    out: list[Segment] = []
-    for entry in state["consumers"]:
+#: ``fresh(epoch, consumer)``: a consumer's share of a fresh epoch (its own stream, whole).
+Fresh = Callable[[int, Consumer], list[Segment]]
+
+
+@dataclass(frozen=True, slots=True)
+class Deal:
+    """All consumers' shares of one epoch's rows not yet emitted.
+
+    ``num_streams`` is the stream count of the epoch's layout the segments
+    refer to; ``parts[i]`` is consumer ``i``'s work.
+    """
+
+    num_streams: int
+    parts: list[list[Segment]]
+
+
+def _segments(work: dict[str, Any]) -> tuple[int, list[Segment]]:
+    return int(work["num_streams"]), [tuple(int(v) for v in seg) for seg in work["segments"]]  # type: ignore[misc]
+
+
+def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[int, list[Segment]]]:
+    """Return, per epoch still open in a global state, its stream count and the rows left, pooled.
+
+    The global state's ``epoch`` is the earliest epoch of any consumer. Near
+    an epoch end some consumers may already be one epoch further: the next
+    epoch is pooled too, from what those consumers have left of it and the
+    whole shares (fresh, or dealt earlier as ``next_work``) of the others.
+    Pools are in consumer order.
+
+    Raises
+    ------
+    ValueError
+        The consumers' entries do not fit together (the caller wraps it).
+    """
+    epoch = int(state["epoch"])
+    count = int(state["consumer_count"])
+    out: dict[int, tuple[int, list[Segment]]] = {}
+
+    def add(e: int, streams: int, segs: list[Segment]) -> None:
+        have = out.setdefault(e, (streams, []))
+        if have[0] != streams:
+            raise ValueError(f"consumers disagree on the stream count of epoch {e}: {have[0]} and {streams}")
+        have[1].extend(segs)
+
+    entries = state["consumers"]
+    ahead = any(int(e["position"]["epoch"]) > epoch for e in entries)
+    dealt = any("next_work" in e for e in entries)
+    for i, entry in enumerate(entries):
         pos = entry["position"]
-        work = [tuple(int(v) for v in seg) for seg in entry["work"]["segments"]]
-        out += remaining(work, int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"]))
+        at = int(pos["epoch"])
+        if at not in (epoch, epoch + 1):
+            raise ValueError(f"consumer {i} is in epoch {at}, more than one past epoch {epoch}")
+        streams, work = _segments(entry["work"])
+        left = remaining(work, int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"]))
+        if at == epoch:
+            add(epoch, streams, left)
+            if ahead or dealt:
+                if "next_work" in entry:
+                    add(epoch + 1, *_segments(entry["next_work"]))
+                else:
+                    add(epoch + 1, count, fresh(epoch + 1, Consumer(i, count)))
+        else:
+            if "next_work" in entry:
+                raise ValueError(f"consumer {i} is one epoch ahead and holds the work of the one after")
+            add(epoch + 1, streams, left)
     return out
 
 
-def own_share(state: dict[str, Any], consumer: Consumer) -> dict[str, Any]:
+def redeal(state: dict[str, Any], parts: int, fresh: Fresh) -> dict[int, Deal]:
+    """Cut every open epoch's pooled rows of a global state into ``parts`` equal runs."""
+    return {e: Deal(streams, recut(pooled, parts)) for e, (streams, pooled) in pools(state, fresh).items()}
+
+
+def own_share(state: dict[str, Any], consumer: Consumer, fresh: Fresh) -> dict[str, Any]:
     """Return ``consumer``'s own state from a global one.
 
     With the topology the global state was merged from, that is the
     consumer's saved state; otherwise its equal share of every row not yet
     emitted (counters restart at zero; the merged totals stay in the global
-    state's ``stats``).
+    state's ``stats``). When some consumers had already begun the next epoch,
+    the share of that epoch's rows left travels as ``next_work``.
 
     Raises
     ------
@@ -137,11 +215,7 @@ def own_share(state: dict[str, Any], consumer: Consumer) -> dict[str, Any]:
         epoch = int(state["epoch"])
         if len(entries) != count:
             raise ValueError(f"{len(entries)} consumer entries for {count} consumers")
-        streams = {int(e["work"]["num_streams"]) for e in entries}
-        if len(streams) != 1:
-            raise ValueError(f"entries disagree on the stream count: {sorted(streams)}")
-        num_streams = streams.pop()
-        pooled = pool(state)
+        deals = redeal(state, consumer.count, fresh)
     except (KeyError, TypeError, ValueError) as exc:
         raise StateError(
             f"global state is malformed ({exc}): pass what `merge_states` returned"
@@ -150,17 +224,25 @@ def own_share(state: dict[str, Any], consumer: Consumer) -> dict[str, Any]:
     me = {"index": consumer.index, "count": consumer.count}
     if count == consumer.count:
         entry = entries[consumer.index]
-        return {**common, **{k: entry[k] for k in ("position", "work", "stats", "packer")}, "consumer": me}
-    mine = recut(pooled, consumer.count)[consumer.index]
+        own = {k: entry[k] for k in ("position", "work", "stats", "packer", "next_work") if k in entry}
+        return {**common, **own, "consumer": me}
+    mine = deals[epoch].parts[consumer.index]
     first = mine[0] if mine else (0, 0, 0, 0)
-    return {
+    out = {
         **common,
         "position": {"epoch": epoch, "segment": 0, "seq": first[1], "token_offset": first[3]},
-        "work": {"num_streams": num_streams, "segments": [list(seg) for seg in mine]},
+        "work": {"num_streams": deals[epoch].num_streams, "segments": [list(seg) for seg in mine]},
         "consumer": me,
         "stats": {},
         "packer": {},
     }
+    if epoch + 1 in deals:
+        nxt = deals[epoch + 1]
+        out["next_work"] = {
+            "num_streams": nxt.num_streams,
+            "segments": [list(seg) for seg in nxt.parts[consumer.index]],
+        }
+    return out
 
 
 def _is_rank(state: Any) -> bool:
@@ -233,11 +315,11 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
             f"`merge_states` needs one state per consumer 0..{count - 1}, got consumers {seen}: "
             "collect every rank's (and every DataLoader worker's) state"
         )
-    epochs = {st["position"]["epoch"] for st in states}
-    if len(epochs) != 1:
+    epochs = sorted({int(st["position"]["epoch"]) for st in states})
+    if epochs[-1] - epochs[0] > 1:
         raise StateError(
-            f"consumers are in different epochs {sorted(epochs)}: merge states taken at one step "
-            "while every consumer is in the same epoch"
+            f"consumers are in epochs {epochs}, more than one apart: merge the states of one "
+            "training step of one run"
         )
     ordered = sorted(states, key=lambda st: st["consumer"]["index"])
     totals: dict[str, int] = {}
@@ -251,10 +333,14 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     merged.update(
         {
             "kind": "global",
-            "epoch": epochs.pop(),
+            "epoch": epochs[0],
             "consumer_count": count,
             "consumers": [
-                {k: copy.deepcopy(st[k]) for k in ("position", "work", "stats", "packer")}
+                {
+                    k: copy.deepcopy(st[k])
+                    for k in ("position", "work", "stats", "packer", "next_work")
+                    if k in st
+                }
                 for st in ordered
             ],
             "stats": totals,

@@ -226,7 +226,9 @@ def corpus_dir(
     workdir: Path, size_mb: float, *, seed: int, rows_per_group: int, mb_per_file: float
 ) -> tuple[Path, dict[str, Any]]:
     """Return the directory of a cached corpus of ``size_mb`` MB of text, writing it if missing."""
-    from arrowstream import sample  # lazy: it imports polars, which children do not need
+    from arrowstream import (
+        sample,  # lazy: it imports polars, which children do not need
+    )
 
     num_files = max(2, math.ceil(size_mb / mb_per_file))
     target = int(round(size_mb * BYTES_PER_MB))

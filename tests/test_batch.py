@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 from arrowstream.batch import assemble_batch
 
 
-def _reference(src, segs, batch_size, seq_len, pad_id):  # noqa: ANN001, ANN202
+def _reference(src, segs, batch_size, seq_len, pad_id):
     ids = [[pad_id] * seq_len for _ in range(batch_size)]
     pos = [list(range(seq_len)) for _ in range(batch_size)]
     seg = [[0] * seq_len for _ in range(batch_size)]
+    labels = [[-100] * seq_len for _ in range(batch_size)]
     fill = [0] * batch_size
     count = [0] * batch_size
     last_len = [0] * batch_size
@@ -23,16 +24,18 @@ def _reference(src, segs, batch_size, seq_len, pad_id):  # noqa: ANN001, ANN202
             ids[row][fill[row] + j] = int(src[start + j])
             pos[row][fill[row] + j] = j
             seg[row][fill[row] + j] = count[row]
+            if j:  # a segment's first token has no in-segment predecessor to predict it from
+                labels[row][fill[row] + j] = int(src[start + j])
         fill[row] += length
     for row in range(batch_size):  # padding keeps counting from the row's last segment
         last_start = fill[row] - last_len[row]
         for j in range(fill[row], seq_len):
             pos[row][j] = j - last_start
-    return ids, pos, seg
+    return ids, pos, seg, labels
 
 
 @st.composite
-def layouts(draw):  # noqa: ANN001, ANN201
+def layouts(draw):
     batch_size = draw(st.integers(1, 4))
     seq_len = draw(st.integers(1, 12))
     src = np.arange(100, 160, dtype=np.int32)
@@ -49,15 +52,21 @@ def layouts(draw):  # noqa: ANN001, ANN201
 
 @settings(max_examples=200, deadline=None)
 @given(layouts())
-def test_gathered_layouts_match_the_reference(layout) -> None:  # noqa: ANN001
+def test_gathered_layouts_match_the_reference(layout) -> None:
     src, segs, batch_size, seq_len = layout
     arr = np.array(segs, dtype=np.int64).reshape(-1, 3)
     out = assemble_batch(src, arr[:, 0], arr[:, 1], arr[:, 2], batch_size=batch_size, seq_len=seq_len, pad_id=7)
-    ids, pos, seg = _reference(src, segs, batch_size, seq_len, 7)
+    ids, pos, seg, labels = _reference(src, segs, batch_size, seq_len, 7)
     assert out["input_ids"].tolist() == ids
     assert out["position_ids"].tolist() == pos
     assert out["segment_ids"].tolist() == seg
-    assert all(v.dtype == np.int32 and v.shape == (batch_size, seq_len) for v in out.values())
+    assert out["labels"].tolist() == labels
+    assert out["labels"].dtype == np.int64  # what cross-entropy takes as targets
+    assert all(
+        v.dtype == np.int32 and v.shape == (batch_size, seq_len)
+        for k, v in out.items()
+        if k != "labels"
+    )
 
 
 def test_contiguous_layout_takes_the_copy_path_and_matches() -> None:
@@ -67,3 +76,4 @@ def test_contiguous_layout_takes_the_copy_path_and_matches() -> None:
     assert out["input_ids"].tolist() == [[1, 2, 3, 4], [5, 6, 7, 8], [0, 0, 0, 0]]
     assert out["segment_ids"].tolist() == [[1, 1, 1, 2], [1, 1, 1, 1], [0, 0, 0, 0]]
     assert out["position_ids"].tolist() == [[0, 1, 2, 0], [0, 1, 2, 3], [0, 1, 2, 3]]
+    assert out["labels"].tolist() == [[-100, 2, 3, -100], [-100, 6, 7, 8], [-100] * 4]

@@ -205,7 +205,7 @@ def test_null_token_ids_inside_a_list_are_an_error(tmp_path: Path) -> None:
 def test_a_run_can_be_extended_with_more_epochs(tmp_path: Path) -> None:
     write_parts(tmp_path, [{"input_ids": pa.array([[1, 2]] * 3, pa.list_(pa.int32()))}])
 
-    def build(num_epochs: int | None):  # noqa: ANN202
+    def build(num_epochs: int | None):
         ds = read_parquet(tmp_path, num_epochs=num_epochs)
         return ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=3, batch_size=1)
 

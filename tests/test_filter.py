@@ -27,7 +27,7 @@ def test_statistics_skip_row_groups_that_cannot_match(tmp_path: Path, monkeypatc
     reads: list[int] = []
     original = ShardReader.read
 
-    def spy(self: ShardReader, shard: int):  # noqa: ANN202
+    def spy(self: ShardReader, shard: int):
         reads.append(shard)
         return original(self, shard)
 

@@ -68,7 +68,10 @@ def test_epoch_emits_exactly_the_input_tokens_plus_separators(
     assert _real_tokens(batches).tolist() == expected
     for b in batches:
         assert b["input_ids"].shape == (batch_size, seq_len)
-        assert all(v.dtype == np.int32 for v in b.values())
+        assert all(v.dtype == np.int32 for k, v in b.items() if k != "labels")
+        labels = np.where(b["segment_ids"] > 0, b["input_ids"], -100)
+        labels[b["position_ids"] == 0] = -100  # every segment starts at position 0
+        assert np.array_equal(b["labels"], labels)
     # only the last batch may hold padding
     assert all((b["segment_ids"] > 0).all() for b in batches[:-1])
 
@@ -212,7 +215,7 @@ def test_first_batch_waits_for_one_tokenizer_slice_only(
     calls = []
     original = Tokenize._encode
 
-    def counting(self: Tokenize, chunk):  # noqa: ANN001, ANN202
+    def counting(self: Tokenize, chunk):
         calls.append(chunk.num_docs)
         return original(self, chunk)
 

@@ -38,7 +38,7 @@ def test_exit_with_live_iterators_does_not_abort(tmp_path: Path) -> None:
 def test_items_keep_their_order_and_errors_reach_the_consumer() -> None:
     assert list(Prefetcher(lambda: iter(range(100)), depth=3)) == list(range(100))
 
-    def failing():  # noqa: ANN202
+    def failing():
         yield 1
         raise ValueError("broken shard")
 

@@ -20,7 +20,7 @@ from .conftest import write_parts
 NUM_DOCS = 120
 
 
-def _ds(tmp_path: Path):  # noqa: ANN202
+def _ds(tmp_path: Path):
     rng = np.random.default_rng(1)
     lengths = rng.integers(1, 10, size=NUM_DOCS)
     docs = [[i + 1] * int(n) for i, n in enumerate(lengths)]
@@ -31,7 +31,7 @@ def _ds(tmp_path: Path):  # noqa: ANN202
     return ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2), expected
 
 
-def _tokens(batches) -> Counter:  # noqa: ANN001
+def _tokens(batches) -> Counter:
     out: Counter = Counter()
     for b in batches:
         ids = b["input_ids"][(b["segment_ids"] > 0) & (b["input_ids"] > 0)]
@@ -54,6 +54,18 @@ def test_batches_share_memory_with_numpy(tmp_path: Path) -> None:
     array = batch["input_ids"].numpy()
     array[0, 0] = 12345  # writes through: no copy was made
     assert int(batch["input_ids"][0, 0]) == 12345
+
+
+def test_columns_keep_only_the_named_arrays(tmp_path: Path) -> None:
+    ds, _ = _ds(tmp_path)
+    full = next(iter(ds.to_torch()))
+    assert sorted(full) == ["input_ids", "labels", "position_ids", "segment_ids"]
+    assert full["labels"].dtype == torch.int64
+    some = next(iter(ds.to_torch(columns=["input_ids", "labels"])))
+    assert sorted(some) == ["input_ids", "labels"]
+    assert torch.equal(some["labels"], full["labels"])
+    with pytest.raises(ConfigError, match="attention_mask"):
+        ds.to_torch(columns=["input_ids", "attention_mask"])
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -14,7 +14,7 @@ from arrowstream.order import Layout, permutation
 from arrowstream.testing import assert_resumes_identically
 
 
-def _ids(ds) -> list[list[int]]:  # noqa: ANN001
+def _ids(ds) -> list[list[int]]:
     """Ids per epoch, in output order."""
     it = ds.iter()
     epochs: list[list[int]] = []

@@ -28,7 +28,7 @@ def _corpus(tmp_path: Path) -> tuple[Path, Counter]:
     return tmp_path, Counter({i + 1: int(n) for i, n in enumerate(lengths)})
 
 
-def _pipeline(root: Path, *, shuffle: bool, packed: bool = True, even: bool = False):  # noqa: ANN202
+def _pipeline(root: Path, *, shuffle: bool, packed: bool = True, even: bool = False):
     ds = read_parquet(root, batch_rows=4)
     if shuffle:
         ds = ds.shuffle(seed=7, window=2)
@@ -236,3 +236,97 @@ def test_even_batches_ignore_columns_the_pipeline_does_not_read(tmp_path: Path) 
         dropped += it.stats.get("dropped_tokens", 0)
     assert counts[0] == counts[1] > 0
     assert tokens + dropped == 60 * 7 and dropped <= 0.1 * 60 * 7
+
+
+def _by_epoch(it, n: int | None = None) -> dict[int, Counter]:
+    """Tokens of ``n`` batches (all when None), per epoch of the batch."""
+    out: dict[int, Counter] = {}
+    count = 0
+    while n is None or count < n:
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        count += 1
+        epoch = it.state_dict()["packer"]["epoch"]  # batches never span two epochs
+        out.setdefault(epoch, Counter()).update(_tokens([batch]))
+    return out
+
+
+def _add(total: dict[int, Counter], more: dict[int, Counter]) -> None:
+    for epoch, tokens in more.items():
+        total.setdefault(epoch, Counter()).update(tokens)
+
+
+@pytest.mark.parametrize("after", [(2, 1), (1, 1), (2, 2), (4, 1)])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_merge_across_an_epoch_end_emits_each_epoch_exactly_once(
+    tmp_path: Path, after: tuple[int, int], shuffle: bool
+) -> None:
+    root, expected = _corpus(tmp_path)
+    ds = read_parquet(root, batch_rows=4, num_epochs=3)
+    if shuffle:
+        ds = ds.shuffle(seed=5, window=2)
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2, even_batches=False)
+    seen: dict[int, Counter] = {}
+    states = []
+    for rank, steps in enumerate((16, 5, 13)):  # about 13 batches per consumer and epoch
+        it = ds.iter(rank=rank, world_size=3)
+        _add(seen, _by_epoch(it, steps))
+        states.append(json.loads(json.dumps(it.state_dict())))
+    assert len({st["position"]["epoch"] for st in states}) == 2  # the case under test
+    merged = json.loads(json.dumps(merge_states(states)))
+    assert merged["epoch"] == 0
+    new_world, new_workers = after
+    for rank in range(new_world):
+        for worker in range(new_workers):
+            kw = {"rank": rank, "world_size": new_world, "worker": worker, "num_workers": new_workers}
+            _add(seen, _by_epoch(ds.iter(merged, **kw)))
+    assert seen == {0: expected, 1: expected, 2: expected}
+
+
+def test_merge_across_an_epoch_end_resumes_identically(tmp_path: Path) -> None:
+    root, _ = _corpus(tmp_path)
+    ds = read_parquet(root, batch_rows=4, num_epochs=3).shuffle(seed=5, window=2)
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2, even_batches=False)
+    its = [ds.iter(rank=r, world_size=3) for r in range(3)]
+    for it, steps in zip(its, (16, 5, 13)):
+        for _ in range(steps):
+            next(it)
+    merged = merge_states([it.state_dict() for it in its])
+    # same topology: every consumer continues byte for byte
+    for r, it in enumerate(its):
+        rest = [b["input_ids"].tobytes() for b in it]
+        assert [b["input_ids"].tobytes() for b in ds.iter(merged, rank=r, world_size=3)] == rest
+    # another topology: the dealt next epoch travels in each state and resumes exactly
+    it = ds.iter(merged, rank=1, world_size=2)
+    assert "next_work" in it.state_dict()
+    assert assert_resumes_identically(lambda: ds.iter(merged, rank=1, world_size=2), min_epochs=3) > 3
+
+
+def test_even_batches_hold_after_a_merge_across_an_epoch_end(tmp_path: Path) -> None:
+    root, expected = _corpus(tmp_path)
+    ds = read_parquet(root, batch_rows=4, num_epochs=3).shuffle(seed=0, window=2)
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2)
+    target = ds.iter(rank=0, world_size=3).state_dict()["packer"]["target"]
+    per_epoch = sum(n + 1 for n in expected.values())
+    mixed = 0
+    for steps in range(target - 1, target + 2):
+        its = [ds.iter(rank=r, world_size=3) for r in range(3)]
+        tokens = sum(_all_tokens([next(it) for _ in range(steps)]) for it in its)
+        states = [it.state_dict() for it in its]
+        mixed += len({st["position"]["epoch"] for st in states}) == 2
+        merged = merge_states(states)
+        dropped = sum(st["stats"].get("dropped_tokens", 0) for st in states)
+        counts: list[Counter] = []
+        for rank in range(2):
+            it = ds.iter(merged, rank=rank, world_size=2)
+            epochs: Counter = Counter()
+            for batch in it:
+                epochs[it.state_dict()["packer"]["epoch"]] += 1
+                tokens += _all_tokens([batch])
+            counts.append(epochs)
+            dropped += it.stats.get("dropped_tokens", 0)
+        assert all(c == counts[0] for c in counts), counts  # no rank waits for another
+        assert tokens + dropped == 3 * per_epoch
+    assert mixed  # at least one of the steps had a consumer one epoch ahead (it ran short)

@@ -1,0 +1,316 @@
+"""The Hugging Face ``Trainer`` integration: the data state saved and restored with every checkpoint.
+
+A :class:`~arrowstream.pytorch.StatefulLoader` knows exactly which batches the
+trainer has received. :class:`DataStateCallback` writes that state next to
+each ``Trainer`` checkpoint, one JSON file per rank in
+``<checkpoint>/arrowstream/rank-<rank>-of-<world_size>.json``, and loads it
+back before the first batch of a resumed run. On the same number of ranks and
+DataLoader workers each rank takes its own state back and the run continues
+with exactly the batches an uninterrupted run would have seen; on another
+topology every rank's file is merged (:func:`arrowstream.merge_states`) and
+the documents not yet emitted are dealt out again, each exactly once.
+
+The ``Trainer`` must iterate the loader itself, not a copy prepared by
+``accelerate`` (which re-shards an ``IterableDataset`` and reads a batch
+ahead): subclass ``Trainer`` and override ``get_train_dataloader`` to return
+the loader. Run with ``TrainingArguments(ignore_data_skip=True, max_steps=...)``
+over an endless stream (``read_parquet(..., num_epochs=None)``).
+
+Files are replaced atomically (written to a temporary file, then renamed), so
+a crash while saving never leaves half a state behind. See
+``docs/training.md``.
+
+Requires ``pip install 'arrowstream[huggingface]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+try:
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+except ImportError as exc:  # pragma: no cover - exercised only without transformers
+    raise ImportError(
+        "the Hugging Face integration needs transformers and accelerate: "
+        "pip install 'arrowstream[huggingface]'"
+    ) from exc
+
+from arrowstream.errors import ConfigError, StateError
+from arrowstream.topology import merge_states
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from arrowstream.pytorch import StatefulLoader
+
+__all__ = ["STATE_DIR", "DataStateCallback", "load_data_state", "save_data_state"]
+
+#: Folder inside a checkpoint that holds one data-state file per rank.
+STATE_DIR = "arrowstream"
+
+_FILE_RE = re.compile(r"^rank-(\d{5})-of-(\d{5})\.json$")
+
+
+def _file_name(rank: int, world_size: int) -> str:
+    return f"rank-{rank:05d}-of-{world_size:05d}.json"
+
+
+def _num_workers(loader: StatefulLoader) -> int:
+    """Return how many consumers the loader runs on this rank (no workers is one consumer)."""
+    return max(1, int(loader.kwargs.get("num_workers") or 0))
+
+
+def save_data_state(checkpoint_dir: str | os.PathLike[str], loader: StatefulLoader) -> Path:
+    """Write this rank's data state into a checkpoint folder, atomically.
+
+    Every rank calls it at the same step; each writes its own file
+    ``<checkpoint_dir>/arrowstream/rank-<rank:05d>-of-<world_size:05d>.json``.
+    Files left there by a run with another world size no longer describe the
+    checkpoint (its model was just overwritten) and are removed.
+
+    Parameters
+    ----------
+    checkpoint_dir
+        The checkpoint folder (created if missing).
+    loader
+        The loader the trainer iterates.
+
+    Returns
+    -------
+    Path
+        The file written.
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> from arrowstream import read_parquet
+    >>> from arrowstream.pytorch import StatefulLoader
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"ids": pa.array([[5, 6, 7]] * 8, pa.list_(pa.int32()))}), f"{d}/a.parquet")
+    >>> ds = read_parquet(d).tokenize(None, column="ids", eos_id=0).pack(seq_len=4, batch_size=2)
+    >>> loader = StatefulLoader(ds.to_torch())
+    >>> first = next(iter(loader))
+    >>> save_data_state(f"{d}/checkpoint-1", loader).relative_to(d).as_posix()
+    'checkpoint-1/arrowstream/rank-00000-of-00001.json'
+    """
+    rank, world_size, _, _ = loader.dataset.topology()
+    folder = Path(checkpoint_dir) / STATE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / _file_name(rank, world_size)
+    text = json.dumps(loader.state_dict())
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    for stale in folder.iterdir():
+        match = _FILE_RE.match(stale.name)
+        if match and int(match.group(2)) != world_size:
+            stale.unlink(missing_ok=True)  # several ranks may remove the same file
+    return path
+
+
+def load_data_state(checkpoint_dir: str | os.PathLike[str], loader: StatefulLoader) -> None:
+    """Load the data state saved in a checkpoint folder into ``loader``.
+
+    With the world size and the number of DataLoader workers of the run that
+    saved it, this rank loads its own file and continues byte for byte (only
+    that file is needed, so node-local checkpoint folders work). Otherwise
+    every rank's file is merged with :func:`~arrowstream.merge_states` and the
+    merged state loads on this topology. Call it before iterating the loader.
+
+    Parameters
+    ----------
+    checkpoint_dir
+        The checkpoint folder given to :func:`save_data_state`.
+    loader
+        A new loader over the same pipeline.
+
+    Raises
+    ------
+    StateError
+        The folder holds no data state, the file of a rank needed is missing,
+        or the files come from runs of different world sizes (the error says
+        which and how to fix it); ``merge_states`` errors pass through.
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> from arrowstream import read_parquet
+    >>> from arrowstream.pytorch import StatefulLoader
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"ids": pa.array([[5, 6, 7]] * 8, pa.list_(pa.int32()))}), f"{d}/a.parquet")
+    >>> ds = read_parquet(d).tokenize(None, column="ids", eos_id=0).pack(seq_len=4, batch_size=2)
+    >>> loader = StatefulLoader(ds.to_torch())
+    >>> first = next(iter(loader))
+    >>> _ = save_data_state(f"{d}/checkpoint-1", loader)
+    >>> resumed = StatefulLoader(ds.to_torch())
+    >>> load_data_state(f"{d}/checkpoint-1", resumed)
+    >>> len(list(resumed))  # the 3 batches the first loader had not handed out yet
+    3
+    """
+    folder = Path(checkpoint_dir) / STATE_DIR
+    files: dict[int, dict[int, Path]] = {}
+    if folder.is_dir():
+        for path in folder.iterdir():
+            match = _FILE_RE.match(path.name)
+            if match:
+                files.setdefault(int(match.group(2)), {})[int(match.group(1))] = path
+    if not files:
+        raise StateError(
+            f"no arrowstream data state in {str(folder)!r} (expected files "
+            f"{_file_name(0, 1)!r}, ...): resume from a checkpoint saved with "
+            "`DataStateCallback` (or `save_data_state`), or point to the right checkpoint folder"
+        )
+    if len(files) > 1:
+        found = sorted(p.name for ranks in files.values() for p in ranks.values())
+        raise StateError(
+            f"{str(folder)!r} holds data states of runs with world sizes {sorted(files)!r}: "
+            f"{found!r}; keep only the files of the run that saved this checkpoint"
+        )
+    (saved_world, ranks), = files.items()
+    rank, world_size, _, _ = loader.dataset.topology()
+    num_workers = _num_workers(loader)
+    if saved_world == world_size and rank in ranks:
+        own = _read(ranks[rank])
+        count = world_size * num_workers
+        consumers = [
+            (st.get("consumer", {}).get("index"), st.get("consumer", {}).get("count"))
+            for st in own.get("states", [])
+        ]
+        if consumers == [(rank * num_workers + w, count) for w in range(num_workers)]:
+            loader.load_state_dict(own)  # same topology: continue byte for byte
+            return
+    missing = sorted(set(range(saved_world)) - set(ranks))
+    if missing:
+        raise StateError(
+            f"the data state in {str(folder)!r} has no file for rank(s) {missing!r} of "
+            f"{saved_world}, needed to resume on rank {rank} of {world_size} with "
+            f"{num_workers} worker(s): copy every rank's file (each rank writes its own, "
+            "so node-local folders must be gathered) into that folder, or resume with the "
+            "saving run's number of ranks and workers"
+        )
+    loader.load_state_dict(merge_states([_read(ranks[r]) for r in range(saved_world)]))
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StateError(
+            f"cannot read the data state {str(path)!r}: {exc}; resume from an intact checkpoint"
+        ) from exc
+    if not isinstance(state, dict) or state.get("kind") != "rank":
+        raise StateError(
+            f"{str(path)!r} is not a loader's rank state (expected `kind` 'rank', got "
+            f"{state.get('kind') if isinstance(state, dict) else type(state).__name__!r}): "
+            "write it with `save_data_state`"
+        )
+    return state
+
+
+class DataStateCallback(TrainerCallback):
+    """Save the loader's state with every ``Trainer`` checkpoint and restore it on resume.
+
+    The ``Trainer`` must iterate ``loader`` itself (override
+    ``get_train_dataloader`` to return it) with
+    ``TrainingArguments(ignore_data_skip=True)``, over an endless pipeline
+    (``num_epochs=None``) bounded by ``max_steps``; ``on_train_begin`` refuses
+    anything else. On resume the state is read from ``resume_from`` or, by
+    default, from ``<output_dir>/checkpoint-<global_step>``.
+
+    Parameters
+    ----------
+    loader
+        The loader the ``Trainer`` trains on.
+    resume_from
+        The checkpoint folder the run resumes from, when it is not
+        ``<output_dir>/checkpoint-<global_step>`` (say, copied from elsewhere).
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> from transformers import TrainerControl, TrainerState, TrainingArguments
+    >>> from arrowstream import read_parquet
+    >>> from arrowstream.pytorch import StatefulLoader
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"ids": pa.array([[5, 6, 7]] * 8, pa.list_(pa.int32()))}), f"{d}/a.parquet")
+    >>> ds = read_parquet(d, num_epochs=None).tokenize(None, column="ids", eos_id=0).pack(seq_len=4, batch_size=2)
+    >>> callback = DataStateCallback(StatefulLoader(ds.to_torch()))
+    >>> args = TrainingArguments(d, max_steps=10, use_cpu=True, report_to=[])  # ignore_data_skip=False
+    >>> callback.on_train_begin(args, TrainerState(), TrainerControl())
+    Traceback (most recent call last):
+    ...
+    arrowstream.errors.ConfigError: `DataStateCallback` needs `TrainingArguments(ignore_data_skip=True)`...
+    """
+
+    def __init__(
+        self, loader: StatefulLoader, *, resume_from: str | os.PathLike[str] | None = None
+    ) -> None:
+        self.loader = loader
+        self.resume_from = resume_from
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Check the run's settings and, on a resume, load the saved data state."""
+        if args.ignore_data_skip is not True:
+            raise ConfigError(
+                "`DataStateCallback` needs `TrainingArguments(ignore_data_skip=True)`, got "
+                f"`ignore_data_skip={args.ignore_data_skip!r}`: on resume the Trainer would skip "
+                "batches on top of the restored data state and lose them"
+            )
+        dataset = self.loader.dataset.dataset
+        if dataset.num_epochs is not None:
+            raise ConfigError(
+                "`DataStateCallback` needs an endless pipeline, got "
+                f"`num_epochs={dataset.num_epochs!r}`: a Trainer re-iterates its loader when it "
+                "ends, which would repeat data from the restored state; use "
+                "`read_parquet(..., num_epochs=None)` and bound the run with "
+                "`TrainingArguments(max_steps=...)`"
+            )
+        dataloader = kwargs.get("train_dataloader")
+        if dataloader is not None and dataloader is not self.loader:
+            raise ConfigError(
+                "the Trainer iterates another loader than the one given to `DataStateCallback` "
+                f"(got {type(dataloader).__name__!r}): subclass `Trainer` and override "
+                "`get_train_dataloader` to return this `StatefulLoader`"
+            )
+        if state.global_step == 0:
+            if self.resume_from is not None:
+                raise ConfigError(
+                    f"`resume_from={str(self.resume_from)!r}` is set but the Trainer starts at "
+                    "step 0: pass the same checkpoint to `trainer.train(resume_from_checkpoint=...)`"
+                )
+            return
+        checkpoint = (
+            Path(self.resume_from)
+            if self.resume_from is not None
+            else Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        )
+        if self.resume_from is None and not (checkpoint / STATE_DIR).is_dir():
+            raise StateError(
+                f"resuming at step {state.global_step}, but {str(checkpoint)!r} has no "
+                f"`{STATE_DIR}` data state: pass `DataStateCallback(..., resume_from=...)` the "
+                "checkpoint folder given to `trainer.train(resume_from_checkpoint=...)`"
+            )
+        load_data_state(checkpoint, self.loader)
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Write this rank's data state into the checkpoint the Trainer has just saved."""
+        save_data_state(
+            Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}", self.loader
+        )
