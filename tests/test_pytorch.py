@@ -48,6 +48,27 @@ def test_dataloader_workers_cover_the_epoch_exactly_once(tmp_path: Path, num_wor
     assert _tokens(batches) == expected
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_ranks_and_dataloader_workers_cover_the_epoch_exactly_once(
+    tmp_path: Path, world_size: int, num_workers: int, shuffle: bool
+) -> None:
+    rng = np.random.default_rng(world_size * 10 + num_workers)
+    lengths = rng.integers(1, 10, size=60)
+    docs = [[i + 1] * int(n) for i, n in enumerate(lengths)]
+    write_parts(tmp_path, [{"input_ids": pa.array(docs, pa.list_(pa.int32()))}], row_group_size=7)
+    ds = read_parquet(tmp_path, batch_rows=5)
+    if shuffle:
+        ds = ds.shuffle(seed=4, window=2)
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2, even_batches=False)
+    seen: Counter = Counter()
+    for rank in range(world_size):
+        tds = ds.to_torch(rank=rank, world_size=world_size)
+        seen += _tokens(torch.utils.data.DataLoader(tds, batch_size=None, num_workers=num_workers))
+    assert seen == Counter({i + 1: int(n) for i, n in enumerate(lengths)})
+
+
 def test_batches_share_memory_with_numpy(tmp_path: Path) -> None:
     ds, _ = _ds(tmp_path)
     batch = next(iter(ds.to_torch()))
