@@ -13,17 +13,35 @@ never looks like a document start; a row that is all padding counts 0..L-1 and
 holds no document), ``segment_ids`` (``int32``, 1..k within a row, 0 on
 padding), ``labels`` (``int64``, the Hugging Face convention: unshifted token
 ids, ``-100`` on padding and on the first token of every segment, since
-predicting it would cross a document boundary or a row start).
+predicting it would cross a document boundary or a row start, and on tokens
+a loss mask excludes). For variable-length attention kernels (FlashAttention's
+``varlen`` functions): ``cu_seqlens``, the ``int32`` cumulative boundaries of
+every segment and of every row's padding tail over the flattened
+``batch_size * seq_len`` tokens (its length varies from batch to batch), and
+``max_seqlen``, the longest span, a Python int. Per-batch counts, as Python
+ints: ``num_tokens``, ``num_padding_tokens``, ``num_docs`` (segments) and
+``num_cut_docs`` (segments that are only a piece of their document).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-__all__ = ["BATCH_ARRAYS", "IGNORE_INDEX", "assemble_batch"]
+__all__ = ["BATCH_ARRAYS", "BATCH_COUNTS", "BATCH_KEYS", "IGNORE_INDEX", "VARLEN_ARRAYS", "assemble_batch"]
 
-#: The arrays of every packed batch, by name.
+#: The ``[batch_size, seq_len]`` arrays of every packed batch, by name.
 BATCH_ARRAYS = ("input_ids", "labels", "position_ids", "segment_ids")
+
+#: The ragged array for variable-length attention kernels (``int32``, one more than the segments).
+VARLEN_ARRAYS = ("cu_seqlens",)
+
+#: The per-batch Python ints.
+BATCH_COUNTS = ("max_seqlen", "num_tokens", "num_padding_tokens", "num_docs", "num_cut_docs")
+
+#: Every key of a packed batch.
+BATCH_KEYS = BATCH_ARRAYS + VARLEN_ARRAYS + BATCH_COUNTS
 
 #: Label on positions that carry no loss (PyTorch's ``CrossEntropyLoss`` default ``ignore_index``).
 IGNORE_INDEX = -100
@@ -38,7 +56,9 @@ def assemble_batch(
     batch_size: int,
     seq_len: int,
     pad_id: int,
-) -> dict[str, np.ndarray]:
+    seg_whole: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+) -> dict[str, Any]:
     """Gather segments of ``src`` into a padded ``[batch_size, seq_len]`` batch.
 
     Parameters
@@ -51,11 +71,23 @@ def assemble_batch(
         Output shape.
     pad_id
         Token id written on padding.
+    seg_whole
+        Per segment, whether it is a whole document (``None``: all are).
+        Only counted, in ``num_cut_docs``.
+    mask
+        Per token of ``src``, whether it carries loss (``None``: all do).
+        Tokens without loss get ``-100`` in ``labels``.
 
     Returns
     -------
-    dict[str, numpy.ndarray]
-        ``input_ids``, ``labels``, ``position_ids`` and ``segment_ids``.
+    dict
+        ``input_ids``, ``labels``, ``position_ids``, ``segment_ids``
+        (``[batch_size, seq_len]``), ``cu_seqlens`` (``int32`` boundaries of
+        the segments and of each row's padding tail over the flattened
+        ``batch_size * seq_len`` tokens), and the ints ``max_seqlen`` (the
+        longest of those spans), ``num_tokens``, ``num_padding_tokens``,
+        ``num_docs`` (segments) and ``num_cut_docs`` (segments that are a
+        piece of a longer document).
 
     Examples
     --------
@@ -65,13 +97,18 @@ def assemble_batch(
     ...                           batch_size=2, seq_len=3, pad_id=0)
     >>> gathered["input_ids"].tolist(), gathered["position_ids"].tolist()
     ([[13, 14, 0], [10, 11, 12]], [[0, 1, 2], [0, 1, 2]])
+    >>> gathered["cu_seqlens"].tolist(), gathered["max_seqlen"]
+    ([0, 2, 3, 6], 3)
     >>> out = assemble_batch(np.arange(10, 15, dtype=np.int32), np.array([0, 3]),
     ...                      np.array([3, 2]), np.array([0, 0]),
-    ...                      batch_size=1, seq_len=6, pad_id=0)
+    ...                      batch_size=1, seq_len=6, pad_id=0,
+    ...                      seg_whole=np.array([True, False]))
     >>> out["input_ids"].tolist(), out["segment_ids"].tolist(), out["position_ids"].tolist()
     ([[10, 11, 12, 13, 14, 0]], [[1, 1, 1, 2, 2, 0]], [[0, 1, 2, 0, 1, 2]])
     >>> out["labels"].tolist()
     [[-100, 11, 12, -100, 14, -100]]
+    >>> out["cu_seqlens"].tolist(), out["num_docs"], out["num_cut_docs"], out["num_padding_tokens"]
+    ([0, 3, 5, 6], 2, 1, 1)
     """
     seg_src = np.asarray(seg_src, dtype=np.int64)
     seg_len = np.asarray(seg_len, dtype=np.int64)
@@ -80,6 +117,8 @@ def assemble_batch(
     row_fill = np.zeros(batch_size, dtype=np.int64)
     starts = np.zeros(size, dtype=bool)
     input_ids = np.full(size, pad_id, dtype=np.int32)
+    keep = None if mask is None else np.ones(size, dtype=bool)
+    dst = np.zeros(0, dtype=np.int64)
     if seg_len.size:
         excl = np.cumsum(seg_len) - seg_len
         seg_off = excl - excl[np.searchsorted(seg_row, seg_row, side="left")]
@@ -91,10 +130,15 @@ def assemble_batch(
             # rows filled back to back from a contiguous source: the gather is a copy
             total = int(seg_len.sum())
             input_ids[:total] = src[:total]
+            if keep is not None and mask is not None:
+                keep[:total] = mask[:total]
         else:
             real = np.flatnonzero(np.arange(seq_len) < row_fill[:, None])
             seg = (np.cumsum(starts) - 1)[real]
-            input_ids[real] = src[seg_src[seg] + real - dst[seg]]
+            index = seg_src[seg] + real - dst[seg]
+            input_ids[real] = src[index]
+            if keep is not None and mask is not None:
+                keep[real] = mask[index]
     col = np.arange(seq_len, dtype=np.int32)
     starts2d = starts.reshape(batch_size, seq_len)
     position_ids = col - np.maximum.accumulate(np.where(starts2d, col, 0), axis=1)
@@ -103,9 +147,21 @@ def assemble_batch(
     ids2d = input_ids.reshape(batch_size, seq_len)
     labels = ids2d.astype(np.int64)
     labels[starts2d | (segment_ids == 0)] = IGNORE_INDEX
+    if keep is not None:
+        labels[~keep.reshape(batch_size, seq_len)] = IGNORE_INDEX
+    rows = np.arange(batch_size, dtype=np.int64) * seq_len
+    tails = (rows + row_fill)[row_fill < seq_len]  # padding tails, and rows of padding only
+    cu = np.unique(np.concatenate([dst, rows, tails, [size]])).astype(np.int32)
+    num_tokens = int(seg_len.sum())
     return {
         "input_ids": ids2d,
         "labels": labels,
         "position_ids": position_ids.astype(np.int32, copy=False),
         "segment_ids": segment_ids,
+        "cu_seqlens": cu,
+        "max_seqlen": int(np.diff(cu).max()) if cu.size > 1 else 0,
+        "num_tokens": num_tokens,
+        "num_padding_tokens": size - num_tokens,
+        "num_docs": int(seg_len.size),
+        "num_cut_docs": 0 if seg_whole is None else int(seg_len.size - np.count_nonzero(seg_whole)),
     }

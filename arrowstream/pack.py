@@ -247,16 +247,32 @@ class _ConcatRun(PackRun):
     def _assemble(self, pieces: list[tuple[Chunk, int, int]], got: int) -> dict[str, np.ndarray]:
         L, B = self.p.seq_len, self.p.batch_size
         src = np.concatenate([c.tokens[a:b] for c, a, b in pieces] or [np.empty(0, np.int32)])
-        cuts = [np.arange(0, got, L, dtype=np.int64)]
+        rows = np.arange(0, got, L, dtype=np.int64)
+        doc_starts, doc_ends = [], []
         base = 0
         for chunk, a, b in pieces:
-            starts = chunk.offsets[(chunk.offsets >= a) & (chunk.offsets < b)]
-            cuts.append(starts - a + base)
+            offsets = chunk.offsets
+            starts = offsets[(offsets >= a) & (offsets < b)]
+            if chunk.head_skip and a == 0:
+                starts = starts[1:]  # the first document's head went out before: a continuation
+            doc_starts.append(starts - a + base)
+            doc_ends.append(offsets[(offsets > a) & (offsets <= b)] - a + base)
             base += b - a
-        bounds = np.unique(np.concatenate(cuts))
+        starts_all = np.concatenate(doc_starts or [np.empty(0, np.int64)])
+        bounds = np.unique(np.concatenate([rows, starts_all]))
         seg_len = np.diff(np.append(bounds, got))
+        whole = np.isin(bounds, starts_all) & np.isin(
+            bounds + seg_len, np.concatenate(doc_ends or [np.empty(0, np.int64)])
+        )
         batch = assemble_batch(
-            src, bounds, seg_len, bounds // L, batch_size=B, seq_len=L, pad_id=self.p.pad_id
+            src,
+            bounds,
+            seg_len,
+            bounds // L,
+            batch_size=B,
+            seq_len=L,
+            pad_id=self.p.pad_id,
+            seg_whole=whole,
         )
         self.ledger.add("tokens", got)
         self.ledger.add("padding_tokens", B * L - got)

@@ -29,6 +29,8 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 try:
     import torch
     import torch.distributed as dist
@@ -38,7 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
         "the PyTorch adapter needs torch: pip install 'arrowstream[torch]'"
     ) from exc
 
-from arrowstream.batch import BATCH_ARRAYS
+from arrowstream.batch import BATCH_KEYS
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 
@@ -66,8 +68,9 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         Add each batch's state under :data:`STATE_KEY` (used by
         :class:`StatefulLoader`).
     columns
-        The arrays to keep in each batch (``None``: all of
-        :data:`~arrowstream.batch.BATCH_ARRAYS`).
+        The keys to keep in each batch (``None``: all of
+        :data:`~arrowstream.batch.BATCH_KEYS`). Arrays become tensors;
+        ``max_seqlen`` and the counts stay Python ints.
 
     Examples
     --------
@@ -99,10 +102,10 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         if isinstance(columns, str):
             columns = [columns]
         if columns is not None:
-            unknown = [c for c in columns if c not in BATCH_ARRAYS]
+            unknown = [c for c in columns if c not in BATCH_KEYS]
             if unknown or not columns:
                 raise ConfigError(
-                    f"`columns` must name some of the batch arrays {list(BATCH_ARRAYS)!r}, "
+                    f"`columns` must name some of the batch keys {list(BATCH_KEYS)!r}, "
                     f"got {list(columns)!r}"
                 )
         self.columns = None if columns is None else tuple(columns)
@@ -137,7 +140,10 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _tensors(self, batch: dict[str, Any]) -> dict[str, Any]:
         keys = batch if self.columns is None else self.columns
-        return {key: torch.from_numpy(batch[key]) for key in keys}
+        return {
+            key: torch.from_numpy(batch[key]) if isinstance(batch[key], np.ndarray) else batch[key]
+            for key in keys
+        }
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._it = it = self.iterator()

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["assert_items_equal", "assert_resumes_identically"]
+__all__ = ["assert_batch_consistent", "assert_items_equal", "assert_resumes_identically"]
 
 
 def assert_items_equal(a: Any, b: Any, *, where: str = "") -> None:
@@ -39,6 +39,66 @@ def assert_items_equal(a: Any, b: Any, *, where: str = "") -> None:
         )
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def assert_batch_consistent(batch: dict[str, Any], *, pad_id: int | None = None) -> None:
+    """Assert a packed batch's document-aware arrays agree with each other on every row.
+
+    Checks, from ``segment_ids``: ``position_ids`` restart at 0 at every
+    segment start and count up inside it (and keep counting on padding, or
+    count 0..L-1 on a row of padding only); ``labels`` are ``-100`` at segment
+    starts and on padding and elsewhere either the token or ``-100`` (a loss
+    mask); ``cu_seqlens`` are the segment and padding-tail boundaries of the
+    flattened batch and ``max_seqlen`` the longest span; the counts match.
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> from arrowstream import read_parquet
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"ids": pa.array([[5, 6, 7]] * 3, pa.list_(pa.int32()))}), f"{d}/a.parquet")
+    >>> ds = read_parquet(d).tokenize(None, column="ids", eos_id=0).pack(seq_len=5, batch_size=3)
+    >>> assert_batch_consistent(next(iter(ds)), pad_id=0)
+    """
+    seg = np.asarray(batch["segment_ids"])
+    pos = np.asarray(batch["position_ids"])
+    ids = np.asarray(batch["input_ids"])
+    labels = np.asarray(batch["labels"])
+    rows, L = seg.shape
+    spans: list[int] = []
+    num_segments = 0
+    for r in range(rows):
+        s = seg[r]
+        fill = int(np.count_nonzero(s))
+        assert (s[:fill] > 0).all() and (s[fill:] == 0).all(), f"row {r}: padding inside the row"
+        starts = np.flatnonzero(np.r_[True, s[1:fill] != s[: fill - 1]]) if fill else np.empty(0, int)
+        assert np.array_equal(s[starts], np.arange(1, starts.size + 1)), f"row {r}: segment ids not 1..k"
+        num_segments += starts.size
+        bounds = np.r_[starts, fill]
+        expect = np.empty(L, dtype=np.int64)
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            expect[a:b] = np.arange(b - a)
+        last = bounds[-2] if starts.size else 0
+        expect[fill:] = np.arange(fill, L) - last
+        assert np.array_equal(pos[r], expect), f"row {r}: position_ids {pos[r].tolist()} != {expect.tolist()}"
+        first = np.zeros(L, dtype=bool)
+        first[starts] = True
+        assert (labels[r][first | (s == 0)] == -100).all(), f"row {r}: a label at a start or on padding"
+        inside = ~first & (s > 0)
+        ok = (labels[r][inside] == ids[r][inside]) | (labels[r][inside] == -100)
+        assert ok.all(), f"row {r}: labels differ from input_ids inside a segment"
+        if pad_id is not None:
+            assert (ids[r][fill:] == pad_id).all(), f"row {r}: padding is not pad_id {pad_id}"
+        spans += np.diff(bounds).tolist() + ([L - fill] if fill < L else [])
+    if "cu_seqlens" in batch:
+        cu = np.asarray(batch["cu_seqlens"])
+        assert cu.tolist() == np.r_[0, np.cumsum(spans)].tolist(), "cu_seqlens disagree with segment_ids"
+        assert batch["max_seqlen"] == max(spans), "max_seqlen is not the longest span"
+    if "num_tokens" in batch:
+        real = int(np.count_nonzero(seg))
+        assert batch["num_tokens"] == real and batch["num_padding_tokens"] == seg.size - real
+        assert batch["num_docs"] == num_segments, "num_docs is not the number of segments"
+        assert 0 <= batch["num_cut_docs"] <= batch["num_docs"]
 
 
 def _roundtrip(state: dict[str, Any]) -> dict[str, Any]:

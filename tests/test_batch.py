@@ -62,11 +62,20 @@ def test_gathered_layouts_match_the_reference(layout) -> None:
     assert out["segment_ids"].tolist() == seg
     assert out["labels"].tolist() == labels
     assert out["labels"].dtype == np.int64  # what cross-entropy takes as targets
-    assert all(
-        v.dtype == np.int32 and v.shape == (batch_size, seq_len)
-        for k, v in out.items()
-        if k != "labels"
-    )
+    for key in ("input_ids", "position_ids", "segment_ids"):
+        assert out[key].dtype == np.int32 and out[key].shape == (batch_size, seq_len)
+    # varlen view: every segment and every padding tail is its own span of the flat batch
+    spans = []
+    for row in range(batch_size):
+        lens = [n for _, n, r in segs if r == row]
+        fill = sum(lens)
+        spans += lens + ([seq_len - fill] if fill < seq_len else [])
+    assert out["cu_seqlens"].dtype == np.int32
+    assert out["cu_seqlens"].tolist() == np.concatenate([[0], np.cumsum(spans)]).tolist()
+    assert out["max_seqlen"] == max(spans) and isinstance(out["max_seqlen"], int)
+    real = sum(n for _, n, _ in segs)
+    assert (out["num_tokens"], out["num_padding_tokens"]) == (real, batch_size * seq_len - real)
+    assert (out["num_docs"], out["num_cut_docs"]) == (len(segs), 0)
 
 
 def test_contiguous_layout_takes_the_copy_path_and_matches() -> None:
@@ -77,3 +86,18 @@ def test_contiguous_layout_takes_the_copy_path_and_matches() -> None:
     assert out["segment_ids"].tolist() == [[1, 1, 1, 2], [1, 1, 1, 1], [0, 0, 0, 0]]
     assert out["position_ids"].tolist() == [[0, 1, 2, 0], [0, 1, 2, 3], [0, 1, 2, 3]]
     assert out["labels"].tolist() == [[-100, 2, 3, -100], [-100, 6, 7, 8], [-100] * 4]
+
+
+def test_loss_mask_and_cut_documents_show_in_labels_and_counts() -> None:
+    src = np.arange(1, 9, dtype=np.int32)
+    mask = np.array([0, 0, 1, 1, 1, 0, 1, 1], dtype=bool)  # say, prompts masked out
+    out = assemble_batch(
+        src, [0, 3, 5], [3, 2, 3], [0, 0, 1], batch_size=2, seq_len=5, pad_id=0,
+        seg_whole=np.array([True, False, True]), mask=mask,
+    )
+    assert out["labels"].tolist() == [[-100, -100, 3, -100, 5], [-100, 7, 8, -100, -100]]
+    assert out["num_cut_docs"] == 1 and out["num_docs"] == 3
+    assert out["cu_seqlens"].tolist() == [0, 3, 5, 8, 10]
+    # the copy path takes the mask too
+    out = assemble_batch(src, [0, 4], [4, 4], [0, 1], batch_size=2, seq_len=4, pad_id=0, mask=mask)
+    assert out["labels"].tolist() == [[-100, -100, 3, 4], [-100, -100, 7, 8]]

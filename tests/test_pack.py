@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from arrowstream import ConfigError, read_parquet
+from arrowstream.testing import assert_batch_consistent, assert_items_equal
 
 from .conftest import write_parts
 
@@ -68,10 +69,11 @@ def test_epoch_emits_exactly_the_input_tokens_plus_separators(
     assert _real_tokens(batches).tolist() == expected
     for b in batches:
         assert b["input_ids"].shape == (batch_size, seq_len)
-        assert all(v.dtype == np.int32 for k, v in b.items() if k != "labels")
+        assert all(b[k].dtype == np.int32 for k in ("input_ids", "position_ids", "segment_ids"))
         labels = np.where(b["segment_ids"] > 0, b["input_ids"], -100)
         labels[b["position_ids"] == 0] = -100  # every segment starts at position 0
         assert np.array_equal(b["labels"], labels)
+        assert_batch_consistent(b)
     # only the last batch may hold padding
     assert all((b["segment_ids"] > 0).all() for b in batches[:-1])
 
@@ -91,8 +93,7 @@ def test_output_does_not_depend_on_row_groups_files_or_read_batch_size(
         outs.append(_stream(directory, seq_len=8, batch_size=2, batch_rows=batch_rows))
     assert len(outs[0]) == len(outs[1])
     for a, b in zip(*outs):
-        for key in a:
-            assert a[key].tobytes() == b[key].tobytes()
+        assert_items_equal(a, b)
 
 
 def test_same_inputs_give_the_same_bytes(tmp_path: Path, tokenizer: Tokenizer) -> None:
@@ -102,7 +103,7 @@ def test_same_inputs_give_the_same_bytes(tmp_path: Path, tokenizer: Tokenizer) -
     runs = []
     for _ in range(2):
         ds = read_parquet(tmp_path).tokenize(tokenizer).pack(seq_len=64, batch_size=3)
-        runs.append(b"".join(v.tobytes() for b in ds for v in b.values()))
+        runs.append(b"".join(np.asarray(v).tobytes() for b in ds for v in b.values()))
     assert runs[0] == runs[1] and len(runs[0]) > 0
 
 

@@ -13,6 +13,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from arrowstream import ConfigError, merge_states, read_parquet
+from arrowstream.batch import BATCH_KEYS
 from arrowstream.pytorch import StatefulLoader
 
 from .conftest import write_parts
@@ -80,8 +81,9 @@ def test_batches_share_memory_with_numpy(tmp_path: Path) -> None:
 def test_columns_keep_only_the_named_arrays(tmp_path: Path) -> None:
     ds, _ = _ds(tmp_path)
     full = next(iter(ds.to_torch()))
-    assert sorted(full) == ["input_ids", "labels", "position_ids", "segment_ids"]
-    assert full["labels"].dtype == torch.int64
+    assert sorted(full) == sorted(BATCH_KEYS)
+    assert full["labels"].dtype == torch.int64 and full["cu_seqlens"].dtype == torch.int32
+    assert isinstance(full["max_seqlen"], int) and isinstance(full["num_tokens"], int)
     some = next(iter(ds.to_torch(columns=["input_ids", "labels"])))
     assert sorted(some) == ["input_ids", "labels"]
     assert torch.equal(some["labels"], full["labels"])
