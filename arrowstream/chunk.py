@@ -58,6 +58,9 @@ class Chunk:
     head_skip : int
         Tokens already removed from the front of the first document (emitted
         before a resume or by another consumer).
+    mask : numpy.ndarray or None
+        Per token, whether it carries loss (``bool``, aligned with
+        ``tokens``), when the pipeline has a loss mask column.
     """
 
     epoch: int
@@ -74,6 +77,7 @@ class Chunk:
     mixed: tuple[int, ...] = ()
     segment: int = 0
     head_skip: int = 0
+    mask: np.ndarray | None = None
 
     @property
     def num_docs(self) -> int:
@@ -98,7 +102,10 @@ class Chunk:
             changes["batch"] = self.batch.filter(pa.array(keep))
         if "tokens" not in changes and self.tokens is not None and self.offsets is not None:
             lens = np.diff(self.offsets)
-            changes["tokens"] = self.tokens[np.repeat(keep, lens)]
+            token_keep = np.repeat(keep, lens)
+            changes["tokens"] = self.tokens[token_keep]
+            if "mask" not in changes and self.mask is not None:
+                changes["mask"] = self.mask[token_keep]
             offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
             np.cumsum(lens[keep], out=offsets[1:])
             changes["offsets"] = offsets
@@ -128,7 +135,8 @@ class Chunk:
         assert self.tokens is not None
         offsets = self.offsets - skip
         offsets[0] = 0
-        return replace(self, tokens=self.tokens[skip:], offsets=offsets, head_skip=skip)
+        mask = None if self.mask is None else self.mask[skip:]
+        return replace(self, tokens=self.tokens[skip:], offsets=offsets, head_skip=skip, mask=mask)
 
     def split(self, bounds: np.ndarray) -> list[Chunk]:
         """Split at kept-row indices ``bounds`` (increasing, excluding 0 and ``num_docs``).
@@ -149,11 +157,12 @@ class Chunk:
                 part = seqs[(seqs >= lo) & (seqs < hi)]
                 if part.size:
                     skipped[reason] = part
-            tokens = offsets = None
+            tokens = offsets = mask = None
             if self.offsets is not None and self.tokens is not None:
                 t0, t1 = int(self.offsets[a]), int(self.offsets[b])
                 tokens = self.tokens[t0:t1]
                 offsets = self.offsets[a : b + 1] - t0
+                mask = None if self.mask is None else self.mask[t0:t1]
             pieces.append(
                 Chunk(
                     epoch=self.epoch,
@@ -169,6 +178,7 @@ class Chunk:
                     source_end=self.source_end and k == last,
                     mixed=self.mixed,
                     segment=self.segment,
+                    mask=mask,
                 )
             )
         return pieces
@@ -189,6 +199,9 @@ class Chunk:
             offsets = np.concatenate(
                 [[0]] + [p.offsets[1:] + base for p, base in zip(pieces, sizes)]  # type: ignore[index]
             ).astype(np.int64)
+        mask = None
+        if all(p.mask is not None for p in pieces):
+            mask = np.concatenate([p.mask for p in pieces])  # type: ignore[misc]
         batch = None
         if all(p.batch is not None for p in pieces):
             batch = pa.concat_batches([p.batch for p in pieces])  # type: ignore[misc]
@@ -207,6 +220,7 @@ class Chunk:
             mixed=first.mixed,
             segment=first.segment,
             head_skip=first.head_skip,
+            mask=mask,
         )
 
     def counts_before(self, seq: int) -> dict[str, int]:

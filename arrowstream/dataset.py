@@ -33,7 +33,8 @@ from arrowstream.filter import Filter, prune_shards
 from arrowstream.iterator import DatasetIterator
 from arrowstream.manifest import Manifest, read_manifest
 from arrowstream.order import Layout
-from arrowstream.pack import Packer, make_packer
+from arrowstream.pack import Packer
+from arrowstream.strategies import make_packer
 from arrowstream.reader import ShardReader
 from arrowstream.source import iter_stream
 from arrowstream.stage import Stage
@@ -231,15 +232,37 @@ class Dataset:
         drop_last: bool = False,
         pad_id: int | None = None,
         even_batches: bool = True,
+        window: int | None = None,
+        fill: float | None = None,
+        max_age: int | None = None,
+        max_open: int | None = None,
+        long_docs: str | None = None,
+        shuffle_batches: int | None = None,
+        seed: int | None = None,
     ) -> Dataset:
-        """Pack tokens into batches of ``batch_size`` rows of exactly ``seq_len`` tokens.
+        """Pack tokens into batches of ``batch_size`` rows of ``seq_len`` tokens.
 
-        Each batch is a dict of ``int32`` numpy arrays ``[batch_size, seq_len]``:
-        ``input_ids``, ``position_ids`` (restarting at every document and row
-        start) and ``segment_ids`` (1..k within a row, 0 on padding). Batches
-        never span epochs; the last one of an epoch is padded, or dropped and
-        counted in ``stats["dropped_tokens"]`` with ``drop_last=True``.
-        ``pad_id`` defaults to the EOS id (0 without one).
+        Each batch is a dict: ``input_ids``, ``labels`` (``int64``, ``-100``
+        on padding and at document boundaries), ``position_ids`` (restarting
+        at every document and row start) and ``segment_ids`` (1..k within a
+        row, 0 on padding), all ``[batch_size, seq_len]``; ``cu_seqlens`` and
+        ``max_seqlen`` for variable-length attention; and the counts
+        ``num_tokens``, ``num_padding_tokens``, ``num_docs``,
+        ``num_cut_docs`` (see :mod:`arrowstream.batch`). Batches never span
+        epochs; the last one of an epoch is padded, or dropped and counted in
+        ``stats["dropped_tokens"]`` with ``drop_last=True``. ``pad_id``
+        defaults to the EOS id (0 without one).
+
+        ``strategy="concat"`` joins documents into full rows and cuts them at
+        row ends (no padding but the epoch's last batch).
+        ``strategy="best_fit"`` keeps documents whole where they fit, placing
+        them by best-fit decreasing over a look-ahead ``window`` of documents
+        (default 1024); rows close at ``fill`` (0.98), after ``max_age``
+        windows (4) or beyond ``max_open`` open rows (``4 * batch_size``);
+        documents longer than ``seq_len`` are handled by ``long_docs``
+        (``"split"``, ``"truncate"``, ``"drop"``); closed rows are shuffled
+        in blocks of ``shuffle_batches`` batches (4) seeded by ``seed`` (0).
+        See :mod:`arrowstream.bestfit`.
 
         With several consumers (ranks x workers) and finite epochs,
         ``even_batches=True`` makes every consumer emit the same number of
@@ -276,6 +299,19 @@ class Dataset:
             drop_last=drop_last,
             pad_id=pad_id,
             even_batches=even_batches,
+            **{
+                key: value
+                for key, value in (
+                    ("window", window),
+                    ("fill", fill),
+                    ("max_age", max_age),
+                    ("max_open", max_open),
+                    ("long_docs", long_docs),
+                    ("shuffle_batches", shuffle_batches),
+                    ("seed", seed),
+                )
+                if value is not None
+            },
         )
         return replace(self, packer=packer, _cache={})
 

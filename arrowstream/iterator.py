@@ -212,6 +212,8 @@ class DatasetIterator:
             "stats": stats,
             "packer": extra,
         }
+        if self._run is not None and "held" in inner:
+            state["held"] = inner["held"]  # documents a look-ahead packer holds back
         nxt = position.epoch + 1
         if nxt in self._deals:
             streams, segments = self._deals[nxt]

@@ -28,7 +28,7 @@ from arrowstream.chunk import Chunk, Ledger
 from arrowstream.errors import ConfigError
 from arrowstream.state import Position
 
-__all__ = ["ConcatPacker", "PackRun", "Packer", "make_packer"]
+__all__ = ["ConcatPacker", "PackRun", "Packer"]
 
 
 class PackRun(ABC):
@@ -303,36 +303,3 @@ class _ConcatRun(PackRun):
             "stats": stats,
             "packer": {"epoch": self.epoch, "epoch_batches": self.emitted, "target": self.target},
         }
-
-
-_STRATEGIES: dict[str, type[Packer]] = {"concat": ConcatPacker}
-
-
-def make_packer(
-    strategy: str,
-    *,
-    seq_len: int,
-    batch_size: int,
-    drop_last: bool,
-    pad_id: int,
-    even_batches: bool = True,
-) -> Packer:
-    """Return the packer registered under ``strategy``.
-
-    Raises
-    ------
-    ConfigError
-        ``strategy`` is not a known strategy.
-    """
-    cls = _STRATEGIES.get(strategy)
-    if cls is None:
-        raise ConfigError(
-            f"unknown packing strategy {strategy!r}: expected one of {sorted(_STRATEGIES)!r}"
-        )
-    return cls(
-        seq_len=seq_len,
-        batch_size=batch_size,
-        drop_last=drop_last,
-        pad_id=pad_id,
-        even_batches=even_batches,
-    )

@@ -175,7 +175,7 @@ def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[int, list[Segm
         if at not in (epoch, epoch + 1):
             raise ValueError(f"consumer {i} is in epoch {at}, more than one past epoch {epoch}")
         streams, work = _segments(entry["work"])
-        left = remaining(work, int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"]))
+        left = _left(entry, work)
         if at == epoch:
             add(epoch, streams, left)
             if ahead or dealt:
@@ -188,6 +188,24 @@ def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[int, list[Segm
                 raise ValueError(f"consumer {i} is one epoch ahead and holds the work of the one after")
             add(epoch + 1, streams, left)
     return out
+
+
+def _left(entry: dict[str, Any], work: list[Segment]) -> list[Segment]:
+    """Return what a consumer has not emitted of its position's epoch.
+
+    A look-ahead packer (best-fit) holds read documents back: they come first,
+    one row each (from the first token not emitted), then the rows from its
+    read mark on.
+    """
+    pos = entry["position"]
+    held = entry.get("held")
+    if not held:
+        return remaining(work, int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"]))
+    out: list[Segment] = []
+    for segment, seq, skip in held["docs"]:
+        out.append((work[int(segment)][0], int(seq), int(seq) + 1, int(skip)))
+    read_segment, read_seq = (int(v) for v in held["read"])
+    return out + remaining(work, read_segment, read_seq, 0)
 
 
 def redeal(state: dict[str, Any], parts: int, fresh: Fresh) -> dict[int, Deal]:
@@ -224,7 +242,11 @@ def own_share(state: dict[str, Any], consumer: Consumer, fresh: Fresh) -> dict[s
     me = {"index": consumer.index, "count": consumer.count}
     if count == consumer.count:
         entry = entries[consumer.index]
-        own = {k: entry[k] for k in ("position", "work", "stats", "packer", "next_work") if k in entry}
+        own = {
+            k: entry[k]
+            for k in ("position", "work", "stats", "packer", "next_work", "held")
+            if k in entry
+        }
         return {**common, **own, "consumer": me}
     mine = deals[epoch].parts[consumer.index]
     first = mine[0] if mine else (0, 0, 0, 0)
@@ -338,7 +360,7 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
             "consumers": [
                 {
                     k: copy.deepcopy(st[k])
-                    for k in ("position", "work", "stats", "packer", "next_work")
+                    for k in ("position", "work", "stats", "packer", "next_work", "held")
                     if k in st
                 }
                 for st in ordered

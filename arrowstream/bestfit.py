@@ -1,0 +1,506 @@
+"""Best-fit packing: whole documents placed into rows over a look-ahead window.
+
+:class:`BestFitPacker` reads documents a window at a time (see
+:mod:`arrowstream.window`), sorts the window's pieces by length, longest
+first, and puts each into the open row with the least room that still fits
+it, opening a row when none does (best-fit decreasing). Open rows are carried
+into the next windows, so later short documents fill their gaps. A row
+closes when it is full enough (``fill``), when it has been open for
+``max_age`` windows, or when more than ``max_open`` rows are open (the
+fullest close first). At the end of an epoch every open row closes, so
+batches never span epochs.
+
+Only documents longer than ``seq_len`` are cut (``long_docs``): ``"split"``
+makes full rows of ``seq_len`` tokens and packs the remainder like any
+document, ``"truncate"`` keeps the first ``seq_len`` tokens, ``"drop"``
+skips the document; each is counted.
+
+Closed rows pass through a bounded shuffle: every ``shuffle_batches x
+batch_size`` closed rows are permuted with a generator seeded by ``(seed,
+epoch, block)``, so batches are not ordered by length and the shuffle's state
+is one counter.
+
+The decisions work on lengths; the tokens move once per batch, gathered
+from the held documents. The state names held documents by reference
+(``[segment, seq]``, or ``[segment, seq, start, length]`` for a piece), with
+the rows they are in, the read mark and the counters; a resume re-reads from
+the earliest held document, which is at most a few windows back.
+
+Deterministic: the output depends only on the data, the options and the
+seed, not on ``batch_rows``, prefetching or where a run was resumed.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from arrowstream.batch import assemble_batch
+from arrowstream.chunk import Chunk, Ledger
+from arrowstream.errors import ConfigError, StateError
+from arrowstream.pack import PackRun, Packer
+from arrowstream.state import Position
+from arrowstream.window import Doc, DocumentSource, Key
+
+__all__ = ["LONG_DOCS", "BestFitPacker"]
+
+#: What to do with documents longer than ``seq_len``.
+LONG_DOCS = ("split", "truncate", "drop")
+
+#: ``(key, start, length, whole)``: tokens ``start..start+length`` of a document.
+Piece = tuple[Key, int, int, bool]
+
+
+class BestFitPacker(Packer):
+    """Pack whole documents into rows by best-fit decreasing over a window.
+
+    Parameters
+    ----------
+    window
+        Documents read and placed at once (the look-ahead).
+    fill
+        A row closes once this share of ``seq_len`` is filled.
+    max_age
+        A row closes after this many windows open.
+    max_open
+        At most this many rows stay open after a window (``None``:
+        ``4 * batch_size``).
+    long_docs
+        ``"split"``, ``"truncate"`` or ``"drop"`` for documents longer than
+        ``seq_len``.
+    shuffle_batches
+        Closed rows are shuffled in blocks of this many batches (1: no
+        shuffle across batches).
+    seed
+        Seed of that shuffle.
+
+    Other parameters are those of :class:`~arrowstream.pack.Packer`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from arrowstream.chunk import Chunk
+    >>> lengths = [5, 2, 3, 4, 1, 1]   # two rows of 8 hold them all: 5+2+1, 4+3+1
+    >>> offsets = np.r_[0, np.cumsum(lengths)]
+    >>> chunk = Chunk(epoch=0, shard=0, seq_start=0, seq_end=6, row_start=0, seq=np.arange(6),
+    ...               tokens=np.arange(1, offsets[-1] + 1, dtype=np.int32), offsets=offsets)
+    >>> packer = BestFitPacker(seq_len=8, batch_size=2, drop_last=False, pad_id=0, window=6)
+    >>> batch = packer.start(None).next_batch(iter([chunk]))
+    >>> batch["num_padding_tokens"], batch["num_docs"], batch["num_cut_docs"]
+    (0, 6, 0)
+    """
+
+    name = "best_fit"
+
+    def __init__(
+        self,
+        *,
+        seq_len: int,
+        batch_size: int,
+        drop_last: bool,
+        pad_id: int,
+        even_batches: bool = True,
+        window: int = 1024,
+        fill: float = 0.98,
+        max_age: int = 4,
+        max_open: int | None = None,
+        long_docs: str = "split",
+        shuffle_batches: int = 4,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            seq_len=seq_len,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            pad_id=pad_id,
+            even_batches=even_batches,
+        )
+        max_open = 4 * self.batch_size if max_open is None else max_open
+        for key, value in (
+            ("window", window),
+            ("max_age", max_age),
+            ("max_open", max_open),
+            ("shuffle_batches", shuffle_batches),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ConfigError(f"`{key}` must be a positive int, got {value!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ConfigError(f"`seed` must be an int >= 0, got {seed!r}")
+        if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not 0 < fill <= 1:
+            raise ConfigError(f"`fill` must be a number in (0, 1], got {fill!r}")
+        if long_docs not in LONG_DOCS:
+            raise ConfigError(f"`long_docs` must be one of {list(LONG_DOCS)!r}, got {long_docs!r}")
+        self.window = int(window)
+        self.fill = float(fill)
+        self.max_age = int(max_age)
+        self.max_open = int(max_open)
+        self.long_docs = long_docs
+        self.shuffle_batches = int(shuffle_batches)
+        self.seed = int(seed)
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            **super().spec(),
+            "window": self.window,
+            "fill": self.fill,
+            "max_age": self.max_age,
+            "max_open": self.max_open,
+            "long_docs": self.long_docs,
+            "shuffle_batches": self.shuffle_batches,
+            "seed": self.seed,
+        }
+
+    def start(
+        self, state: dict[str, Any] | None, *, targets: Callable[[int], int | None] | None = None
+    ) -> PackRun:
+        return _BestFitRun(self, state, targets or (lambda epoch: None))
+
+
+@dataclass(slots=True)
+class _Row:
+    pieces: list[Piece] = field(default_factory=list)
+    fill: int = 0
+    age: int = 0
+
+
+class _BestFitRun(PackRun):
+    def __init__(
+        self,
+        packer: BestFitPacker,
+        state: dict[str, Any] | None,
+        targets: Callable[[int], int | None],
+    ) -> None:
+        self.p = packer
+        self.targets = targets
+        self.store: dict[Key, Doc] = {}
+        self.refs: dict[Key, int] = {}  # pieces not yet emitted, per held document
+        self.open: list[_Row] = []
+        self.ready: list[list[Piece]] = []
+        self.out: list[list[Piece]] = []
+        self.loaded: Position | None = None  # echoed until the held documents are re-read
+        if state is None:
+            self.ledger = Ledger()
+            self.epoch, self.emitted, self.block, self.flushed = 0, 0, 0, False
+            self.target = targets(0)
+            self.src = DocumentSource(self.p.window, self.ledger, epoch=0)
+            return
+        self.ledger = Ledger(state["stats"])
+        pos = state["position"]
+        saved = state.get("packer") or {}
+        if not saved:  # a re-dealt share: nothing held, read from the position
+            epoch = int(pos["epoch"])
+            mark = (epoch, int(pos["segment"]), int(pos["seq"]))
+            self.epoch, self.emitted, self.block, self.flushed = epoch, 0, 0, False
+            self.target = targets(epoch)
+            self.src = DocumentSource(self.p.window, self.ledger, epoch=epoch, mark=mark)
+            self.loaded = Position(epoch, mark[1], mark[2], int(pos["token_offset"]))
+            self._loaded_held = None
+            return
+        try:
+            self.epoch = int(saved["epoch"])
+            self.emitted = int(saved["epoch_batches"])
+            self.target = saved["target"] if "target" in saved else targets(self.epoch)
+            self.block = int(saved["block"])
+            self.flushed = bool(saved["flushed"])
+            mark = tuple(int(v) for v in saved["read"])
+            self.open = [_Row(_pieces(p), 0, int(age)) for age, p in saved["open"]]
+            self.ready = [_pieces(p) for p in saved["ready"]]
+            self.out = [_pieces(p) for p in saved["out"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"state `packer` is malformed ({exc!r}): the state was edited") from exc
+        if len(mark) != 3:
+            raise StateError(f"state `packer.read` must be [epoch, segment, seq], got {mark!r}")
+        for row in self._rows():
+            for key, _, _, _ in row:
+                self.refs[key] = self.refs.get(key, 0) + 1
+        self.loaded = Position(
+            int(pos["epoch"]), int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"])
+        )
+        self._loaded_held = state.get("held")
+        self.src = DocumentSource(
+            self.p.window, self.ledger, epoch=self.epoch, mark=mark, wanted=set(self.refs)  # type: ignore[arg-type]
+        )
+
+    # -- state ----------------------------------------------------------------------
+
+    def _rows(self) -> Iterator[list[Piece]]:
+        yield from (row.pieces for row in self.open)
+        yield from self.ready
+        yield from self.out
+
+    def upstream_position(self) -> Position:
+        return self._position()
+
+    def _position(self) -> Position:
+        if self.loaded is not None:
+            return self.loaded
+        if self.refs:
+            key = min(self.refs)
+            return Position(self.epoch, key[0], key[1], self.store[key].skip)
+        epoch, segment, seq = self.src.read
+        return Position(epoch, segment, seq, 0)
+
+    def _held(self) -> list[list[int]]:
+        """Every held document as ``[segment, seq, skip]``: its tokens from ``skip`` on are not out."""
+        first: dict[Key, int] = {}
+        for row in self._rows():
+            for key, start, _, _ in row:
+                first[key] = min(start, first.get(key, start))
+        skip = {key: doc.skip for key, doc in self.store.items()}
+        return [[k[0], k[1], skip.get(k, 0) + first[k]] for k in sorted(first)]
+
+    def state_dict(self) -> dict[str, Any]:
+        pos = self._position()
+        held = None
+        if self.loaded is not None:
+            held = self._loaded_held
+        elif self.refs:
+            held = {"read": list(self.src.read[1:]), "docs": self._held()}
+        return {
+            **({"held": held} if held else {}),
+            "position": {
+                "epoch": pos.epoch,
+                "segment": pos.segment,
+                "seq": pos.seq,
+                "token_offset": pos.token_offset,
+            },
+            "stats": self.ledger.snapshot(),
+            "packer": {
+                "epoch": self.epoch,
+                "epoch_batches": self.emitted,
+                "target": self.target,
+                "read": list(self.src.read),
+                "block": self.block,
+                "flushed": self.flushed,
+                "open": [[row.age, _encode(row.pieces)] for row in self.open],
+                "ready": [_encode(p) for p in self.ready],
+                "out": [_encode(p) for p in self.out],
+            },
+        }
+
+    # -- batches --------------------------------------------------------------------
+
+    def next_batch(self, chunks: Iterator[Chunk]) -> dict[str, Any]:
+        if self.loaded is not None:
+            self._recover(chunks)
+        B = self.p.batch_size
+        while True:
+            if self.target is not None and self.emitted >= self.target:
+                self._drop_rest(chunks)  # this consumer's share is used up: count the rest
+                if not self._next_epoch(chunks):
+                    raise StopIteration
+                continue
+            if len(self.out) >= B or (self.flushed and self.out):
+                rows, self.out = self.out[:B], self.out[B:]
+                if len(rows) < B and self.p.drop_last and self.target is None:
+                    self._drop(rows)
+                    continue
+                self.emitted += 1
+                return self._assemble(rows)
+            if self.flushed:  # the epoch's data is used up
+                if self.target is not None and self.emitted < self.target:
+                    self.emitted += 1
+                    self.ledger.add("padding_batches", 1)
+                    return self._assemble([])  # all padding: other consumers still have data
+                if not self._next_epoch(chunks):
+                    raise StopIteration
+                continue
+            window = self.src.pull(chunks)
+            if window is None:
+                self._close(list(range(len(self.open))))
+                self._shuffle_block(len(self.ready))
+                self.flushed = True
+                continue
+            self._place(window.keys, window.docs)
+            self._close_after_window()
+            while len(self.ready) >= self.p.shuffle_batches * B:
+                self._shuffle_block(self.p.shuffle_batches * B)
+
+    def _recover(self, chunks: Iterator[Chunk]) -> None:
+        """Re-read the held documents of a loaded state and complete their pieces."""
+        self.src.prime(chunks)
+        self.store.update(self.src.recovered)
+        self.src.recovered = {}
+        self.loaded = None
+
+        def full(pieces: list[Piece]) -> list[Piece]:
+            return [
+                (key, start, int(self.store[key].tokens.size) if n < 0 else n, whole)
+                for key, start, n, whole in pieces
+            ]
+
+        for row in self.open:
+            row.pieces = full(row.pieces)
+            row.fill = sum(n for _, _, n, _ in row.pieces)
+        self.ready = [full(p) for p in self.ready]
+        self.out = [full(p) for p in self.out]
+
+    def _next_epoch(self, chunks: Iterator[Chunk]) -> bool:
+        """Move to the next epoch; return false when there is none."""
+        more = self.src.peek(chunks)
+        target = self.targets(self.epoch + 1)
+        if not more and target is None:
+            return False
+        self.epoch += 1
+        self.src.epoch = self.epoch
+        self.emitted, self.block, self.flushed = 0, 0, False
+        self.target = target
+        return True
+
+    def _place(self, keys: list[Key], docs: list[Doc]) -> None:
+        L = self.p.seq_len
+        pieces: list[Piece] = []
+        for key, doc in zip(keys, docs):
+            n = int(doc.tokens.size)
+            if n <= L:
+                pieces.append((key, 0, n, doc.skip == 0))  # a skip: its head went out elsewhere
+                self._hold(key, doc, 1)
+                continue
+            if self.p.long_docs == "drop":
+                self.ledger.add("long_docs_dropped", 1)
+                self.ledger.add("long_tokens_dropped", n)
+                continue
+            if self.p.long_docs == "truncate":
+                self.ledger.add("long_docs_truncated", 1)
+                self.ledger.add("truncated_tokens", n - L)
+                self._hold(key, doc, 1)
+                self.ready.append([(key, 0, L, False)])
+                continue
+            full, rest = divmod(n, L)
+            self.ledger.add("long_docs_split", 1)
+            self._hold(key, doc, full + (rest > 0))
+            self.ready.extend([(key, k * L, L, False)] for k in range(full))
+            if rest:
+                pieces.append((key, full * L, rest, False))
+        # best-fit decreasing: longest first; each into the open row with the least room left
+        free = sorted((L - row.fill, i) for i, row in enumerate(self.open) if row.fill < L)
+        for piece in sorted(pieces, key=lambda p: -p[2]):
+            n = piece[2]
+            at = bisect_left(free, (n, -1))
+            if at < len(free):
+                room, i = free.pop(at)
+            else:
+                i, room = len(self.open), L
+                self.open.append(_Row())
+            row = self.open[i]
+            row.pieces.append(piece)
+            row.fill += n
+            if room > n:
+                insort(free, (room - n, i))
+
+    def _hold(self, key: Key, doc: Doc, pieces: int) -> None:
+        self.store[key] = doc
+        self.refs[key] = self.refs.get(key, 0) + pieces
+
+    def _close_after_window(self) -> None:
+        L = self.p.seq_len
+        for row in self.open:
+            row.age += 1
+        closing = {
+            i for i, row in enumerate(self.open)
+            if row.fill >= self.p.fill * L or row.age >= self.p.max_age
+        }
+        keep = [i for i in range(len(self.open)) if i not in closing]
+        if len(keep) > self.p.max_open:  # too many open: the fullest close first
+            by_fill = sorted(keep, key=lambda i: (-self.open[i].fill, i))
+            closing.update(by_fill[: len(keep) - self.p.max_open])
+        self._close(sorted(closing))
+
+    def _close(self, indices: list[int]) -> None:
+        chosen = set(indices)
+        self.ready.extend(self.open[i].pieces for i in indices)
+        self.open = [row for i, row in enumerate(self.open) if i not in chosen]
+
+    def _shuffle_block(self, n: int) -> None:
+        if n == 0:
+            return
+        block, self.ready = self.ready[:n], self.ready[n:]
+        order = np.random.default_rng([self.p.seed, self.epoch, self.block]).permutation(n)
+        # rows holding a piece of a cut document keep their order among themselves, so a
+        # document's pieces go out first to last and what is left of it is always a suffix
+        cut = [i for i in range(n) if not all(whole for _, _, _, whole in block[i])]
+        if cut:
+            slots = [k for k, i in enumerate(order) if i in set(cut)]
+            order[slots] = cut
+        self.out.extend(block[int(i)] for i in order)
+        self.block += 1
+
+    def _assemble(self, rows: list[list[Piece]]) -> dict[str, Any]:
+        L, B = self.p.seq_len, self.p.batch_size
+        flat = [(r, piece) for r, row in enumerate(rows) for piece in row]
+        parts, masks = [], []
+        for _, (key, start, n, _) in flat:
+            doc = self.store[key]
+            parts.append(doc.tokens[start : start + n])
+            if doc.mask is not None:
+                masks.append(doc.mask[start : start + n])
+        src = np.concatenate(parts) if parts else np.empty(0, np.int32)
+        seg_len = np.fromiter((p[2] for _, p in flat), dtype=np.int64, count=len(flat))
+        seg_row = np.fromiter((r for r, _ in flat), dtype=np.int64, count=len(flat))
+        whole = np.fromiter((p[3] for _, p in flat), dtype=bool, count=len(flat))
+        batch = assemble_batch(
+            src,
+            np.cumsum(seg_len) - seg_len,
+            seg_len,
+            seg_row,
+            batch_size=B,
+            seq_len=L,
+            pad_id=self.p.pad_id,
+            seg_whole=whole,
+            mask=np.concatenate(masks) if masks and len(masks) == len(parts) else None,
+        )
+        self._release(piece for _, piece in flat)
+        self.ledger.add("tokens", batch["num_tokens"])
+        self.ledger.add("padding_tokens", batch["num_padding_tokens"])
+        self.ledger.add("batches", 1)
+        return batch
+
+    def _release(self, pieces: Iterator[Piece]) -> None:
+        for key, _, _, _ in pieces:
+            left = self.refs[key] - 1
+            if left:
+                self.refs[key] = left
+            else:
+                del self.refs[key]
+                del self.store[key]
+
+    def _drop(self, rows: list[list[Piece]]) -> None:
+        """Count rows that will not be emitted: their tokens, and documents whose head they hold."""
+        pieces = [piece for row in rows for piece in row]
+        self.ledger.add("dropped_tokens", sum(n for _, _, n, _ in pieces))
+        heads = sum(1 for key, start, _, _ in pieces if start == 0 and self.store[key].skip == 0)
+        self.ledger.add("dropped_docs", heads)
+        self._release(iter(pieces))
+
+    def _drop_rest(self, chunks: Iterator[Chunk]) -> None:
+        """Drop everything held and the rest of the epoch upstream, counted."""
+        self._drop([row.pieces for row in self.open] + self.ready + self.out)
+        self.open, self.ready, self.out = [], [], []
+        docs, tokens = self.src.drain(chunks)
+        self.ledger.add("dropped_docs", docs)
+        self.ledger.add("dropped_tokens", tokens)
+        self.flushed = True
+
+
+def _encode(pieces: list[Piece]) -> list[list[int]]:
+    return [
+        [key[0], key[1]] if whole else [key[0], key[1], start, n]
+        for key, start, n, whole in pieces
+    ]
+
+
+def _pieces(encoded: list[list[int]]) -> list[Piece]:
+    """Decode pieces; a whole document's length is known only once it is re-read."""
+    out: list[Piece] = []
+    for item in encoded:
+        if len(item) == 2:
+            out.append(((int(item[0]), int(item[1])), 0, -1, True))
+        elif len(item) == 4:
+            out.append(((int(item[0]), int(item[1])), int(item[2]), int(item[3]), False))
+        else:
+            raise ValueError(f"a piece is [segment, seq] or [segment, seq, start, length], got {item!r}")
+    return out

@@ -1,0 +1,193 @@
+"""Whole documents a window at a time, with references that survive a resume.
+
+Packers that look ahead (best-fit packing, length bucketing) hold documents
+back. Their state names the held documents by reference, ``(segment, seq)``
+in the consumer's work, never by their tokens. :class:`DocumentSource` pulls
+chunks from upstream and hands them out as :class:`Window` objects of whole
+documents, cut only where a source chunk ends (a cell of the ``batch_rows``
+grid), so a window's contents depend only on where it starts, whether the
+stream started there or was resumed.
+
+A resume re-reads from the earliest held document (the *replay*): documents
+read before the checkpoint (before the *read mark*) are not counted again and
+are kept only if the state still references them; from the read mark on,
+windows are formed as in the uninterrupted run.
+
+Not thread-safe: one source belongs to one packer run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from arrowstream.chunk import Chunk, Ledger
+from arrowstream.errors import StateError
+
+__all__ = ["Doc", "DocumentSource", "Key", "Window"]
+
+#: A document's reference: ``(segment, seq)`` in the consumer's work of an epoch.
+Key = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Doc:
+    """One document's tokens (a view into its chunk) and loss mask."""
+
+    tokens: np.ndarray
+    mask: np.ndarray | None
+    skip: int  # tokens removed upstream from its front (a re-dealt segment's head)
+
+
+@dataclass(slots=True)
+class Window:
+    """Consecutive whole documents of one epoch, in stream order."""
+
+    epoch: int
+    keys: list[Key]
+    docs: list[Doc]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per document."""
+        return np.fromiter((d.tokens.size for d in self.docs), dtype=np.int64, count=len(self.docs))
+
+
+class DocumentSource:
+    """Hand out windows of at least ``size`` documents, resuming from a read mark.
+
+    Parameters
+    ----------
+    size
+        Documents per window (a window ends where the source chunk holding
+        its ``size``-th document ends, or at the epoch's end).
+    ledger
+        Counters: every chunk read past the read mark is committed.
+    mark
+        ``(epoch, segment, seq)`` of the first document not read before the
+        checkpoint, or ``None`` on a fresh start.
+    wanted
+        Documents before ``mark`` that the state still references.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        ledger: Ledger,
+        *,
+        epoch: int,
+        mark: tuple[int, int, int] | None = None,
+        wanted: set[Key] | None = None,
+    ) -> None:
+        self.size = size
+        self.ledger = ledger
+        self.epoch = epoch
+        self.mark = mark
+        self.wanted = set(wanted or ())
+        self.recovered: dict[Key, Doc] = {}
+        self._pending: Chunk | None = None
+        self._ended = False  # upstream is exhausted
+        self.read: tuple[int, int, int] = mark if mark is not None else (epoch, 0, 0)
+
+    def _next(self, chunks: Iterator[Chunk]) -> Chunk | None:
+        """Return the next chunk past the read mark; replay the ones before it."""
+        while True:
+            if self._pending is not None:
+                chunk, self._pending = self._pending, None
+                return chunk
+            if self._ended:
+                return None
+            chunk = next(chunks, None)
+            if chunk is None:
+                self._ended = True
+                self._check_recovered()
+                return None
+            if self.mark is not None and (chunk.epoch, chunk.segment, chunk.seq_start) < self.mark:
+                self._replay(chunk)
+                continue
+            self._check_recovered()
+            self.mark = None
+            return chunk
+
+    def _replay(self, chunk: Chunk) -> None:
+        assert self.mark is not None
+        if (chunk.epoch, chunk.segment, chunk.seq_end) > self.mark:
+            raise StateError(
+                f"the state's read mark {self.mark} falls inside a chunk of rows "
+                f"{chunk.seq_start}..{chunk.seq_end}: the state was edited or the data changed"
+            )
+        for i, key in enumerate(_keys(chunk)):
+            if key in self.wanted:
+                self.recovered[key] = _doc(chunk, i)
+
+    def _check_recovered(self) -> None:
+        if self.mark is None:
+            return
+        missing = self.wanted - set(self.recovered)
+        if missing:
+            raise StateError(
+                f"the state holds back {len(missing)} document(s) (for example (segment, seq) "
+                f"{min(missing)}) that are not in the data any more: the data, the filter or "
+                "the tokenizer changed; start without the state"
+            )
+        self.mark = None
+
+    def pull(self, chunks: Iterator[Chunk]) -> Window | None:
+        """Return the next window of the current epoch, or ``None`` at the epoch's end."""
+        keys: list[Key] = []
+        docs: list[Doc] = []
+        while True:
+            chunk = self._next(chunks)
+            if chunk is None or chunk.epoch != self.epoch:
+                self._pending = chunk
+                break
+            self.ledger.commit(chunk)
+            self.read = (chunk.epoch, chunk.segment, chunk.seq_end)
+            for i, key in enumerate(_keys(chunk)):
+                keys.append(key)
+                docs.append(_doc(chunk, i))
+            if len(keys) >= self.size and chunk.source_end:
+                break
+        return Window(self.epoch, keys, docs) if keys else None
+
+    def prime(self, chunks: Iterator[Chunk]) -> None:
+        """Replay up to the read mark now, so :attr:`recovered` holds every wanted document."""
+        if self.mark is not None:
+            self._pending = self._next(chunks)
+
+    def peek(self, chunks: Iterator[Chunk]) -> bool:
+        """Return whether upstream has another chunk (of any epoch)."""
+        self._pending = self._next(chunks)
+        return self._pending is not None
+
+    def drain(self, chunks: Iterator[Chunk]) -> tuple[int, int]:
+        """Skip the rest of the current epoch; return the documents and tokens skipped."""
+        docs = tokens = 0
+        while True:
+            chunk = self._next(chunks)
+            if chunk is None or chunk.epoch != self.epoch:
+                self._pending = chunk
+                return docs, tokens
+            self.ledger.commit(chunk)
+            self.read = (chunk.epoch, chunk.segment, chunk.seq_end)
+            assert chunk.offsets is not None
+            docs += chunk.num_docs
+            tokens += int(chunk.offsets[-1])
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether upstream has ended and nothing is pending."""
+        return self._ended and self._pending is None
+
+
+def _keys(chunk: Chunk) -> list[Key]:
+    return [(chunk.segment, int(s)) for s in chunk.seq]
+
+
+def _doc(chunk: Chunk, i: int) -> Doc:
+    assert chunk.tokens is not None and chunk.offsets is not None
+    a, b = int(chunk.offsets[i]), int(chunk.offsets[i + 1])
+    mask = None if chunk.mask is None else chunk.mask[a:b]
+    return Doc(chunk.tokens[a:b], mask, chunk.head_skip if i == 0 else 0)

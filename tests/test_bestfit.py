@@ -1,0 +1,231 @@
+"""Best-fit packing: tokens exactly once, whole documents, exact resume, elastic merge."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from arrowstream import ConfigError, merge_states, read_parquet
+from arrowstream.testing import assert_batch_consistent, assert_resumes_identically
+
+from .conftest import write_parts
+
+EOS = 0
+BASE = 1000  # token = (doc + 1) * BASE + position: every token names its document and place
+
+
+def _docs(lengths: list[int]) -> list[list[int]]:
+    return [[(i + 1) * BASE + j for j in range(n)] for i, n in enumerate(lengths)]
+
+
+def _write(root: Path, lengths: list[int], *, files: int = 2, rg: int = 7) -> Path:
+    docs = _docs(lengths)
+    per = -(-len(docs) // files)
+    parts = [
+        {"input_ids": pa.array(docs[f * per : (f + 1) * per], pa.list_(pa.int32()))}
+        for f in range(files)
+        if docs[f * per : (f + 1) * per]
+    ]
+    write_parts(root, parts, row_group_size=rg)
+    return root
+
+
+def _heavy_tail(n: int, seed: int = 0, cap: int = 90) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in np.minimum(rng.pareto(1.3, n) * 6 + 1, cap)]
+
+
+def _pipeline(root: Path, *, num_epochs: int | None = 1, batch_rows: int = 5, **pack):  # noqa: ANN202
+    options = {"seq_len": 32, "batch_size": 3, "strategy": "best_fit", "window": 20, **pack}
+    ds = read_parquet(root, batch_rows=batch_rows, num_epochs=num_epochs)
+    return ds.tokenize(None, column="input_ids", eos_id=EOS).pack(**options)
+
+
+def _segments(batches: list) -> list[np.ndarray]:
+    """Every segment's tokens, EOS dropped (EOS has no owner)."""
+    out = []
+    for b in batches:
+        for row_ids, row_seg in zip(b["input_ids"], b["segment_ids"]):
+            for k in range(1, int(row_seg.max(initial=0)) + 1):
+                tokens = row_ids[row_seg == k]
+                out.append(tokens[tokens != EOS])
+    return out
+
+
+def _check_epoch(batches: list, lengths: list[int], seq_len: int) -> None:
+    """Each document's tokens come once; a document is cut only when longer than ``seq_len``."""
+    pieces: dict[int, list[np.ndarray]] = {}
+    for seg in _segments(batches):
+        if seg.size:
+            owners = np.unique(seg // BASE)
+            assert owners.size == 1, f"a segment mixes documents {owners.tolist()}"
+            pieces.setdefault(int(owners[0]) - 1, []).append(seg % BASE)
+    for doc, n in enumerate(lengths):
+        got = sorted(pieces.get(doc, []), key=lambda p: int(p[0]) if p.size else 0)
+        assert np.array_equal(np.concatenate(got or [np.empty(0, int)]), np.arange(n)), f"document {doc}"
+        if n + 1 <= seq_len:  # with its EOS it fits a row: never cut
+            assert len(got) == 1, f"document {doc} of {n} tokens was cut"
+    assert set(pieces) <= set(range(len(lengths)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lengths=st.lists(st.integers(1, 70), min_size=1, max_size=60),
+    seq_len=st.integers(4, 40),
+    window=st.integers(1, 25),
+    max_open=st.integers(1, 6),
+    max_age=st.integers(1, 4),
+    fill=st.sampled_from([0.5, 0.9, 1.0]),
+)
+def test_every_token_once_and_only_long_documents_cut(
+    tmp_path_factory: pytest.TempPathFactory,
+    lengths: list[int],
+    seq_len: int,
+    window: int,
+    max_open: int,
+    max_age: int,
+    fill: float,
+) -> None:
+    root = _write(tmp_path_factory.mktemp("bf"), lengths)
+    ds = _pipeline(
+        root, seq_len=seq_len, window=window, max_open=max_open, max_age=max_age, fill=fill
+    )
+    it = ds.iter()
+    batches = list(it)
+    for b in batches:
+        assert b["input_ids"].shape == (3, seq_len)
+        assert_batch_consistent(b, pad_id=EOS)
+    _check_epoch(batches, lengths, seq_len)
+    stats = it.stats
+    assert stats["tokens"] == sum(n + 1 for n in lengths)
+    assert stats.get("long_docs_split", 0) == sum(1 for n in lengths if n + 1 > seq_len)
+    # cut segments are exactly the pieces of long documents
+    cut = sum(b["num_cut_docs"] for b in batches)
+    assert cut == sum(-(-(n + 1) // seq_len) for n in lengths if n + 1 > seq_len)
+
+
+def test_whole_documents_with_little_padding_where_concat_cuts(tmp_path: Path) -> None:
+    lengths = _heavy_tail(600, cap=31)
+    root = _write(tmp_path, lengths)
+    concat = list(_pipeline(root, strategy="concat", window=None))
+    best = list(_pipeline(root, window=64))
+    cut = {name: sum(b["num_cut_docs"] for b in out) for name, out in (("concat", concat), ("best", best))}
+    assert cut["best"] == 0 < cut["concat"]  # every document fits a row, so none is cut
+    pad = sum(b["num_padding_tokens"] for b in best) / sum(b["input_ids"].size for b in best)
+    assert pad < 0.06, pad
+    _check_epoch(best, lengths, 32)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"window": 1, "max_open": 1},  # a row closes as soon as a document does not fit
+        {"window": 7, "max_age": 1, "shuffle_batches": 1},
+        {"window": 50, "max_open": 2, "fill": 0.8, "long_docs": "truncate"},
+        {"long_docs": "drop", "drop_last": True},
+    ],
+)
+def test_resumes_identically_at_every_step_across_epochs(tmp_path: Path, options: dict) -> None:
+    root = _write(tmp_path, _heavy_tail(90, seed=1))
+    ds = _pipeline(root, num_epochs=2, **options)
+    assert assert_resumes_identically(ds, min_epochs=2) > 4
+
+
+def test_resumes_identically_with_shuffle_and_consumers(tmp_path: Path) -> None:
+    root = _write(tmp_path, _heavy_tail(120, seed=2))
+    ds = read_parquet(root, batch_rows=4, num_epochs=2).shuffle(seed=3, window=2)
+    ds = ds.tokenize(None, column="input_ids", eos_id=EOS).pack(
+        seq_len=24, batch_size=2, strategy="best_fit", window=9
+    )
+    assert assert_resumes_identically(lambda: ds.iter(rank=1, world_size=2), min_epochs=2) > 4
+
+
+def test_state_names_held_documents_and_resume_reads_from_the_earliest(tmp_path: Path) -> None:
+    root = _write(tmp_path, _heavy_tail(200, seed=3))
+    ds = _pipeline(root, window=30)
+    it = ds.iter()
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(it.state_dict()))
+    held = state["held"]["docs"]
+    assert held and state["position"]["seq"] == min(seq for _, seq, _ in held)
+    assert state["held"]["read"][1] > state["position"]["seq"]
+    assert len(json.dumps(state)) < 16_384
+    rest = list(it)
+    again = list(ds.iter(state))
+    assert [b["input_ids"].tobytes() for b in again] == [b["input_ids"].tobytes() for b in rest]
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 1), (1, 2)])
+def test_elastic_resume_emits_held_documents_exactly_once(
+    tmp_path: Path, before: int, after: int
+) -> None:
+    lengths = _heavy_tail(150, seed=4)
+    root = _write(tmp_path, lengths)
+    ds = _pipeline(root, even_batches=False)
+    seen: list = []
+    states = []
+    for rank in range(before):
+        it = ds.iter(rank=rank, world_size=before)
+        seen += [next(it) for _ in range(2 + rank)]
+        states.append(json.loads(json.dumps(it.state_dict())))
+    assert any("held" in s for s in states)
+    merged = json.loads(json.dumps(merge_states(states)))
+    for rank in range(after):
+        seen += list(ds.iter(merged, rank=rank, world_size=after))
+    _check_epoch(seen, lengths, 32)
+
+
+def test_even_batches_with_best_fit(tmp_path: Path) -> None:
+    lengths = _heavy_tail(200, seed=5)
+    root = _write(tmp_path, lengths)
+    ds = _pipeline(root, num_epochs=2)
+    counts, tokens, dropped = [], 0, 0
+    for rank in range(3):
+        it = ds.iter(rank=rank, world_size=3)
+        per_epoch: Counter = Counter()
+        for b in it:
+            per_epoch[it.state_dict()["packer"]["epoch"]] += 1
+            tokens += b["num_tokens"]
+        counts.append(per_epoch)
+        dropped += it.stats.get("dropped_tokens", 0)
+    assert all(c == counts[0] for c in counts) and len(counts[0]) == 2
+    assert tokens + dropped == 2 * sum(n + 1 for n in lengths)
+
+
+def test_long_documents_are_truncated_or_dropped_and_counted(tmp_path: Path) -> None:
+    lengths = [5, 100, 7, 40, 3]
+    root = _write(tmp_path, lengths, files=1)
+    it = _pipeline(root, long_docs="truncate").iter()
+    batches = list(it)
+    stats = it.stats
+    assert stats["long_docs_truncated"] == 2
+    assert stats["truncated_tokens"] == (101 - 32) + (41 - 32)
+    assert stats["tokens"] == sum(min(n + 1, 32) for n in lengths)
+    it = _pipeline(root, long_docs="drop").iter()
+    batches = list(it)
+    stats = it.stats
+    assert (stats["long_docs_dropped"], stats["long_tokens_dropped"]) == (2, 101 + 41)
+    kept = {int(t) // BASE - 1 for s in _segments(batches) for t in s}
+    assert kept == {0, 2, 4}
+
+
+def test_options_are_checked(tmp_path: Path) -> None:
+    root = _write(tmp_path, [3, 4])
+    base = read_parquet(root).tokenize(None, column="input_ids", eos_id=EOS)
+    with pytest.raises(ConfigError, match="strategy 'concat' takes no \\['window'\\]"):
+        base.pack(seq_len=8, batch_size=2, window=4)
+    with pytest.raises(ConfigError, match="`long_docs` must be one of"):
+        base.pack(seq_len=8, batch_size=2, strategy="best_fit", long_docs="cut")
+    with pytest.raises(ConfigError, match="`fill` must be a number in \\(0, 1\\]"):
+        base.pack(seq_len=8, batch_size=2, strategy="best_fit", fill=0)
+    with pytest.raises(ConfigError, match="unknown packing strategy 'first_fit'"):
+        base.pack(seq_len=8, batch_size=2, strategy="first_fit")
