@@ -191,12 +191,15 @@ class Dataset:
         num_inflight: int = 4,
         slice_bytes: int = 1 << 20,
         first_slice_bytes: int = 1 << 16,
+        loss_mask: str | None = None,
     ) -> Dataset:
         """Tokenize ``column`` into an ``input_ids`` column; ``tokenizer=None`` reads ids as they are.
 
         See :class:`~arrowstream.tokenize.Tokenize` for the options. Null and
         empty documents are skipped and counted (``stats["null"]``,
-        ``stats["empty"]``).
+        ``stats["empty"]``). ``loss_mask`` names a column of per-token loss
+        masks next to pre-tokenized ids; masked tokens get ``-100`` in the
+        packed ``labels``.
 
         Examples
         --------
@@ -220,6 +223,7 @@ class Dataset:
                 num_inflight=num_inflight,
                 slice_bytes=slice_bytes,
                 first_slice_bytes=first_slice_bytes,
+                loss_mask=loss_mask,
             )
         )
 

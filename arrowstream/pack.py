@@ -247,6 +247,8 @@ class _ConcatRun(PackRun):
     def _assemble(self, pieces: list[tuple[Chunk, int, int]], got: int) -> dict[str, np.ndarray]:
         L, B = self.p.seq_len, self.p.batch_size
         src = np.concatenate([c.tokens[a:b] for c, a, b in pieces] or [np.empty(0, np.int32)])
+        masked = pieces and all(c.mask is not None for c, _, _ in pieces)
+        mask = np.concatenate([c.mask[a:b] for c, a, b in pieces]) if masked else None  # type: ignore[index]
         rows = np.arange(0, got, L, dtype=np.int64)
         doc_starts, doc_ends = [], []
         base = 0
@@ -273,6 +275,7 @@ class _ConcatRun(PackRun):
             seq_len=L,
             pad_id=self.p.pad_id,
             seg_whole=whole,
+            mask=mask,
         )
         self.ledger.add("tokens", got)
         self.ledger.add("padding_tokens", B * L - got)

@@ -139,6 +139,12 @@ class Tokenize(Stage):
         (each call uses the tokenizer's own thread pool). More than one keeps
         that pool busy while the results of a finished call are turned into
         arrays; 4 measured best on 2 cores. Output does not depend on it.
+    loss_mask
+        With ``tokenizer=None``: a column of per-token loss masks (a list of
+        booleans or integers per row, as long as the row's token ids; true or
+        non-zero: the token carries loss). Masked tokens get ``-100`` in
+        ``labels`` after packing (for instruction tuning: mask the prompt). An
+        appended EOS carries loss.
 
     Examples
     --------
@@ -165,8 +171,17 @@ class Tokenize(Stage):
         slice_bytes: int = 1 << 20,
         first_slice_bytes: int = 1 << 16,
         num_inflight: int = 4,
+        loss_mask: str | None = None,
     ) -> None:
         self.tokenizer = None if tokenizer is None else load_tokenizer(tokenizer)
+        if loss_mask is not None and (self.tokenizer is not None or not isinstance(loss_mask, str)):
+            raise ConfigError(
+                f"`loss_mask` names a column of per-token masks aligned with token ids, so it "
+                f"needs `tokenizer=None` and a column name; got loss_mask={loss_mask!r} with "
+                f"{'a tokenizer' if self.tokenizer is not None else 'no tokenizer'}: tokenize "
+                "ahead of time and store the ids and the mask side by side"
+            )
+        self.loss_mask = loss_mask
         if self.tokenizer is not None:
             check_tokenizer(self.tokenizer)
         self.column = column
@@ -200,16 +215,19 @@ class Tokenize(Stage):
         self._hash = None if self.tokenizer is None else tokenizer_hash(self.tokenizer)
 
     def spec(self) -> dict[str, Any]:
-        return {
+        out = {
             "column": self.column,
             "tokenizer": self._hash,
             "add_eos": self.add_eos,
             "eos_id": self.eos_id,
             "add_special_tokens": self.add_special_tokens,
         }
+        if self.loss_mask is not None:  # only when set: other pipelines keep their options hash
+            out["loss_mask"] = self.loss_mask
+        return out
 
     def columns(self) -> set[str] | None:
-        return {self.column}
+        return {self.column} if self.loss_mask is None else {self.column, self.loss_mask}
 
     def check(self, manifest: Manifest, schema: pa.Schema) -> pa.Schema:
         idx = schema.get_field_index(self.column)
@@ -235,6 +253,24 @@ class Tokenize(Stage):
                 "`.tokenize(None, ...)` expects token ids (list<int32> or list<int64>); "
                 "for text pass a tokenizer"
             )
+        if self.loss_mask is not None:
+            m = schema.get_field_index(self.loss_mask)
+            if m < 0:
+                raise SchemaError(
+                    f"loss mask column `{self.loss_mask}` is not among the columns read "
+                    f"{schema.names!r} (first file {manifest.paths[0]!r}): check the name or add "
+                    "it to `columns=`"
+                )
+            mtype = schema.field(m).type
+            if not (
+                pa.types.is_list(mtype)
+                and (pa.types.is_boolean(mtype.value_type) or pa.types.is_integer(mtype.value_type))
+            ):
+                raise SchemaError(
+                    f"loss mask column `{self.loss_mask}` has type {mtype} (first file "
+                    f"{manifest.paths[0]!r}) but a loss mask is a list of booleans or integers "
+                    "per row, one per token id"
+                )
         ids = pa.field("input_ids", pa.list_(pa.int32()))
         if "input_ids" in schema.names:
             return schema.set(schema.get_field_index("input_ids"), ids)
@@ -299,20 +335,53 @@ class Tokenize(Stage):
                 "non-negative and fit in int32"
             )
         values = values.astype(np.int32, copy=False)
-        return self._finish(chunk, values, np.diff(offsets))
+        mask = None if self.loss_mask is None else self._mask(chunk, offsets)
+        return self._finish(chunk, values, np.diff(offsets), mask)
 
-    def _finish(self, chunk: Chunk, flat: np.ndarray, lens: np.ndarray) -> Chunk:
+    def _mask(self, chunk: Chunk, offsets: np.ndarray) -> np.ndarray:
+        """Return the flat boolean loss mask, checked against the token ids' lengths."""
+        assert chunk.batch is not None and self.loss_mask is not None
+        col = chunk.batch.column(self.loss_mask)
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks()
+        lens = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        valid = col.is_valid().to_numpy(zero_copy_only=False)
+        ids_lens = np.diff(offsets)
+        bad = np.flatnonzero(~valid | (np.nan_to_num(lens, nan=-1) != ids_lens))
+        if bad.size:
+            i = int(bad[0])
+            got = "null" if not valid[i] else f"{int(lens[i])} values"
+            raise SchemaError(
+                f"loss mask column `{self.loss_mask}` has {got} in row {int(chunk.seq[i])} of the "
+                f"epoch's order, where `{self.column}` has {int(ids_lens[i])} token ids: a loss "
+                "mask needs one value per token id in every row"
+            )
+        values = col.values.slice(int(col.offsets[0].as_py()), int(lens.sum()))
+        if values.null_count:
+            raise SchemaError(
+                f"loss mask column `{self.loss_mask}` holds nulls inside a list: use true/false "
+                "(or 1/0) for every token"
+            )
+        return values.to_numpy(zero_copy_only=False).astype(bool, copy=False)
+
+    def _finish(
+        self, chunk: Chunk, flat: np.ndarray, lens: np.ndarray, mask: np.ndarray | None = None
+    ) -> Chunk:
         if (lens == 0).any():  # texts that encode to no token at all (a normalizer ate them)
             keep = lens > 0
-            flat_chunk = replace(chunk, tokens=flat, offsets=_offsets(lens))
+            flat_chunk = replace(chunk, tokens=flat, offsets=_offsets(lens), mask=mask)
             chunk = flat_chunk.with_rows(keep, "empty")
-            flat, lens = chunk.tokens, lens[keep]
+            flat, lens, mask = chunk.tokens, lens[keep], chunk.mask
         if self.add_eos:
             out = np.empty(flat.size + lens.size, dtype=np.int32)
             is_eos = np.zeros(out.size, dtype=bool)
             is_eos[np.cumsum(lens + 1) - 1] = True
             out[is_eos] = self.eos_id
             out[~is_eos] = flat
+            if mask is not None:
+                with_eos = np.ones(out.size, dtype=bool)  # the EOS carries loss
+                with_eos[~is_eos] = mask
+                mask = with_eos
             flat, lens = out, lens + 1
         offsets = _offsets(lens)
         batch = chunk.batch
@@ -324,7 +393,7 @@ class Tokenize(Stage):
                 if "input_ids" in names
                 else batch.append_column("input_ids", ids)
             )
-        return replace(chunk, tokens=flat, offsets=offsets, batch=batch)
+        return replace(chunk, tokens=flat, offsets=offsets, batch=batch, mask=mask)
 
 
 def _offsets(lens: np.ndarray) -> np.ndarray:

@@ -12,8 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from arrowstream import ConfigError, read_parquet
-from arrowstream.testing import assert_batch_consistent, assert_items_equal
+from arrowstream import ConfigError, SchemaError, read_parquet
+from arrowstream.sample import sample_tokenizer
+from arrowstream.testing import (
+    assert_batch_consistent,
+    assert_items_equal,
+    assert_resumes_identically,
+)
 
 from .conftest import write_parts
 
@@ -247,3 +252,42 @@ def test_output_does_not_depend_on_encoder_threads_or_prefetch(tmp_path: Path, t
         )
         outs.add(b"".join(b["input_ids"].tobytes() for b in ds.pack(seq_len=32, batch_size=2)))
     assert len(outs) == 1
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+def test_loss_mask_travels_with_the_tokens_into_labels(tmp_path: Path, strategy: str) -> None:
+    docs = [[11, 12, 13, 14], [21, 22], [31, 32, 33, 34, 35]]
+    masks = [[0, 0, 1, 1], [1, 0], [0, 1, 1, 0, 1]]  # say, the prompt tokens are 0
+    write_parts(
+        tmp_path,
+        [{"input_ids": pa.array(docs, pa.list_(pa.int32())), "mask": pa.array(masks, pa.list_(pa.int8()))}],
+        row_group_size=2,
+    )
+    ds = read_parquet(tmp_path, batch_rows=1).tokenize(None, column="input_ids", eos_id=EOS, loss_mask="mask")
+    packed = ds.pack(seq_len=6, batch_size=2, strategy=strategy)
+    trained: set[int] = set()
+    for b in packed:
+        assert_batch_consistent(b, pad_id=EOS)
+        trained |= {int(t) for t in b["labels"][b["labels"] != -100] if t != EOS}
+    # tokens with mask 0 never carry loss; masked-in tokens do unless they start a row piece
+    assert trained <= {13, 14, 21, 32, 33, 35}
+    assert {14, 33} <= trained
+    assert assert_resumes_identically(packed) > 0
+
+
+def test_loss_mask_errors_name_the_column(tmp_path: Path) -> None:
+    write_parts(
+        tmp_path,
+        [{"input_ids": pa.array([[1, 2], [3]], pa.list_(pa.int32())), "mask": pa.array([[1, 1], [1, 0]], pa.list_(pa.int8())),
+          "text": pa.array(["a", "b"])}],
+        row_group_size=2,
+    )
+    ds = read_parquet(tmp_path)
+    with pytest.raises(SchemaError, match="loss mask column `mask` has 2 values in row 1"):
+        list(ds.tokenize(None, column="input_ids", eos_id=0, loss_mask="mask").pack(seq_len=4, batch_size=1))
+    with pytest.raises(SchemaError, match="loss mask column `nope` is not among"):
+        ds.tokenize(None, column="input_ids", eos_id=0, loss_mask="nope")
+    with pytest.raises(SchemaError, match="a loss mask is a list of booleans or integers"):
+        ds.tokenize(None, column="input_ids", eos_id=0, loss_mask="text")
+    with pytest.raises(ConfigError, match="needs `tokenizer=None`"):
+        ds.tokenize(sample_tokenizer(), loss_mask="mask")
