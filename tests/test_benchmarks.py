@@ -35,3 +35,16 @@ def test_shuffle_benchmark_runs_and_beats_shard_order(tmp_path: Path) -> None:
     ours = results["arrowstream .shuffle(window=4, fragments=2)"]
     assert ours["source_imbalance"] < results["shard-order shuffle"]["source_imbalance"]
     assert abs(ours["position_correlation"]) < 0.2
+
+
+def test_packing_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
+    out = tmp_path / "packing.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_packing.py"), "--smoke",
+         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    best, concat = results["best_fit window=1024 (default)"], results["concat"]
+    assert best["cut_per_100_docs"] < concat["cut_per_100_docs"]
