@@ -2,8 +2,10 @@
 
 Start with :func:`read_parquet`, chain ``.filter``, ``.tokenize`` and ``.pack``,
 and iterate. Every iterator has ``state_dict()`` / ``load_state_dict()``.
+:func:`analyze` shows the data's lengths and what each batching strategy costs.
 """
 
+from arrowstream.analysis import Analysis, analyze
 from arrowstream.dataset import Dataset, read_parquet
 from arrowstream.errors import (
     ArrowStreamError,
@@ -19,6 +21,7 @@ from arrowstream.manifest import Manifest, Shard, read_manifest
 from arrowstream.topology import merge_states
 
 __all__ = [
+    "Analysis",
     "ArrowStreamError",
     "ConfigError",
     "Dataset",
@@ -30,6 +33,7 @@ __all__ = [
     "ShardError",
     "StateError",
     "StateMismatchError",
+    "analyze",
     "merge_states",
     "read_manifest",
     "read_parquet",

@@ -1,7 +1,8 @@
-"""The ``arrowstream`` command: ``inspect``, ``demo`` and ``stream``.
+"""The ``arrowstream`` command: ``inspect``, ``analyze``, ``demo`` and ``stream``.
 
 ``inspect PATH`` prints the files, row groups, rows, bytes and schema of a
-dataset (footers only). ``demo`` builds a sample dataset and tokenizer offline,
+dataset (footers only). ``analyze PATH`` reports document lengths and what
+each batching strategy would cost, as text, JSON and a PNG. ``demo`` builds a sample dataset and tokenizer offline,
 streams packed batches, stops midway, saves the state, resumes in a fresh
 iterator and shows that the resumed stream matches. ``stream PATH`` runs a
 tokenize-and-pack pipeline over your data with a progress bar, optionally
@@ -25,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from arrowstream import __version__
+from arrowstream.analysis import analyze
 from arrowstream.dataset import read_parquet
 from arrowstream.errors import ArrowStreamError
 from arrowstream.manifest import read_manifest
@@ -52,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         return int(args.func(args))
-    except (ArrowStreamError, _UsageError) as exc:
+    except (ArrowStreamError, _UsageError, ImportError) as exc:  # ImportError: an optional extra
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like
@@ -77,6 +79,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--columns", help="comma-separated columns to check across files")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_inspect)
+
+    p = sub.add_parser("analyze", help="document lengths and what each batching strategy costs")
+    p.add_argument("path", help="directory, glob, file or URI")
+    p.add_argument("--column", default="text", help="text column, or a column of token ids (default: text)")
+    p.add_argument("--tokenizer", help="path to a tokenizer.json, for token lengths and strategies")
+    p.add_argument("--seq-len", type=int, default=2048, help="training sequence length (default 2048)")
+    p.add_argument("--batch-size", type=int, default=8, help="rows per batch (default 8)")
+    p.add_argument("--by", help="also summarise per value of this column, or per file with 'file'")
+    p.add_argument("--sample", type=int, help="tokenize about this many documents instead of all")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample and the random batches")
+    p.add_argument("--window", type=int, default=1024, help="look-ahead of best-fit and bucketing")
+    p.add_argument("--no-eos", action="store_true", help="do not count an EOS token per document")
+    p.add_argument("--plot", help="write a PNG figure here (needs matplotlib)")
+    p.add_argument("--json", help="write the full result as JSON here")
+    p.set_defaults(func=_analyze)
 
     p = sub.add_parser("demo", help="stream, checkpoint and resume on built-in sample data")
     p.add_argument("--workdir", help="where to write the sample data (default: a temp dir)")
@@ -148,6 +165,31 @@ def _inspect(args: argparse.Namespace) -> int:
         print("columns that differ between files (left out; select others with --columns):")
         for name, problem in m.drift.items():
             print(f"  {name}: {problem}")
+    return 0
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    if args.tokenizer is not None and not Path(args.tokenizer).is_file():
+        raise _UsageError(f"--tokenizer {args.tokenizer!r} is not a file: pass the path of a tokenizer.json")
+    result = analyze(
+        args.path,
+        column=args.column,
+        tokenizer=args.tokenizer,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        by=args.by,
+        sample=args.sample,
+        seed=args.seed,
+        add_eos=not args.no_eos,
+        window=args.window,
+    )
+    print(result)
+    if args.json:
+        result.to_json(args.json)
+        print(f"\nwrote {args.json}")
+    if args.plot:
+        result.plot(args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 

@@ -48,3 +48,15 @@ def test_packing_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     results = json.loads(out.read_text())["results"]
     best, concat = results["best_fit window=1024 (default)"], results["concat"]
     assert best["cut_per_100_docs"] < concat["cut_per_100_docs"]
+
+
+def test_analysis_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
+    out = tmp_path / "analysis.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_analysis.py"), "--smoke",
+         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["chars"]["wall_s"] > 0 and result["tokens"]["ratio"] > 0

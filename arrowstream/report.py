@@ -1,0 +1,151 @@
+"""Presenting an analysis: a terminal report with a text histogram, and a PNG figure.
+
+Pure formatting of an :class:`~arrowstream.analysis.Analysis`; matplotlib is
+imported only to draw the figure (``pip install 'arrowstream[plot]'``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from arrowstream.analysis import Analysis
+
+__all__ = ["plot_analysis", "render_analysis", "text_histogram"]
+
+_BAR = 40
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:,.0f}" if value >= 100 or value == int(value) else f"{value:.2f}"
+    return f"{value:,}"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    return "\n".join(lines)
+
+
+def text_histogram(lower: list[int], counts: list[int], *, mark: int | None = None) -> str:
+    """Return a histogram of power-of-two bins as text, with the bin holding ``mark`` flagged.
+
+    Examples
+    --------
+    >>> print(text_histogram([1, 2, 4], [1, 4, 2], mark=5))
+          1 -      1  ##########                                   1
+          2 -      3  ########################################     4
+          4 -      7  ####################                         2  <- 5
+    """
+    top = max(counts) if counts else 0
+    lines = []
+    for lo, n in zip(lower, counts):
+        bar = "#" * (round(_BAR * n / top) if top else 0)
+        flag = f"  <- {mark}" if mark is not None and lo <= mark < 2 * lo else ""
+        lines.append(f"{lo:>7,} - {2 * lo - 1:>6,}  {bar:<{_BAR}} {n:>7,}{flag}")
+    return "\n".join(lines)
+
+
+def render_analysis(a: Analysis) -> str:
+    """Return the terminal report of an analysis."""
+    info = a.info
+    out = [
+        f"{info['source']}: column `{info['column']}`, {info['num_files']:,} file(s), "
+        f"{info['num_rows']:,} rows, {info['num_docs']:,} documents "
+        f"({info['null_or_empty']:,} null or empty)",
+        "",
+    ]
+    quant = ["p0", "p10", "p50", "p90", "p99", "p100"]
+    rows = []
+    for r in a.summary.iter_rows(named=True):
+        above = "-" if r["above_seq_len"] is None else f"{r['above_seq_len']:.2%}"
+        rows.append([r["measure"], _num(r["num_docs"]), _num(r["mean"]), *(_num(r[q]) for q in quant), above])
+    out.append(_table(["length", "docs", "mean", *quant, f"> {info['seq_len']}"], rows))
+    tokens = info.get("tokens")
+    if tokens and tokens.get("counted") == "sample":
+        lo, hi = tokens["mean_ci95"]
+        out += [
+            "",
+            f"tokens from a sample of {tokens['sample_docs']:,} documents (seed {tokens['seed']}): "
+            f"mean {lo:.1f} .. {hi:.1f} (95 % CI), "
+            + ", ".join(f"{k} {v[0]:,} .. {v[1]:,}" for k, v in tokens["quantile_ci95"].items())
+            + f"; about {tokens['estimated_total_tokens']:,} tokens in all",
+        ]
+    measure = "tokens" if "tokens" in a.summary["measure"].to_list() else "chars"
+    hist = a.histogram.filter(a.histogram["measure"] == measure)
+    out += ["", f"documents by {measure}:"]
+    mark = info["seq_len"] if measure == "tokens" else None
+    out.append(text_histogram(hist["lower"].to_list(), hist["count"].to_list(), mark=mark))
+    if a.strategies.height:
+        out += ["", f"strategies for seq_len={info['seq_len']}, batch_size={info['batch_size']}:"]
+        rows = [
+            [r["name"], f"{r['padding_fraction']:.2%}", _num(r["num_batches"]), _num(r["cut_docs"]),
+             _num(r["dropped_tokens"])]
+            for r in a.strategies.iter_rows(named=True)
+        ]
+        out.append(_table(["strategy", "padding", "batches", "cut docs", "dropped tokens"], rows))
+        if tokens and tokens.get("counted") == "sample":
+            out.append("(batches, cut docs and dropped tokens scaled from the sample to every document)")
+    else:
+        out += ["", "strategies: pass a tokenizer (or a column of token ids) to predict them"]
+    if a.by is not None:
+        out += ["", "by group:"]
+        rows = [
+            [str(r["group"]), r["measure"], _num(r["num_docs"]), _num(r["mean"]), _num(r["p50"]),
+             _num(r["p90"]), _num(r["p100"])]
+            for r in a.by.iter_rows(named=True)
+        ]
+        out.append(_table(["group", "length", "docs", "mean", "p50", "p90", "max"], rows))
+    return "\n".join(out)
+
+
+def plot_analysis(a: Analysis, path: Path) -> Path:
+    """Draw the length histogram (``seq_len`` marked) and the strategies side by side as a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ImportError("the figure needs matplotlib: pip install 'arrowstream[plot]'") from exc
+    measure = "tokens" if "tokens" in a.summary["measure"].to_list() else "chars"
+    hist = a.histogram.filter(a.histogram["measure"] == measure)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax = axes[0]
+    ax.bar(hist["lower"].to_list(), hist["count"].to_list(), width=hist["lower"].to_list(), align="edge")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"document length ({measure})")
+    ax.set_ylabel("documents")
+    if measure == "tokens":
+        ax.axvline(a.info["seq_len"], color="red", linestyle="--", label=f"seq_len = {a.info['seq_len']}")
+        ax.legend()
+    ax.set_title("length distribution")
+    ax = axes[1]
+    if a.strategies.height:
+        names = a.strategies["name"].to_list()
+        pads = [100 * v for v in a.strategies["padding_fraction"].to_list()]
+        ax.barh(names, pads)
+        ax.set_xlim(0, max(max(pads) * 1.45, 10))  # room for the labels
+        ax.set_xlabel("padding (% of positions)")
+        ax.invert_yaxis()
+        for y, (pad, cut) in enumerate(zip(a.strategies["padding_fraction"], a.strategies["cut_docs"])):
+            ax.text(100 * pad, y, f" {pad:.1%}, {cut:,} cut", va="center")
+        ax.set_title(f"strategies (seq_len={a.info['seq_len']}, batch_size={a.info['batch_size']})")
+    else:
+        ax.text(0.5, 0.5, "pass a tokenizer to compare strategies", ha="center", va="center")
+        ax.set_axis_off()
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,185 @@
+"""Predict what a packing strategy does to a corpus from its document lengths alone.
+
+:func:`simulate_packer` runs a real :class:`~arrowstream.pack.Packer` (the
+same code a pipeline runs) over stand-in documents of the given token
+lengths: their tokens are views of one zero array, so no memory grows with
+the corpus and the decisions (which documents share a row, what is padded,
+what is cut) are exactly the pipeline's. Documents arrive in chunks of
+``batch_rows``, as they would from Parquet.
+
+:func:`simulate_padded` covers the strategies that do not pack: one document
+per row, padded to ``seq_len`` or to the longest document of a random batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from arrowstream.chunk import Chunk
+from arrowstream.errors import ConfigError
+from arrowstream.pack import Packer
+
+__all__ = ["Prediction", "simulate_packer", "simulate_padded"]
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What a strategy does to one epoch of documents.
+
+    Attributes
+    ----------
+    num_batches : int
+        Batches emitted.
+    num_tokens : int
+        Real tokens in them.
+    padding_tokens : int
+        Padding positions in them.
+    cut_docs : int
+        Documents not emitted whole: cut across rows, split, truncated or
+        dropped for their length.
+    dropped_tokens : int
+        Tokens not emitted (truncated or dropped documents, a dropped last batch).
+    """
+
+    num_batches: int
+    num_tokens: int
+    padding_tokens: int
+    cut_docs: int
+    dropped_tokens: int
+
+    @property
+    def padding_fraction(self) -> float:
+        """Padding positions over all positions of the batches."""
+        total = self.num_tokens + self.padding_tokens
+        return self.padding_tokens / total if total else 0.0
+
+
+def _chunks(lengths: np.ndarray, sizes: np.ndarray) -> Iterator[Chunk]:
+    starts = np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64)
+    biggest = max((int(lengths[a : a + n].sum()) for a, n in zip(starts, sizes)), default=0)
+    zeros = np.zeros(biggest, dtype=np.int32)
+    zeros.flags.writeable = False
+    for a, n in zip(starts.tolist(), sizes.tolist()):
+        part = lengths[a : a + n]
+        offsets = np.zeros(part.size + 1, dtype=np.int64)
+        np.cumsum(part, out=offsets[1:])
+        yield Chunk(
+            epoch=0,
+            shard=0,
+            seq_start=a,
+            seq_end=a + part.size,
+            row_start=a,
+            seq=np.arange(a, a + part.size, dtype=np.int64),
+            tokens=zeros[: int(offsets[-1])],
+            offsets=offsets,
+        )
+
+
+def simulate_packer(
+    lengths: np.ndarray,
+    packer: Packer,
+    *,
+    batch_rows: int = 1024,
+    chunk_sizes: np.ndarray | None = None,
+) -> Prediction:
+    """Run ``packer`` over one epoch of documents of ``lengths`` tokens (EOS included).
+
+    Parameters
+    ----------
+    lengths
+        Tokens per document, in reading order, each >= 1.
+    packer
+        Any packing strategy (``concat``, ``best_fit``).
+    batch_rows
+        Documents per chunk, when ``chunk_sizes`` is not given.
+    chunk_sizes
+        Documents per source chunk, as the pipeline read them (a look-ahead
+        window ends where a source chunk ends): with them the prediction is
+        the pipeline's exactly.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from arrowstream.pack import ConcatPacker
+    >>> p = simulate_packer(np.array([3, 5, 2, 6]), ConcatPacker(seq_len=4, batch_size=2, drop_last=False, pad_id=0))
+    >>> p.num_batches, p.padding_tokens, p.cut_docs
+    (2, 0, 2)
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size and lengths.min() < 1:
+        raise ConfigError("every document needs at least one token to be simulated")
+    if chunk_sizes is None:
+        chunk_sizes = np.diff(np.r_[np.arange(0, lengths.size, batch_rows), lengths.size])
+    chunk_sizes = np.asarray(chunk_sizes, dtype=np.int64)
+    if int(chunk_sizes.sum()) != lengths.size:
+        raise ConfigError(
+            f"`chunk_sizes` add up to {int(chunk_sizes.sum())} documents, `lengths` has {lengths.size}"
+        )
+    run = packer.start(None)
+    chunks = _chunks(lengths, chunk_sizes)
+    batches = tokens = padding = 0
+    while True:
+        try:
+            batch = run.next_batch(chunks)
+        except StopIteration:
+            break
+        batches += 1
+        tokens += batch["num_tokens"]
+        padding += batch["num_padding_tokens"]
+    stats = run.state_dict()["stats"]
+    if packer.name == "concat":
+        cut = _row_crossings(lengths, packer.seq_len)
+    else:
+        cut = sum(
+            int(stats.get(key, 0))
+            for key in ("long_docs_split", "long_docs_truncated", "long_docs_dropped")
+        )
+    dropped = sum(
+        int(stats.get(key, 0))
+        for key in ("dropped_tokens", "truncated_tokens", "long_tokens_dropped")
+    )
+    return Prediction(batches, tokens, padding, cut, dropped)
+
+
+def _row_crossings(lengths: np.ndarray, seq_len: int) -> int:
+    """Documents laid end to end that cross a row end (``concat``)."""
+    if not lengths.size:
+        return 0
+    end = np.cumsum(lengths)
+    start = end - lengths
+    return int(np.count_nonzero(start // seq_len != (end - 1) // seq_len))
+
+
+def simulate_padded(
+    lengths: np.ndarray, *, seq_len: int, batch_size: int, dynamic: bool, seed: int = 0
+) -> Prediction:
+    """One document per row, truncated to ``seq_len``: padded to ``seq_len``, or to the longest of a random batch.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> p = simulate_padded(np.array([2, 4, 4, 9]), seq_len=8, batch_size=2, dynamic=False)
+    >>> p.num_batches, p.padding_tokens, p.cut_docs
+    (2, 14, 1)
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    kept = np.minimum(lengths, seq_len)
+    n = kept.size
+    batches = -(-n // batch_size)
+    if dynamic:
+        order = np.random.default_rng(seed).permutation(n)
+        padded = np.zeros(batches * batch_size, dtype=np.int64)
+        padded[:n] = kept[order]
+        widths = padded.reshape(batches, batch_size).max(axis=1)
+        rows = np.full(batches, batch_size, dtype=np.int64)
+        if n % batch_size:
+            rows[-1] = n % batch_size  # the last batch has fewer rows
+        positions = int((widths * rows).sum())
+    else:
+        positions = n * seq_len
+    total = int(kept.sum())
+    cut = int(np.count_nonzero(lengths > seq_len))
+    return Prediction(batches, total, positions - total, cut, int((lengths - kept).sum()))

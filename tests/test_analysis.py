@@ -1,0 +1,162 @@
+"""Length analysis: exact quantiles, groups, predictions that match a real run, report, JSON, PNG."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
+
+from arrowstream import ConfigError, SchemaError, analyze, read_parquet
+from arrowstream.analysis import quantiles_from_counts
+from arrowstream.sample import make_texts
+
+from .conftest import write_parts
+
+QS = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0]
+
+
+def _corpus(root: Path, n: int = 600) -> tuple[Path, list[str | None], list[str]]:
+    texts: list[str | None] = list(make_texts(n, seed=3))
+    texts[5] = None
+    texts[9] = ""
+    sources = [["web", "books", "code"][i % 3] for i in range(n)]
+    half = n // 2
+    write_parts(
+        root,
+        [
+            {"text": pa.array(texts[:half]), "source": pa.array(sources[:half])},
+            {"text": pa.array(texts[half:]), "source": pa.array(sources[half:])},
+        ],
+        row_group_size=70,
+    )
+    return root, texts, sources
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=40), st.sampled_from(QS))
+def test_quantiles_from_counts_equal_numpy(values: list[int], q: float) -> None:
+    vals, counts = np.unique(values, return_counts=True)
+    assert quantiles_from_counts(vals, counts, [q])[0] == pytest.approx(float(np.quantile(values, q)))
+
+
+def test_char_and_byte_quantiles_equal_numpy_and_groups_add_up(tmp_path: Path) -> None:
+    root, texts, sources = _corpus(tmp_path)
+    a = analyze(root, by="source")
+    kept = [t for t in texts if t]
+    assert a.info["num_docs"] == len(kept) and a.info["null_or_empty"] == 2
+    chars = np.array([len(t) for t in kept])
+    bytes_ = np.array([len(t.encode()) for t in kept])
+    for name, values in (("chars", chars), ("bytes", bytes_)):
+        row = a.summary.filter(a.summary["measure"] == name).row(0, named=True)
+        for q in QS:
+            assert row[f"p{round(q * 100)}"] == pytest.approx(float(np.quantile(values, q)))
+        assert row["mean"] == pytest.approx(values.mean())
+    assert a.by is not None
+    for group in ("web", "books", "code"):
+        values = np.array([len(t) for t, s in zip(texts, sources) if t and s == group])
+        row = a.by.filter((a.by["group"] == group) & (a.by["measure"] == "chars")).row(0, named=True)
+        assert row["num_docs"] == values.size
+        assert row["p50"] == pytest.approx(float(np.median(values)))
+    by_file = analyze(root, by="file").by
+    assert by_file is not None and sorted(set(by_file["group"])) == ["part-000.parquet", "part-001.parquet"]
+    hist = a.histogram.filter(a.histogram["measure"] == "chars")
+    assert int(hist["count"].sum()) == len(kept)
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+def test_predictions_match_a_real_pipeline_run(tmp_path: Path, tokenizer: Tokenizer, strategy: str) -> None:
+    root, _, _ = _corpus(tmp_path)
+    a = analyze(root, tokenizer=tokenizer, seq_len=128, batch_size=4, window=64)
+    name = "concat" if strategy == "concat" else "best_fit (window 64)"
+    predicted = a.strategies.filter(a.strategies["name"] == name).row(0, named=True)
+    options = {"window": 64} if strategy == "best_fit" else {}
+    ds = read_parquet(root).tokenize(tokenizer).pack(seq_len=128, batch_size=4, strategy=strategy, **options)
+    batches = padding = 0
+    for b in ds:
+        batches += 1
+        padding += b["num_padding_tokens"]
+    assert abs(predicted["num_batches"] - batches) <= 0.01 * batches
+    assert abs(predicted["padding_fraction"] - padding / (batches * 4 * 128)) <= 0.01
+
+
+def test_token_counts_match_the_tokenizer(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    root, texts, _ = _corpus(tmp_path)
+    a = analyze(root, tokenizer=tokenizer, seq_len=64)
+    lengths = np.array([len(e.ids) + 1 for e in tokenizer.encode_batch_fast([t for t in texts if t])])
+    row = a.summary.filter(a.summary["measure"] == "tokens").row(0, named=True)
+    assert row["p90"] == pytest.approx(float(np.quantile(lengths, 0.9)))
+    assert row["above_seq_len"] == pytest.approx(float((lengths > 64).mean()))
+    cut = a.strategies.filter(a.strategies["name"] == "pad to seq_len")["cut_docs"].item()
+    assert cut == int((lengths > 64).sum())
+
+
+def test_sample_reports_its_size_and_intervals(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    root, texts, _ = _corpus(tmp_path)
+    full = analyze(root, tokenizer=tokenizer)
+    part = analyze(root, tokenizer=tokenizer, sample=200, seed=1)
+    info = part.info["tokens"]
+    assert info["counted"] == "sample" and 100 < info["sample_docs"] < 300
+    lo, hi = info["mean_ci95"]
+    true_mean = full.summary.filter(full.summary["measure"] == "tokens")["mean"].item()
+    assert lo < true_mean < hi
+    true_total = full.summary.filter(full.summary["measure"] == "tokens")["total"].item()
+    assert abs(info["estimated_total_tokens"] - true_total) < 0.1 * true_total
+    assert "sample of" in str(part)
+
+
+def test_pre_tokenized_column_needs_no_tokenizer(tmp_path: Path) -> None:
+    ids = [[1] * n for n in (3, 9, 4, 20)]
+    write_parts(tmp_path, [{"input_ids": pa.array(ids, pa.list_(pa.int32()))}])
+    a = analyze(tmp_path, column="input_ids", seq_len=8, batch_size=2)
+    assert a.summary["measure"].to_list() == ["tokens"]
+    assert a.summary["p100"].item() == 21  # 20 ids and an EOS
+    assert a.strategies.height == 4
+
+
+def test_report_json_and_png(tmp_path: Path, tokenizer: Tokenizer, tokenizer_path: Path) -> None:
+    root, _, _ = _corpus(tmp_path / "data")
+    out_json, out_png = tmp_path / "a.json", tmp_path / "a.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "arrowstream", "analyze", str(root), "--tokenizer", str(tokenizer_path),
+         "--seq-len", "256", "--batch-size", "4", "--by", "source", "--json", str(out_json), "--plot", str(out_png)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "strategies for seq_len=256" in proc.stdout and "<- 256" in proc.stdout
+    data = json.loads(out_json.read_text())
+    assert data["num_docs"] == 598
+    assert {"p50", "p90", "p99"} <= set(data["chars"]) and {"p50", "p90"} <= set(data["tokens"])
+    assert {s["name"] for s in data["strategies"]} >= {"concat", "pad to seq_len"}
+    for s in data["strategies"]:
+        assert {"name", "padding_fraction", "num_batches", "cut_docs"} <= set(s)
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    assert matplotlib.image.imread(out_png).shape[0] > 100
+
+
+def test_errors_are_clear(tmp_path: Path) -> None:
+    root, _, _ = _corpus(tmp_path / "data")
+    with pytest.raises(SchemaError, match="nope"):
+        analyze(root, column="nope")
+    with pytest.raises(SchemaError, match="needs text"):
+        write_parts(tmp_path / "nums", [{"n": pa.array([1, 2])}])
+        analyze(tmp_path / "nums", column="n")
+    write_parts(tmp_path / "empty", [{"text": pa.array([None, ""], pa.string())}])
+    with pytest.raises(ConfigError, match="no non-empty document"):
+        analyze(tmp_path / "empty")
+    with pytest.raises(ConfigError):
+        analyze(root, tokenizer=tmp_path / "missing.json")
+    proc = subprocess.run(
+        [sys.executable, "-m", "arrowstream", "analyze", str(root), "--tokenizer", str(tmp_path / "missing.json")],
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 2 and "is not a file" in proc.stderr
