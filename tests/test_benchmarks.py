@@ -60,3 +60,16 @@ def test_analysis_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["chars"]["wall_s"] > 0 and result["tokens"]["ratio"] > 0
+
+
+def test_peers_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
+    out = tmp_path / "peers.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_peers.py"), "--smoke",
+         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["table"]) >= {"raw encoder", "arrowstream concat, workers=0", "datasets, workers=0"}
+    assert result["resume"]["50%"]["arrowstream"] > 0
