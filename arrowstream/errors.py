@@ -9,6 +9,8 @@ from __future__ import annotations
 
 __all__ = [
     "ArrowStreamError",
+    "CacheError",
+    "CacheWarning",
     "ConfigError",
     "PerformanceWarning",
     "SchemaError",
@@ -40,6 +42,14 @@ class StateError(ArrowStreamError, ValueError):
 
 class StateMismatchError(StateError):
     """A saved state comes from other data or other pipeline options."""
+
+
+class CacheError(ArrowStreamError):
+    """A token cache entry does not match the data or setting and cannot be rebuilt."""
+
+
+class CacheWarning(UserWarning):
+    """A stale token cache entry was found and is being rebuilt."""
 
 
 class PerformanceWarning(UserWarning):

@@ -165,6 +165,11 @@ class Manifest:
         """Size in bytes of each file, in order."""
         return tuple(f.size for f in self._files)
 
+    def file_identity(self, index: int) -> dict[str, Any]:
+        """Return what identifies file ``index``'s data: relative path, size, rows per row group."""
+        f = self._files[index]
+        return {"relpath": f.relpath, "size": f.size, "row_counts": list(f.row_counts)}
+
     def shard(self, index: int) -> Shard:
         """Return shard ``index`` as a :class:`Shard`."""
         fi = int(self.shard_file[index])

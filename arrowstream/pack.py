@@ -263,7 +263,7 @@ class _ConcatRun(PackRun):
         starts_all = np.concatenate(doc_starts or [np.empty(0, np.int64)])
         bounds = np.unique(np.concatenate([rows, starts_all]))
         seg_len = np.diff(np.append(bounds, got))
-        whole = np.isin(bounds, starts_all) & np.isin(
+        whole = _member(bounds, starts_all) & _member(
             bounds + seg_len, np.concatenate(doc_ends or [np.empty(0, np.int64)])
         )
         batch = assemble_batch(
@@ -306,3 +306,11 @@ class _ConcatRun(PackRun):
             "stats": stats,
             "packer": {"epoch": self.epoch, "epoch_batches": self.emitted, "target": self.target},
         }
+
+
+def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """Return, per value, whether it is in ``sorted_set`` (increasing): ``np.isin`` without sorting."""
+    if not sorted_set.size:
+        return np.zeros(values.shape, dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_set, values), sorted_set.size - 1)
+    return sorted_set[at] == values

@@ -1,0 +1,189 @@
+"""The token cache: tokens of every row group kept as Parquet, so later epochs and runs skip tokenizing.
+
+A cache lives in a directory. Each tokenization setting (tokenizer hash,
+text column, ``add_special_tokens``) gets its own sub-directory, named by a
+hash of that setting, with a ``cache.json`` that states it. Inside, every
+source row group has one small Parquet file,
+``<relative path of the source file>.rg<row group>.parquet``, holding one
+``list<int32>`` row of token ids per source row (EOS not included; null for
+a null text), and, in its metadata, the identity of the source file it came
+from: relative path, size and rows per row group (the dataset fingerprint's
+terms).
+
+Reading an entry checks that identity against the dataset being read. A
+stale entry (the source file changed) or a foreign one (another setting) is
+never used: it is rebuilt with a :class:`~arrowstream.errors.CacheWarning`
+when the cache is writable, and raises :class:`~arrowstream.errors.CacheError`
+when it is read-only. Entries are written to a temporary file and renamed,
+so a crash never leaves half an entry; readers and writers on several ranks
+can share a cache directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from arrowstream.errors import CacheError, CacheWarning
+from arrowstream.manifest import Manifest
+
+__all__ = ["CACHE_FORMAT", "TokenCache"]
+
+#: Version of the cache layout; a change makes older caches foreign.
+CACHE_FORMAT = 1
+
+_META = b"arrowstream.token_cache"
+
+#: ``encode(texts)`` -> ``list<int32>`` ids per text (null for a null text), no EOS.
+Encode = Callable[[pa.Array], pa.Array]
+
+
+class TokenCache:
+    """Token ids of a dataset's row groups for one tokenization setting.
+
+    Parameters
+    ----------
+    root
+        The cache directory (created when writing).
+    setting
+        What defines the ids: the tokenizer's hash, the text column and
+        ``add_special_tokens`` (JSON-able).
+    writable
+        Write missing and stale entries (``False``: a stale entry is an error,
+        a missing one is tokenized without being kept).
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> from arrowstream.manifest import read_manifest
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"text": ["ab", None, "c"]}), f"{d}/x.parquet")
+    >>> cache = TokenCache(f"{d}/_cache", {"tokenizer": "demo", "column": "text"})
+    >>> encode = lambda texts: pa.array([None if t is None else [len(t)] for t in texts.to_pylist()], pa.list_(pa.int32()))
+    >>> cache.ids(read_manifest(d), 0, lambda: pa.array(["ab", None, "c"]), encode).to_pylist()
+    [[2], None, [1]]
+    >>> cache.read(read_manifest(d), 0).to_pylist()   # now kept
+    [[2], None, [1]]
+    """
+
+    def __init__(self, root: str | os.PathLike[str], setting: dict[str, Any], *, writable: bool = True) -> None:
+        self.root = Path(root)
+        self.setting = {"format": CACHE_FORMAT, **setting}
+        text = json.dumps(self.setting, sort_keys=True)
+        self.key = hashlib.sha256(text.encode()).hexdigest()[:16]
+        self.dir = self.root / self.key
+        self.writable = bool(writable)
+        self._checked = False
+
+    def _check_dir(self, *, create: bool) -> bool:
+        """Return whether the setting's directory exists (creating it if asked), checking ``cache.json``."""
+        if self._checked:
+            return True
+        info = self.dir / "cache.json"
+        if info.is_file():
+            try:
+                saved = json.loads(info.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise CacheError(f"cannot read {str(info)!r}: {exc}; delete {str(self.dir)!r}") from exc
+            if saved != self.setting:
+                raise CacheError(
+                    f"token cache {str(self.dir)!r} states the setting {saved!r}, not {self.setting!r}: "
+                    "it was edited or copied from elsewhere; delete that directory"
+                )
+            self._checked = True
+            return True
+        if not create:
+            return False
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(info, json.dumps(self.setting, sort_keys=True, indent=1).encode())
+        self._checked = True
+        return True
+
+    def entry_path(self, manifest: Manifest, shard: int) -> Path:
+        """Return the file holding ``shard``'s ids."""
+        identity = manifest.file_identity(int(manifest.shard_file[shard]))
+        return self.dir / f"{identity['relpath']}.rg{int(manifest.shard_row_group[shard]):05d}.parquet"
+
+    def read(self, manifest: Manifest, shard: int) -> pa.Array | None:
+        """Return ``shard``'s cached ids, or ``None`` when there is no entry.
+
+        Raises
+        ------
+        CacheError
+            The entry is stale or foreign and the cache is read-only.
+        """
+        if not self._check_dir(create=False):
+            return None
+        path = self.entry_path(manifest, shard)
+        if not path.is_file():
+            return None
+        expected = self._identity(manifest, shard)
+        try:
+            table = pq.read_table(path)
+            saved = json.loads((table.schema.metadata or {}).get(_META, b"null"))
+        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            return self._stale(path, f"it cannot be read ({exc})")
+        if saved != expected:
+            return self._stale(path, f"it was built from {saved!r}, the data is now {expected!r}")
+        ids = table.column("input_ids").combine_chunks()
+        if len(ids) != int(manifest.shard_rows[shard]):
+            return self._stale(path, f"it has {len(ids)} rows, the row group {int(manifest.shard_rows[shard])}")
+        return ids
+
+    def _stale(self, path: Path, why: str) -> None:
+        if not self.writable:
+            raise CacheError(
+                f"token cache entry {str(path)!r} does not match the data: {why}; rebuild the cache "
+                "(`arrowstream cache ...`) or delete the entry"
+            )
+        warnings.warn(
+            CacheWarning(f"token cache entry {str(path)!r} is stale ({why}): tokenizing again"),
+            stacklevel=4,
+        )
+        return None
+
+    def write(self, manifest: Manifest, shard: int, ids: pa.Array) -> Path:
+        """Keep ``shard``'s ids (one list per source row) and return the entry's path."""
+        self._check_dir(create=True)
+        path = self.entry_path(manifest, shard)
+        meta = {_META: json.dumps(self._identity(manifest, shard)).encode()}
+        table = pa.table({"input_ids": ids.cast(pa.list_(pa.int32()))}).replace_schema_metadata(meta)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="zstd")
+        _write_atomic(path, sink.getvalue().to_pybytes())
+        return path
+
+    def ids(self, manifest: Manifest, shard: int, texts: Callable[[], pa.Array], encode: Encode) -> pa.Array:
+        """Return ``shard``'s ids: cached, or encoded from ``texts()`` (and kept when writable)."""
+        cached = self.read(manifest, shard)
+        if cached is not None:
+            return cached
+        ids = encode(texts())
+        if self.writable:
+            self.write(manifest, shard, ids)
+        return ids
+
+    def _identity(self, manifest: Manifest, shard: int) -> dict[str, Any]:
+        fi = int(manifest.shard_file[shard])
+        return {**manifest.file_identity(fi), "row_group": int(manifest.shard_row_group[shard])}
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
