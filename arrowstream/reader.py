@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from arrowstream.errors import SchemaError, ShardError
@@ -49,13 +50,19 @@ class ShardReader:
         self.columns = list(columns)
         self.schema = pa.schema([manifest.schema.field(c) for c in self.columns])
         self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
+        # A Python-implemented filesystem (fsspec through pyarrow's PyFileSystem) is read in
+        # the calling thread: an Arrow pool thread that calls into Python while the interpreter
+        # shuts down is killed mid C++ frame, which aborts the process at exit.
+        self._native = not isinstance(manifest.filesystem, pafs.PyFileSystem)
 
     def read(self, shard: int) -> pa.Table:
         """Return every row of shard ``shard`` for the selected columns."""
         info = self.manifest.shard(shard)
         where = f"{info.path!r}, row group {info.row_group}, columns {self.columns!r}"
         try:
-            table = self._open(info.path).read_row_group(info.row_group, columns=self.columns)
+            table = self._open(info.path).read_row_group(
+                info.row_group, columns=self.columns, use_threads=self._native
+            )
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError, IndexError) as exc:
             raise ShardError(
                 f"cannot read {where}: {exc}; the file may be truncated, corrupt or changed "
@@ -80,7 +87,7 @@ class ShardReader:
         if handle is None:
             fs = self.manifest.filesystem
             try:
-                handle = pq.ParquetFile(fs.open_input_file(path))
+                handle = pq.ParquetFile(fs.open_input_file(path), pre_buffer=self._native)
             except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
                 raise ShardError(
                     f"cannot open {path!r}: {exc}; it was readable when the dataset was opened: "
