@@ -14,12 +14,20 @@ groups, run through the pipeline's stages); Parquet bytes are the uncompressed
 sizes of the columns the pipeline reads, from the footers (columns it does not
 read do not count, however large). The packer drops and counts what a consumer has
 beyond the target and pads with all-padding batches when it runs short.
+
+Length bucketing (:mod:`arrowstream.bucket`) emits batches of varying tokens, so
+it divides by what a batch consumes instead, simulated on the same sample's
+document lengths: with ``max_tokens``, the tokens read per batch (the estimate
+above); with ``batch_size``, the documents read per batch, against the part's
+rows (exact from the footers) times the sample's documents per row
+(:func:`doc_target`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -32,7 +40,15 @@ from arrowstream.reader import ShardReader
 from arrowstream.stage import Stage
 from arrowstream.topology import Segment
 
-__all__ = ["EVEN_BATCHES_SLACK", "batch_target", "column_bytes", "measure_token_rate"]
+__all__ = [
+    "EVEN_BATCHES_SLACK",
+    "Sample",
+    "batch_target",
+    "column_bytes",
+    "doc_target",
+    "measure_sample",
+    "measure_token_rate",
+]
 
 #: Fraction taken off the smallest share's estimate, so a slightly optimistic
 #: estimate drops a little data rather than padding many batches.
@@ -69,6 +85,63 @@ def column_bytes(manifest: Manifest, columns: Sequence[str]) -> np.ndarray:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """What the pipeline's stages make of a fixed sample of rows."""
+
+    rows: int  # rows read
+    nbytes: float  # their share of the Parquet bytes of the columns read
+    num_tokens: int  # tokens made
+    lengths: np.ndarray  # tokens per document kept
+
+    @property
+    def token_rate(self) -> float:
+        """Tokens per Parquet byte."""
+        return self.num_tokens / self.nbytes if self.nbytes else 0.0
+
+    @property
+    def docs_per_row(self) -> float:
+        """Documents kept per row read (filters, null and empty rows leave fewer)."""
+        return self.lengths.size / self.rows if self.rows else 0.0
+
+
+def measure_sample(
+    manifest: Manifest,
+    columns: Sequence[str],
+    shards: np.ndarray,
+    stages: Sequence[Stage],
+    where: Callable[[Chunk], str],
+    shard_bytes: np.ndarray,
+) -> Sample:
+    """Run the first rows of ``shards`` through ``stages``; return the rows, bytes and lengths.
+
+    Reads up to 1,024 rows of one row group, or of up to 8 while no token shows up.
+    """
+    reader = ShardReader(manifest, columns)
+    rows_read, tokens, nbytes = 0, 0, 0.0
+    lengths: list[np.ndarray] = []
+    try:
+        for shard in shards[:_SAMPLE_SHARDS].tolist():
+            total = int(manifest.shard_rows[shard])
+            rows = min(_SAMPLE_ROWS, total)
+            batch = reader.read(shard).slice(0, rows).combine_chunks().to_batches()[0]
+            chunk = Chunk(
+                epoch=0, shard=shard, seq_start=0, seq_end=rows, row_start=0,
+                seq=np.arange(rows, dtype=np.int64), batch=batch,
+            )
+            outs = list(run_stages(stages, [chunk], where=where, pool=None, in_flight=1))
+            tokens += sum(int(out.tokens.size) for out in outs if out.tokens is not None)
+            lengths += [np.diff(out.offsets) for out in outs if out.offsets is not None]
+            rows_read += rows
+            nbytes += rows / total * float(shard_bytes[shard])
+            if tokens:
+                break
+    finally:
+        reader.close()
+    sizes = np.concatenate(lengths or [np.empty(0, np.int64)]).astype(np.int64)
+    return Sample(rows_read, nbytes, tokens, sizes)
+
+
 def measure_token_rate(
     manifest: Manifest,
     columns: Sequence[str],
@@ -81,25 +154,7 @@ def measure_token_rate(
 
     Reads up to 1,024 rows of one row group, or of up to 8 while no token shows up.
     """
-    reader = ShardReader(manifest, columns)
-    tokens, nbytes = 0, 0.0
-    try:
-        for shard in shards[:_SAMPLE_SHARDS].tolist():
-            total = int(manifest.shard_rows[shard])
-            rows = min(_SAMPLE_ROWS, total)
-            batch = reader.read(shard).slice(0, rows).combine_chunks().to_batches()[0]
-            chunk = Chunk(
-                epoch=0, shard=shard, seq_start=0, seq_end=rows, row_start=0,
-                seq=np.arange(rows, dtype=np.int64), batch=batch,
-            )
-            outs = run_stages(stages, [chunk], where=where, pool=None, in_flight=1)
-            tokens += sum(int(out.tokens.size) for out in outs if out.tokens is not None)
-            nbytes += rows / total * float(shard_bytes[shard])
-            if tokens:
-                break
-    finally:
-        reader.close()
-    return tokens / nbytes if nbytes else 0.0
+    return measure_sample(manifest, columns, shards, stages, where, shard_bytes).token_rate
 
 
 def batch_target(
@@ -108,7 +163,7 @@ def batch_target(
     shard_bytes: np.ndarray,
     token_rate: float,
     parts: Sequence[Sequence[Segment]],
-    tokens_per_batch: int,
+    tokens_per_batch: float,
 ) -> int:
     """Return the batches every consumer emits, given every consumer's ``parts`` of ``layout``.
 
@@ -127,3 +182,18 @@ def batch_target(
         for part in parts
     ]
     return int(min(estimates, default=0.0) * (1.0 - EVEN_BATCHES_SLACK) // tokens_per_batch)
+
+
+def doc_target(parts: Sequence[Sequence[Segment]], docs_per_row: float, docs_per_batch: float) -> int:
+    """Return the batches every consumer emits when a batch takes a fixed number of documents.
+
+    A part's rows are exact (segment bounds); ``docs_per_row`` (from the
+    sample) scales them to documents.
+
+    Examples
+    --------
+    >>> doc_target([[(0, 0, 100, 0)], [(1, 0, 90, 0), (2, 5, 15, 0)]], 1.0, 8.0)
+    12
+    """
+    rows = [sum(end - start for _, start, end, _ in part) for part in parts]
+    return int(min(rows, default=0) * docs_per_row * (1.0 - EVEN_BATCHES_SLACK) // docs_per_batch)

@@ -21,6 +21,10 @@ every segment and of every row's padding tail over the flattened
 ``max_seqlen``, the longest span, a Python int. Per-batch counts, as Python
 ints: ``num_tokens``, ``num_padding_tokens``, ``num_docs`` (segments) and
 ``num_cut_docs`` (segments that are only a piece of their document).
+
+Length bucketing (:mod:`arrowstream.bucket`) puts one whole document per row
+instead: :func:`assemble_padded_batch` right-pads the rows to the batch's
+longest and adds an ``attention_mask`` (see :data:`PADDED_KEYS`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BATCH_ARRAYS", "BATCH_COUNTS", "BATCH_KEYS", "IGNORE_INDEX", "VARLEN_ARRAYS", "assemble_batch"]
+__all__ = [
+    "BATCH_ARRAYS",
+    "BATCH_COUNTS",
+    "BATCH_KEYS",
+    "IGNORE_INDEX",
+    "PADDED_ARRAYS",
+    "PADDED_COUNTS",
+    "PADDED_KEYS",
+    "VARLEN_ARRAYS",
+    "assemble_batch",
+    "assemble_padded_batch",
+]
 
 #: The ``[batch_size, seq_len]`` arrays of every packed batch, by name.
 BATCH_ARRAYS = ("input_ids", "labels", "position_ids", "segment_ids")
@@ -45,6 +60,15 @@ BATCH_KEYS = BATCH_ARRAYS + VARLEN_ARRAYS + BATCH_COUNTS
 
 #: Label on positions that carry no loss (PyTorch's ``CrossEntropyLoss`` default ``ignore_index``).
 IGNORE_INDEX = -100
+
+#: The ``[rows, width]`` arrays of a padded batch (one document per row, see :func:`assemble_padded_batch`).
+PADDED_ARRAYS = ("input_ids", "attention_mask", "labels", "position_ids")
+
+#: The per-batch Python ints of a padded batch.
+PADDED_COUNTS = ("num_tokens", "num_padding_tokens", "num_docs")
+
+#: Every key of a padded batch.
+PADDED_KEYS = PADDED_ARRAYS + PADDED_COUNTS
 
 
 def assemble_batch(
@@ -164,4 +188,86 @@ def assemble_batch(
         "num_padding_tokens": size - num_tokens,
         "num_docs": int(seg_len.size),
         "num_cut_docs": 0 if seg_whole is None else int(seg_len.size - np.count_nonzero(seg_whole)),
+    }
+
+
+def assemble_padded_batch(
+    src: np.ndarray,
+    lengths: np.ndarray,
+    *,
+    pad_id: int,
+    pad_to_multiple_of: int = 1,
+    num_rows: int | None = None,
+    mask: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """Gather documents laid end to end in ``src`` into one row each, right-padded.
+
+    The width is the longest document rounded up to ``pad_to_multiple_of``
+    (at least ``pad_to_multiple_of``), so it varies from batch to batch.
+
+    Parameters
+    ----------
+    src
+        Flat ``int32`` tokens of the documents, back to back.
+    lengths
+        Tokens per document, in ``src`` order; document ``i`` goes to row ``i``.
+    pad_id
+        Token id written on padding.
+    pad_to_multiple_of
+        The width is a multiple of this.
+    num_rows
+        Rows of the output (``None``: one per document); rows past the
+        documents are padding only.
+    mask
+        Per token of ``src``, whether it carries loss (``None``: all do).
+
+    Returns
+    -------
+    dict
+        ``input_ids`` (``int32``, ``pad_id`` on padding), ``attention_mask``
+        (``int32``, 1 on tokens, 0 on padding), ``labels`` (``int64``, the
+        token ids, ``-100`` on padding and on tokens ``mask`` excludes) and
+        ``position_ids`` (``int32``, ``0..width-1`` on every row, padding
+        included), all ``[rows, width]``; and the ints ``num_tokens``,
+        ``num_padding_tokens`` and ``num_docs``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> out = assemble_padded_batch(np.arange(10, 15, dtype=np.int32), np.array([2, 3]),
+    ...                             pad_id=0, pad_to_multiple_of=4)
+    >>> out["input_ids"].tolist(), out["attention_mask"].tolist()
+    ([[10, 11, 0, 0], [12, 13, 14, 0]], [[1, 1, 0, 0], [1, 1, 1, 0]])
+    >>> out["labels"].tolist()
+    [[10, 11, -100, -100], [12, 13, 14, -100]]
+    >>> out["num_tokens"], out["num_padding_tokens"], out["num_docs"]
+    (5, 3, 2)
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rows = int(lengths.size) if num_rows is None else int(num_rows)
+    if rows < lengths.size:
+        raise ValueError(f"`num_rows` must be at least the {lengths.size} documents, got {rows}")
+    multiple = int(pad_to_multiple_of)
+    width = max(1, -(-int(lengths.max(initial=0)) // multiple)) * multiple
+    fill = np.zeros(rows, dtype=np.int64)
+    fill[: lengths.size] = lengths
+    col = np.arange(width, dtype=np.int32)
+    real = col < fill[:, None]
+    total = int(lengths.sum())
+    input_ids = np.full((rows, width), pad_id, dtype=np.int32)
+    input_ids[real] = src[:total]  # row-major order of the real cells is the order of ``src``
+    keep = real
+    if mask is not None:
+        keep = np.zeros_like(real)
+        keep[real] = mask[:total]
+    labels = input_ids.astype(np.int64)
+    labels[~keep] = IGNORE_INDEX
+    return {
+        "input_ids": input_ids,
+        "attention_mask": real.astype(np.int32),
+        "labels": labels,
+        "position_ids": np.tile(col, (rows, 1)),
+        "num_tokens": total,
+        "num_padding_tokens": rows * width - total,
+        "num_docs": int(lengths.size),
     }

@@ -8,8 +8,9 @@ is added, so mistakes surface before any data is read.
 
 What iteration yields depends on the last step: record batches of the
 selected columns (after ``read_parquet`` or ``filter``), record batches with an
-``input_ids`` ``list<int32>`` column (after ``tokenize``), or dicts of numpy
-arrays of fixed shape (after ``pack``).
+``input_ids`` ``list<int32>`` column (after ``tokenize``), dicts of numpy
+arrays of fixed shape (after ``pack``), or dicts of numpy arrays with one
+document per row, of varying shape (after ``bucket``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ import numpy as np
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
-from arrowstream.balance import batch_target, column_bytes, measure_token_rate
+from arrowstream.balance import (
+    Sample,
+    batch_target,
+    column_bytes,
+    doc_target,
+    measure_sample,
+)
+from arrowstream.bucket import BucketPacker
 from arrowstream.chunk import Chunk
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.execute import run_stages
@@ -110,6 +118,12 @@ def read_parquet(
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+_PACK_OR_BUCKET = (
+    "the pipeline already has its last step: `.pack` and `.bucket` are alternatives (packed "
+    "rows or one document per row); call one of them, once"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,6 +303,8 @@ class Dataset:
         >>> next(iter(ds))["input_ids"].tolist()
         [[5, 6, 7, 1], [8, 9, 1, 1]]
         """
+        if isinstance(self.packer, BucketPacker):
+            raise ConfigError(_PACK_OR_BUCKET)
         if self.packer is not None:
             raise ConfigError("the pipeline is already packed: call `.pack` once")
         tok = self._tokenize_stage()
@@ -316,6 +332,70 @@ class Dataset:
                 )
                 if value is not None
             },
+        )
+        return replace(self, packer=packer, _cache={})
+
+    def bucket(
+        self,
+        *,
+        batch_size: int | None = None,
+        max_tokens: int | None = None,
+        window: int = 1024,
+        max_len: int | None = None,
+        long_docs: str = "truncate",
+        pad_id: int | None = None,
+        pad_to_multiple_of: int = 1,
+        drop_last: bool = False,
+        even_batches: bool = True,
+        seed: int = 0,
+    ) -> Dataset:
+        """Batch whole documents of similar length, one per row, padded to the batch's longest.
+
+        For training without packing (fine-tuning, evaluation). Each
+        ``window`` of documents is sorted by length and cut into batches of
+        ``batch_size`` rows, or, with ``max_tokens``, of as many rows as fit
+        ``rows x width <= max_tokens``; the batches of a window go out in a
+        shuffled order (``seed``). Pass exactly one of ``batch_size`` and
+        ``max_tokens``. Each batch is a dict: ``input_ids``,
+        ``attention_mask`` (1 on tokens, 0 on padding), ``labels`` (``int64``,
+        ``-100`` on padding) and ``position_ids``, all ``[rows, width]``
+        where ``width`` is the batch's longest document rounded up to
+        ``pad_to_multiple_of`` (shapes vary from batch to batch); and the
+        counts ``num_tokens``, ``num_padding_tokens``, ``num_docs``.
+        Documents longer than ``max_len`` are truncated or dropped
+        (``long_docs``) and counted. ``pad_id`` defaults to the EOS id (0
+        without one). ``drop_last`` and ``even_batches`` work as in
+        :meth:`pack`. See :mod:`arrowstream.bucket` and ``docs/bucketing.md``.
+
+        Examples
+        --------
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> d = tempfile.mkdtemp()
+        >>> ids = pa.array([[5, 6, 7], [8], [9, 10]], pa.list_(pa.int32()))
+        >>> pq.write_table(pa.table({"input_ids": ids}), f"{d}/a.parquet")
+        >>> ds = read_parquet(d).tokenize(None, column="input_ids", eos_id=1).bucket(
+        ...     batch_size=2, pad_id=0)
+        >>> [b["input_ids"].tolist() for b in ds]
+        [[[8, 1, 0, 0], [5, 6, 7, 1]], [[9, 10, 1]]]
+        """
+        if self.packer is not None:
+            raise ConfigError(_PACK_OR_BUCKET)
+        tok = self._tokenize_stage()
+        if tok is None:
+            raise ConfigError("`.bucket` needs tokens: call `.tokenize(...)` before `.bucket(...)`")
+        if pad_id is None:
+            pad_id = tok.eos_id if tok.eos_id is not None else 0
+        packer = BucketPacker(
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            window=window,
+            max_len=max_len,
+            long_docs=long_docs,
+            pad_id=pad_id,
+            pad_to_multiple_of=pad_to_multiple_of,
+            drop_last=drop_last,
+            even_batches=even_batches,
+            seed=seed,
         )
         return replace(self, packer=packer, _cache={})
 
@@ -470,7 +550,13 @@ class Dataset:
     def token_rate(self) -> float:
         """Tokens the stages make per Parquet byte, on a fixed sample (cached; see :mod:`~arrowstream.balance`)."""
         if "token_rate" not in self._cache:
-            self._cache["token_rate"] = measure_token_rate(
+            self._cache["token_rate"] = self._sample().token_rate
+        return self._cache["token_rate"]
+
+    def _sample(self) -> Sample:
+        """The stages' output on a fixed sample of rows (cached; see :mod:`~arrowstream.balance`)."""
+        if "sample" not in self._cache:
+            self._cache["sample"] = measure_sample(
                 self.manifest,
                 self.read_columns(),
                 self._planned_shards(),
@@ -478,7 +564,7 @@ class Dataset:
                 self._where,
                 self._read_bytes(),
             )
-        return self._cache["token_rate"]
+        return self._cache["sample"]
 
     def _read_bytes(self) -> np.ndarray:
         """Uncompressed bytes per shard of the columns read (cached; footers read again)."""
@@ -488,14 +574,27 @@ class Dataset:
 
     def batch_target(self, epoch: int, parts: list[list[Segment]], num_streams: int) -> int:
         """Return the batches every consumer emits in ``epoch`` given all consumers' ``parts``."""
-        assert self.packer is not None
+        packer = self.packer
+        assert packer is not None
+        if isinstance(packer, BucketPacker):  # batches of varying tokens: simulated on the sample
+            sample = self._sample()
+            rows = min((sum(hi - lo for _, lo, hi, _ in part) for part in parts), default=0)
+            docs, per_batch = packer.per_batch(
+                sample.lengths,
+                num_docs=rows * sample.docs_per_row,
+                docs_per_read=self.batch_rows * sample.docs_per_row,
+            )
+            if packer.batch_size is not None:
+                return doc_target(parts, sample.docs_per_row, docs)
+        else:
+            per_batch = packer.seq_len * packer.batch_size
         return batch_target(
             self.layout(epoch, num_streams),
             self.manifest.shard_rows,
             self._read_bytes(),
             self.token_rate(),
             parts,
-            self.packer.seq_len * self.packer.batch_size,
+            per_batch,
         )
 
     @property

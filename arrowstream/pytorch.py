@@ -40,7 +40,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
         "the PyTorch adapter needs torch: pip install 'arrowstream[torch]'"
     ) from exc
 
-from arrowstream.batch import BATCH_KEYS
+from arrowstream.batch import BATCH_KEYS, PADDED_KEYS
+from arrowstream.bucket import BucketPacker
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 
@@ -55,7 +56,9 @@ STATE_KEY = "arrowstream_state"
 
 
 class TorchDataset(IterableDataset):  # type: ignore[type-arg]
-    """A ``torch.utils.data.IterableDataset`` over a packed arrowstream pipeline.
+    """A ``torch.utils.data.IterableDataset`` over a packed or bucketed arrowstream pipeline.
+
+    A bucketed pipeline gives tensors whose shape varies from batch to batch.
 
     Parameters
     ----------
@@ -69,8 +72,9 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         :class:`StatefulLoader`).
     columns
         The keys to keep in each batch (``None``: all of
-        :data:`~arrowstream.batch.BATCH_KEYS`). Arrays become tensors;
-        ``max_seqlen`` and the counts stay Python ints.
+        :data:`~arrowstream.batch.BATCH_KEYS`, or of
+        :data:`~arrowstream.batch.PADDED_KEYS` after ``.bucket``). Arrays
+        become tensors; ``max_seqlen`` and the counts stay Python ints.
 
     Examples
     --------
@@ -102,10 +106,11 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         if isinstance(columns, str):
             columns = [columns]
         if columns is not None:
-            unknown = [c for c in columns if c not in BATCH_KEYS]
+            keys = PADDED_KEYS if isinstance(dataset.packer, BucketPacker) else BATCH_KEYS
+            unknown = [c for c in columns if c not in keys]
             if unknown or not columns:
                 raise ConfigError(
-                    f"`columns` must name some of the batch keys {list(BATCH_KEYS)!r}, "
+                    f"`columns` must name some of the batch keys {list(keys)!r}, "
                     f"got {list(columns)!r}"
                 )
         self.columns = None if columns is None else tuple(columns)

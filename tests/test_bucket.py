@@ -1,0 +1,396 @@
+"""Length bucketing: every document once in a row of its own, little padding, exact resume."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from arrowstream import (
+    ConfigError,
+    Dataset,
+    StateMismatchError,
+    merge_states,
+    read_parquet,
+)
+from arrowstream.batch import PADDED_KEYS
+from arrowstream.testing import assert_resumes_identically
+
+from .conftest import write_parts
+
+EOS = 0
+BASE = 1000  # token = (doc + 1) * BASE + position: every token names its document and place
+
+
+def _docs(lengths: list[int]) -> list[list[int]]:
+    return [[(i + 1) * BASE + j for j in range(n)] for i, n in enumerate(lengths)]
+
+
+def _write(root: Path, lengths: list[int], *, files: int = 2, rg: int = 7) -> Path:
+    docs = _docs(lengths)
+    per = -(-len(docs) // files)
+    parts = [
+        {"input_ids": pa.array(docs[f * per : (f + 1) * per], pa.list_(pa.int32()))}
+        for f in range(files)
+        if docs[f * per : (f + 1) * per]
+    ]
+    write_parts(root, parts, row_group_size=rg)
+    return root
+
+
+def _heavy_tail(n: int, seed: int = 0, cap: int = 90) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in np.minimum(rng.pareto(1.3, n) * 6 + 1, cap)]
+
+
+def _pipeline(root: Path, *, num_epochs: int | None = 1, batch_rows: int = 5, **bucket: object) -> Dataset:
+    options = {"batch_size": 3, "window": 20, **bucket}
+    if "max_tokens" in bucket:
+        options.pop("batch_size")
+    ds = read_parquet(root, batch_rows=batch_rows, num_epochs=num_epochs)
+    return ds.tokenize(None, column="input_ids", eos_id=EOS).bucket(**options)
+
+
+def _check_batch(b: dict, *, pad_id: int = EOS, multiple: int = 1) -> list[np.ndarray]:
+    """Check the arrays agree with the padding; return each row's tokens."""
+    assert set(b) == set(PADDED_KEYS)
+    ids, mask, labels, pos = b["input_ids"], b["attention_mask"], b["labels"], b["position_ids"]
+    assert (ids.dtype, mask.dtype, labels.dtype, pos.dtype) == (np.int32, np.int32, np.int64, np.int32)
+    rows, width = ids.shape
+    assert mask.shape == labels.shape == pos.shape == (rows, width)
+    fill = mask.sum(axis=1)
+    col = np.arange(width)
+    assert np.array_equal(mask, (col < fill[:, None]).astype(np.int32)), "attention_mask is not left-aligned"
+    assert width % multiple == 0 and (width - multiple < fill.max() or fill.max() == 0), "width is not the longest"
+    real = mask == 1
+    assert (ids[~real] == pad_id).all(), "padding is not pad_id"
+    assert np.array_equal(labels[real], ids[real].astype(np.int64)), "labels differ from input_ids"
+    assert (labels[~real] == -100).all(), "a label on padding"
+    assert np.array_equal(pos, np.broadcast_to(col, (rows, width))), "position_ids are not 0..width-1"
+    assert b["num_tokens"] == int(fill.sum()) and b["num_padding_tokens"] == ids.size - int(fill.sum())
+    assert b["num_docs"] == int(np.count_nonzero(fill))
+    return [ids[r, : fill[r]] for r in range(rows) if fill[r]]
+
+
+def _expected_row(doc: int, n: int, max_len: int | None) -> np.ndarray:
+    row = np.r_[(doc + 1) * BASE + np.arange(n), EOS]
+    return row if max_len is None else row[:max_len]
+
+
+def _check_epoch(
+    batches: list, lengths: list[int], *, max_len: int | None = None, drop_long: bool = False,
+    emitted_once: bool = True, multiple: int = 1,
+) -> Counter:
+    """Each row holds one whole (or truncated) document; return how often each document came."""
+    seen: Counter = Counter()
+    for b in batches:
+        for row in _check_batch(b, multiple=multiple):
+            owners = np.unique(row[row != EOS] // BASE)
+            assert owners.size == 1, f"a row mixes documents {owners.tolist()}"
+            doc = int(owners[0]) - 1
+            assert np.array_equal(row, _expected_row(doc, lengths[doc], max_len)), f"document {doc}"
+            seen[doc] += 1
+    if emitted_once:
+        expect = {
+            i for i, n in enumerate(lengths) if not (drop_long and max_len is not None and n + 1 > max_len)
+        }
+        assert set(seen) == expect and set(seen.values()) <= {1}, "a document is missing or repeated"
+    return seen
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lengths=st.lists(st.integers(1, 70), min_size=1, max_size=60),
+    mode=st.sampled_from(["batch_size", "max_tokens"]),
+    size=st.integers(1, 6),
+    budget=st.integers(8, 200),
+    window=st.integers(1, 25),
+    max_len=st.one_of(st.none(), st.integers(1, 60)),
+    drop_long=st.booleans(),
+    multiple=st.sampled_from([1, 1, 4, 8]),
+    drop_last=st.booleans(),
+    batch_rows=st.integers(1, 9),
+)
+def test_every_document_once_in_a_row_of_its_own(
+    tmp_path_factory: pytest.TempPathFactory,
+    lengths: list[int],
+    mode: str,
+    size: int,
+    budget: int,
+    window: int,
+    max_len: int | None,
+    drop_long: bool,
+    multiple: int,
+    drop_last: bool,
+    batch_rows: int,
+) -> None:
+    root = _write(tmp_path_factory.mktemp("bk"), lengths)
+    options: dict = {"window": window, "pad_to_multiple_of": multiple, "drop_last": drop_last,
+                     "long_docs": "drop" if drop_long else "truncate"}
+    if mode == "batch_size":
+        options["batch_size"] = size
+    else:
+        options["max_tokens"] = budget
+        if max_len is not None:
+            max_len = min(max_len, budget // multiple * multiple)
+    ds = _pipeline(root, batch_rows=batch_rows, max_len=max_len, **options)
+    limit = ds.packer.max_len
+    it = ds.iter()
+    batches = list(it)
+    stats = it.stats
+    seen = _check_epoch(
+        batches, lengths, max_len=limit, drop_long=drop_long, emitted_once=False, multiple=multiple
+    )
+    assert set(seen.values()) <= {1}
+    partial = 0
+    for b in batches:
+        rows = b["input_ids"].shape[0]
+        if mode == "batch_size":
+            partial += rows < size
+            assert rows <= size
+        else:
+            assert b["input_ids"].size <= budget, "max_tokens exceeded"
+    assert partial <= (0 if drop_last else 1)
+    # every document and token is emitted or counted, once
+    n_docs, n_tokens = len(lengths), sum(n + 1 for n in lengths)
+    assert sum(seen.values()) + stats.get("dropped_docs", 0) + stats.get("long_docs_dropped", 0) == n_docs
+    assert stats.get("tokens", 0) + stats.get("dropped_tokens", 0) + stats.get("truncated_tokens", 0) + stats.get(
+        "long_tokens_dropped", 0
+    ) == n_tokens
+    if not drop_last:
+        assert stats.get("dropped_docs", 0) == 0
+    # deterministic: the same options give the same bytes
+    again = list(_pipeline(root, batch_rows=batch_rows, max_len=max_len, **options))
+    assert [b["input_ids"].tobytes() for b in again] == [b["input_ids"].tobytes() for b in batches]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"window": 1},  # leftovers pile up over windows until a batch is full
+        {"batch_size": 4, "max_len": 20, "drop_last": True, "pad_to_multiple_of": 8},
+        {"max_tokens": 64},
+        {"max_tokens": 100, "max_len": 30, "long_docs": "drop", "pad_to_multiple_of": 8, "drop_last": True},
+    ],
+)
+def test_resumes_identically_at_every_step_across_epochs(tmp_path: Path, options: dict) -> None:
+    root = _write(tmp_path, _heavy_tail(90, seed=1))
+    ds = _pipeline(root, num_epochs=2, **options)
+    assert assert_resumes_identically(ds, min_epochs=2) > 4
+
+
+@pytest.mark.parametrize("options", [{"batch_size": 2}, {"max_tokens": 48}])
+def test_resumes_identically_with_shuffle_and_consumers(tmp_path: Path, options: dict) -> None:
+    root = _write(tmp_path, _heavy_tail(120, seed=2))
+    ds = read_parquet(root, batch_rows=4, num_epochs=2).shuffle(seed=3, window=2)
+    ds = ds.tokenize(None, column="input_ids", eos_id=EOS).bucket(window=9, **options)
+    assert assert_resumes_identically(lambda: ds.iter(rank=1, world_size=2), min_epochs=2) > 4
+
+
+@pytest.mark.parametrize("options", [{"batch_size": 4}, {"max_tokens": 96}])
+def test_resume_rereads_at_most_the_current_windows(tmp_path: Path, options: dict) -> None:
+    window, batch_rows = 16, 5
+    root = _write(tmp_path, _heavy_tail(300, seed=3))
+    ds = _pipeline(root, window=window, batch_rows=batch_rows, **options)
+    it = ds.iter()
+    batches, states = [], []
+    for b in it:
+        batches.append(b["input_ids"].tobytes())
+        state = json.loads(json.dumps(it.state_dict()))
+        states.append(state)
+        assert len(json.dumps(state)) < 4096
+        if "held" not in state:
+            continue
+        held = state["held"]["docs"]
+        # the resume reads from the earliest held document: in this window or the one before
+        assert state["position"]["seq"] == min(seq for _, seq, _ in held)
+        span = state["held"]["read"][1] - state["position"]["seq"]
+        assert span <= 2 * (window + batch_rows - 1), span
+    step = len(states) // 2
+    assert "held" in states[step]
+    assert [b["input_ids"].tobytes() for b in ds.iter(states[step])] == batches[step + 1 :]
+
+
+def test_padding_is_much_lower_than_random_batching(tmp_path: Path) -> None:
+    lengths = _heavy_tail(600, seed=4)
+    root = _write(tmp_path, lengths)
+    B = 8
+    rows = np.array(lengths) + 1  # with EOS
+    groups = [rows[i : i + B] for i in range(0, rows.size, B)]
+    random_pad = sum(int(g.max()) * g.size - int(g.sum()) for g in groups) / sum(
+        int(g.max()) * g.size for g in groups
+    )
+    for window, most in ((1, 1.0), (256, 0.25)):
+        ds = _pipeline(root, batch_size=B, window=window, batch_rows=1)
+        batches = list(ds)
+        _check_epoch(batches, lengths)
+        pad = sum(b["num_padding_tokens"] for b in batches) / sum(b["input_ids"].size for b in batches)
+        if window == 1:  # no look-ahead: batches of B consecutive documents, as random batching
+            assert pad == pytest.approx(random_pad)
+        else:
+            assert pad < most * random_pad, (pad, random_pad)
+    pads = {}
+    for window in (1, 256):
+        budget = list(_pipeline(root, max_tokens=256, window=window, batch_rows=1))
+        _check_epoch(budget, lengths)
+        assert all(b["input_ids"].size <= 256 for b in budget)
+        pads[window] = sum(b["num_padding_tokens"] for b in budget) / sum(b["input_ids"].size for b in budget)
+    assert pads[256] < 0.35 * pads[1], pads
+    assert len({b["input_ids"].shape[0] for b in budget}) > 3  # short documents, more rows
+
+
+def test_batch_order_is_shuffled_within_a_window(tmp_path: Path) -> None:
+    lengths = _heavy_tail(200, seed=5)
+    root = _write(tmp_path, lengths)
+    widths = [b["input_ids"].shape[1] for b in _pipeline(root, batch_size=4, window=1000)]
+    assert len(widths) == 50
+    steps = np.diff(widths)
+    assert (steps > 0).any() and (steps < 0).any(), "lengths rise monotonically over the window"
+    assert sorted(widths) != widths
+    other = [b["input_ids"].shape[1] for b in _pipeline(root, batch_size=4, window=1000, seed=1)]
+    assert sorted(other) == sorted(widths) and other != widths  # the seed orders the same batches
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2)])
+@pytest.mark.parametrize("options", [{"batch_size": 3}, {"max_tokens": 80}])
+def test_elastic_resume_emits_held_documents_exactly_once(
+    tmp_path: Path, before: int, after: int, options: dict
+) -> None:
+    lengths = _heavy_tail(150, seed=6)
+    root = _write(tmp_path, lengths)
+    ds = _pipeline(root, even_batches=False, **options)
+    seen: list = []
+    states = []
+    for rank in range(before):
+        it = ds.iter(rank=rank, world_size=before)
+        seen += [next(it) for _ in range(2 + rank)]
+        states.append(json.loads(json.dumps(it.state_dict())))
+    assert any("held" in s for s in states)
+    merged = json.loads(json.dumps(merge_states(states)))
+    for rank in range(after):
+        seen += list(ds.iter(merged, rank=rank, world_size=after))
+    _check_epoch(seen, lengths, max_len=ds.packer.max_len)
+
+
+@pytest.mark.parametrize("options", [{"batch_size": 3}, {"max_tokens": 80}])
+def test_even_batches_give_equal_counts_and_account_for_every_document(
+    tmp_path: Path, options: dict
+) -> None:
+    lengths = _heavy_tail(200, seed=7)
+    root = _write(tmp_path, lengths)
+    ds = _pipeline(root, num_epochs=2, **options)
+    counts, docs, tokens, dropped_docs, dropped_tokens, padding = [], 0, 0, 0, 0, 0
+    for rank in range(3):
+        it = ds.iter(rank=rank, world_size=3)
+        per_epoch: Counter = Counter()
+        for b in it:
+            per_epoch[it.state_dict()["packer"]["epoch"]] += 1
+            docs += b["num_docs"]
+            tokens += b["num_tokens"]
+        counts.append(per_epoch)
+        stats = it.stats
+        dropped_docs += stats.get("dropped_docs", 0)
+        dropped_tokens += stats.get("dropped_tokens", 0) + stats.get("truncated_tokens", 0)
+        padding += stats.get("padding_batches", 0)
+    assert all(c == counts[0] for c in counts) and len(counts[0]) == 2
+    assert docs + dropped_docs == 2 * len(lengths)
+    assert tokens + dropped_tokens == 2 * sum(n + 1 for n in lengths)
+    if "batch_size" in options:  # rows are exact and every row is a document: never short
+        assert padding == 0 and dropped_docs <= 2 * 3 * 2 * options["batch_size"]
+
+
+def test_long_documents_are_truncated_or_dropped_and_counted(tmp_path: Path) -> None:
+    lengths = [5, 100, 7, 40, 3]
+    root = _write(tmp_path, lengths, files=1)
+    it = _pipeline(root, max_len=32).iter()
+    _check_epoch(list(it), lengths, max_len=32)
+    stats = it.stats
+    assert (stats["long_docs_truncated"], stats["truncated_tokens"]) == (2, (101 - 32) + (41 - 32))
+    assert stats["tokens"] == sum(min(n + 1, 32) for n in lengths)
+    it = _pipeline(root, max_len=32, long_docs="drop").iter()
+    _check_epoch(list(it), lengths, max_len=32, drop_long=True)
+    stats = it.stats
+    assert (stats["long_docs_dropped"], stats["long_tokens_dropped"]) == (2, 101 + 41)
+    # with a token budget, a row never outgrows it: max_len defaults to max_tokens
+    budget = _pipeline(root, max_tokens=48, pad_to_multiple_of=16)
+    assert budget.packer.max_len == 48
+    _check_epoch(list(budget), lengths, max_len=48, multiple=16)
+
+
+def test_loss_mask_reaches_the_labels(tmp_path: Path) -> None:
+    docs = [[11, 12, 13, 14], [21, 22], [31, 32, 33, 34, 35]]
+    masks = [[0, 0, 1, 1], [1, 0], [0, 1, 1, 0, 1]]
+    write_parts(
+        tmp_path,
+        [{"input_ids": pa.array(docs, pa.list_(pa.int32())), "mask": pa.array(masks, pa.list_(pa.int8()))}],
+        row_group_size=2,
+    )
+    ds = read_parquet(tmp_path, batch_rows=1).tokenize(
+        None, column="input_ids", add_eos=False, loss_mask="mask"
+    ).bucket(batch_size=2)
+    trained = {int(t) for b in ds for t in b["labels"][b["labels"] != -100]}
+    assert trained == {13, 14, 21, 32, 33, 35}
+    assert assert_resumes_identically(ds) > 0
+
+
+def test_options_and_state_name_the_bucketer(tmp_path: Path) -> None:
+    root = _write(tmp_path, _heavy_tail(30, seed=8))
+    ds = _pipeline(root, max_tokens=64, pad_to_multiple_of=8)
+    spec = ds.options()["pack"]
+    assert spec["strategy"] == "bucket" and spec["max_tokens"] == 64 and spec["max_len"] == 64
+    it = ds.iter()
+    next(it)
+    state = json.loads(json.dumps(it.state_dict()))
+    with pytest.raises(StateMismatchError, match="pack.max_tokens"):
+        _pipeline(root, max_tokens=32).iter(state)
+    with pytest.raises(StateMismatchError, match="pack.strategy"):
+        read_parquet(root, batch_rows=5).tokenize(None, column="input_ids", eos_id=EOS).pack(
+            seq_len=8, batch_size=2
+        ).iter(state)
+
+
+def test_to_torch_gives_tensors_of_varying_shape(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    root = _write(tmp_path, _heavy_tail(40, seed=9))
+    ds = _pipeline(root, batch_size=4, window=40)
+    arrays = list(ds)
+    tensors = list(ds.to_torch())
+    assert len({t["input_ids"].shape for t in tensors}) > 1
+    for a, t in zip(arrays, tensors, strict=True):
+        assert t["attention_mask"].dtype == torch.int32 and t["labels"].dtype == torch.int64
+        assert np.array_equal(t["input_ids"].numpy(), a["input_ids"])
+    kept = next(iter(ds.to_torch(columns=["input_ids", "attention_mask"])))
+    assert sorted(kept) == ["attention_mask", "input_ids"]
+    with pytest.raises(ConfigError, match="`columns` must name some of the batch keys"):
+        ds.to_torch(columns=["segment_ids"])
+
+
+def test_options_are_checked(tmp_path: Path) -> None:
+    root = _write(tmp_path, [3, 4])
+    base = read_parquet(root).tokenize(None, column="input_ids", eos_id=EOS)
+    with pytest.raises(ConfigError, match="exactly one of `batch_size`.*got both"):
+        base.bucket(batch_size=2, max_tokens=64)
+    with pytest.raises(ConfigError, match="exactly one of `batch_size`.*got neither"):
+        base.bucket()
+    with pytest.raises(ConfigError, match="`.pack` and `.bucket` are alternatives"):
+        base.pack(seq_len=8, batch_size=2).bucket(batch_size=2)
+    with pytest.raises(ConfigError, match="`.pack` and `.bucket` are alternatives"):
+        base.bucket(batch_size=2).pack(seq_len=8, batch_size=2)
+    with pytest.raises(ConfigError, match="`.bucket` needs tokens"):
+        read_parquet(root).bucket(batch_size=2)
+    with pytest.raises(ConfigError, match="`long_docs` must be one of \\['truncate', 'drop'\\]"):
+        base.bucket(batch_size=2, long_docs="split")
+    base.bucket(max_tokens=64, max_len=60, pad_to_multiple_of=32)  # 60 pads to 64: fits
+    with pytest.raises(ConfigError, match="`max_len` must fit one row in `max_tokens` \\(64\\)"):
+        base.bucket(max_tokens=64, max_len=65, pad_to_multiple_of=32)
+    with pytest.raises(ConfigError, match="`pad_to_multiple_of` \\(128\\) is larger than `max_tokens`"):
+        base.bucket(max_tokens=64, pad_to_multiple_of=128)
+    with pytest.raises(ConfigError, match="`batch_size` must be an int >= 1, got 0"):
+        base.bucket(batch_size=0)
