@@ -7,8 +7,12 @@ and iterate. Every iterator has ``state_dict()`` / ``load_state_dict()``.
 
 from arrowstream.analysis import Analysis, analyze
 from arrowstream.dataset import Dataset, read_parquet
+from arrowstream.encoders import Encoder
 from arrowstream.errors import (
     ArrowStreamError,
+    CacheError,
+    CacheWarning,
+    EncoderFallbackWarning,
     ConfigError,
     PerformanceWarning,
     SchemaError,
@@ -23,9 +27,13 @@ from arrowstream.topology import merge_states
 __all__ = [
     "Analysis",
     "ArrowStreamError",
+    "CacheError",
+    "CacheWarning",
     "ConfigError",
     "Dataset",
     "DatasetIterator",
+    "Encoder",
+    "EncoderFallbackWarning",
     "Manifest",
     "PerformanceWarning",
     "SchemaError",

@@ -40,6 +40,7 @@ from tokenizers import Tokenizer
 
 from arrowstream.bestfit import BestFitPacker
 from arrowstream.dataset import read_parquet
+from arrowstream.encoders import Encoder
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.pack import ConcatPacker
 from arrowstream.reader import ShardReader
@@ -144,7 +145,7 @@ def analyze(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     column: str = "text",
-    tokenizer: Tokenizer | str | os.PathLike[str] | None = None,
+    tokenizer: Tokenizer | Encoder | str | os.PathLike[str] | None = None,
     seq_len: int = 2048,
     batch_size: int = 8,
     by: str | None = None,
@@ -163,8 +164,9 @@ def analyze(
     column
         A text column, or a column of token ids (then tokens need no tokenizer).
     tokenizer
-        A ``tokenizers.Tokenizer`` or the path of a ``tokenizer.json``, for
-        token lengths; ``None`` measures characters and bytes only (unless
+        A ``tokenizers.Tokenizer``, the path of a ``tokenizer.json`` or an
+        :class:`~arrowstream.encoders.Encoder`, for token lengths (encoded by
+        the fastest backend proven to give the tokenizer's ids); ``None`` measures characters and bytes only (unless
         ``column`` holds token ids).
     seq_len, batch_size
         The training shape the strategies are predicted for.
@@ -251,12 +253,13 @@ def analyze(
     elif tok is not None:
         eos = find_eos_id(tok)
         info["tokenizer_eos_id"] = eos
+        enc = tokenizer if isinstance(tokenizer, Encoder) else Encoder(tok)
         if sample is None or sample >= docs:
-            token_lengths, chunk_sizes = _pipeline_lengths(ds.tokenize(tok, column=column, add_eos=False))
+            token_lengths, chunk_sizes = _pipeline_lengths(ds.tokenize(enc, column=column, add_eos=False))
             token_lengths = token_lengths + int(add_eos)
             info["tokens"] = {"counted": "all", "add_eos": add_eos}
         else:
-            token_lengths, chars = _sample_lengths(ds, tok, column, sample, seed)
+            token_lengths, chars = _sample_lengths(ds, enc, column, sample, seed)
             token_lengths = token_lengths + int(add_eos)
             info["tokens"] = _sample_info(token_lengths, chars, docs, counts, seed, add_eos)
         tvals, tcounts = np.unique(token_lengths, return_counts=True)
@@ -368,7 +371,7 @@ def _pipeline_lengths(ds: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _sample_lengths(
-    ds: Any, tok: Tokenizer, column: str, sample: int, seed: int
+    ds: Any, enc: Encoder, column: str, sample: int, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Tokenize a seeded Bernoulli sample of documents; return token and char lengths."""
     manifest = ds.manifest
@@ -385,8 +388,7 @@ def _sample_lengths(
         texts = [t for t in col.to_pylist() if t]
         if not texts:
             continue
-        enc = tok.encode_batch_fast(texts, add_special_tokens=True)
-        tokens.append(np.fromiter((len(e.ids) for e in enc), dtype=np.int32, count=len(enc)))
+        tokens.append(enc.encode(texts)[1].astype(np.int32))
         chars.append(np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts)))
     reader.close()
     if not tokens:

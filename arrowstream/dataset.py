@@ -206,6 +206,7 @@ class Dataset:
         slice_bytes: int = 1 << 20,
         first_slice_bytes: int = 1 << 16,
         loss_mask: str | None = None,
+        backend: str = "auto",
     ) -> Dataset:
         """Tokenize ``column`` into an ``input_ids`` column; ``tokenizer=None`` reads ids as they are.
 
@@ -213,7 +214,10 @@ class Dataset:
         empty documents are skipped and counted (``stats["null"]``,
         ``stats["empty"]``). ``loss_mask`` names a column of per-token loss
         masks next to pre-tokenized ids; masked tokens get ``-100`` in the
-        packed ``labels``.
+        packed ``labels``. ``backend`` picks the encoder: ``"auto"`` (the
+        faster ``tiktoken`` encoder for a byte-level BPE once proven to give
+        the same ids, else ``tokenizers``), ``"tiktoken"`` or ``"tokenizers"``
+        (see ``docs/encoders.md``).
 
         Examples
         --------
@@ -238,6 +242,7 @@ class Dataset:
                 slice_bytes=slice_bytes,
                 first_slice_bytes=first_slice_bytes,
                 loss_mask=loss_mask,
+                backend=backend,
             )
         )
 

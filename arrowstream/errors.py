@@ -12,6 +12,7 @@ __all__ = [
     "CacheError",
     "CacheWarning",
     "ConfigError",
+    "EncoderFallbackWarning",
     "PerformanceWarning",
     "SchemaError",
     "ShardError",
@@ -54,3 +55,7 @@ class CacheWarning(UserWarning):
 
 class PerformanceWarning(UserWarning):
     """The pipeline works but is configured in a way that wastes time or memory."""
+
+
+class EncoderFallbackWarning(PerformanceWarning):
+    """A faster encoder backend was refused or failed its equivalence check: `tokenizers` is used."""

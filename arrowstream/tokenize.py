@@ -1,9 +1,12 @@
 """Tokenization: text column to a flat ``int32`` token array plus offsets.
 
 With a ``tokenizers.Tokenizer``, texts are encoded in slices of about
-``slice_bytes`` of text by the tokenizer's batch encoder (its own Rust thread
-pool); the ids are flattened once per slice into numpy, never per token in a
-Python loop of ours. With ``tokenizer=None`` the column already holds token ids
+``slice_bytes`` of text by an :class:`~arrowstream.encoders.Encoder`: tiktoken
+for a byte-level BPE once it is shown to give the tokenizer's very ids (several
+times faster), else the tokenizer's own batch encoder (its Rust thread pool).
+Up to ``num_inflight`` slices encode at once, from that many Python threads;
+both backends release the GIL while encoding. The ids are flattened once per
+slice into numpy, never per token in a Python loop of ours. With ``tokenizer=None`` the column already holds token ids
 (``list<int32>`` or ``list<int64>``, large lists too) and is used as is,
 zero-copy where the type allows.
 
@@ -11,12 +14,12 @@ Null documents are dropped and counted as ``null``; empty ones (no text, or no
 tokens) as ``empty``. With ``add_eos`` every document ends with the EOS id.
 
 Deterministic: a document's tokens depend only on its text, never on how rows
-are sliced, so outputs do not depend on batch sizes or row-group layout.
+are sliced or which backend encodes them, so outputs do not depend on batch
+sizes or row-group layout, and the backend does not enter the options hash.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -28,6 +31,7 @@ import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
 from arrowstream.chunk import Chunk, tokens_to_arrow
+from arrowstream.encoders import BACKENDS, Encoder, load_tokenizer, tokenizer_hash
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.manifest import Manifest
 from arrowstream.stage import Stage
@@ -36,38 +40,6 @@ __all__ = ["Tokenize", "check_tokenizer", "find_eos_id", "load_tokenizer", "toke
 
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
 _INT32_MAX = np.iinfo(np.int32).max
-
-
-def load_tokenizer(tokenizer: Tokenizer | str | os.PathLike[str]) -> Tokenizer:
-    """Return ``tokenizer`` itself, or load it from a ``tokenizer.json`` path.
-
-    Raises
-    ------
-    ConfigError
-        The path does not exist or is not a tokenizers JSON file.
-    """
-    if isinstance(tokenizer, Tokenizer):
-        return tokenizer
-    if isinstance(tokenizer, (str, os.PathLike)):
-        path = os.fspath(tokenizer)
-        if not os.path.isfile(path):
-            raise ConfigError(
-                f"tokenizer file {path!r} does not exist: pass the path of a `tokenizer.json` "
-                "saved by the `tokenizers` library, or a `tokenizers.Tokenizer`"
-            )
-        try:
-            return Tokenizer.from_file(path)
-        except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
-            raise ConfigError(f"cannot load tokenizer {path!r}: {exc}") from exc
-    raise ConfigError(
-        "`tokenizer` must be a tokenizers.Tokenizer, a path to a tokenizer.json, or None for a "
-        f"column of token ids; got {type(tokenizer).__name__!r}"
-    )
-
-
-def tokenizer_hash(tokenizer: Tokenizer) -> str:
-    """Return a short hash of the tokenizer's full JSON (vocabulary, merges, settings)."""
-    return hashlib.sha256(tokenizer.to_str().encode()).hexdigest()[:32]
 
 
 def find_eos_id(tokenizer: Tokenizer) -> int | None:
@@ -119,8 +91,9 @@ class Tokenize(Stage):
     Parameters
     ----------
     tokenizer
-        A ``tokenizers.Tokenizer``, a path to a ``tokenizer.json``, or ``None``
-        when ``column`` already holds token ids.
+        A ``tokenizers.Tokenizer``, a path to a ``tokenizer.json``, an
+        :class:`~arrowstream.encoders.Encoder` (a tokenizer with its backend
+        options), or ``None`` when ``column`` already holds token ids.
     column
         The text (or token-id) column.
     add_eos
@@ -139,6 +112,12 @@ class Tokenize(Stage):
         (each call uses the tokenizer's own thread pool). More than one keeps
         that pool busy while the results of a finished call are turned into
         arrays; 4 measured best on 2 cores. Output does not depend on it.
+    backend
+        ``"auto"`` (default): tiktoken for a byte-level BPE once it is shown to
+        give the tokenizer's ids, else ``tokenizers``; ``"tiktoken"`` or
+        ``"tokenizers"`` forces one (see :mod:`arrowstream.encoders`). The ids,
+        and so the options hash and saved states, are the same either way;
+        :attr:`backend` tells which one encodes.
     loss_mask
         With ``tokenizer=None``: a column of per-token loss masks (a list of
         booleans or integers per row, as long as the row's token ids; true or
@@ -159,10 +138,12 @@ class Tokenize(Stage):
     """
 
     name = "tokenize"
+    #: The encoder of a text column (``None`` for token ids).
+    encoder: Encoder | None
 
     def __init__(
         self,
-        tokenizer: Tokenizer | str | os.PathLike[str] | None,
+        tokenizer: Tokenizer | Encoder | str | os.PathLike[str] | None,
         *,
         column: str = "text",
         add_eos: bool = True,
@@ -172,7 +153,16 @@ class Tokenize(Stage):
         first_slice_bytes: int = 1 << 16,
         num_inflight: int = 4,
         loss_mask: str | None = None,
+        backend: str = "auto",
     ) -> None:
+        if backend not in BACKENDS:
+            raise ConfigError(f"`backend` must be one of {BACKENDS!r}, got {backend!r}")
+        given = tokenizer if isinstance(tokenizer, Encoder) else None
+        if given is not None and backend != "auto" and backend != given.requested:
+            raise ConfigError(
+                f"`backend={backend!r}` contradicts the encoder passed, built with "
+                f"backend={given.requested!r}: pass one or the other"
+            )
         self.tokenizer = None if tokenizer is None else load_tokenizer(tokenizer)
         if loss_mask is not None and (self.tokenizer is not None or not isinstance(loss_mask, str)):
             raise ConfigError(
@@ -212,7 +202,33 @@ class Tokenize(Stage):
         ):
             raise ConfigError(f"`eos_id` must be a non-negative int32, got {eos_id!r}")
         self.eos_id = None if eos_id is None else int(eos_id)
-        self._hash = None if self.tokenizer is None else tokenizer_hash(self.tokenizer)
+        self.encoder = None
+        if given is not None and given.add_special_tokens == self.add_special_tokens:
+            self.encoder = given
+        elif given is not None:
+            self.encoder = Encoder(
+                given.tokenizer,
+                backend=given.requested,
+                add_special_tokens=self.add_special_tokens,
+                cache_dir=given.cache_dir,
+                sample_bytes=given.sample_bytes,
+            )
+        elif self.tokenizer is not None:
+            self.encoder = Encoder(self.tokenizer, backend=backend, add_special_tokens=self.add_special_tokens)
+        self._hash = None if self.encoder is None else self.encoder.hash
+
+    @property
+    def backend(self) -> str | None:
+        """The encoder backend now in use: ``"tiktoken"``, ``"tokenizers"``, or ``None`` for token ids.
+
+        It may turn from ``"tiktoken"`` to ``"tokenizers"`` once, while the
+        first documents are checked (with a warning); the ids never differ.
+        """
+        return None if self.encoder is None else self.encoder.backend
+
+    def __repr__(self) -> str:
+        what = "ids" if self.encoder is None else f"tokenizer={self._hash!r}, backend={self.backend!r}"
+        return f"Tokenize(column={self.column!r}, {what})"
 
     def spec(self) -> dict[str, Any]:
         out = {
@@ -306,16 +322,9 @@ class Tokenize(Stage):
         return self._encode(piece)
 
     def _encode(self, chunk: Chunk) -> Chunk:
-        assert self.tokenizer is not None and chunk.batch is not None
-        texts = chunk.batch.column(self.column).to_pylist()
-        encodings = self.tokenizer.encode_batch_fast(
-            texts, add_special_tokens=self.add_special_tokens
-        )
-        # One int32 array per document, then one concatenation: measured faster than
-        # flattening the id lists through an iterator chain.
-        arrays = [np.array(e.ids, dtype=np.int32) for e in encodings]
-        lens = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
-        return self._finish(chunk, np.concatenate(arrays), lens)
+        assert self.encoder is not None and chunk.batch is not None
+        flat, lens = self.encoder.encode(chunk.batch.column(self.column).to_pylist())
+        return self._finish(chunk, flat, lens)
 
     def _from_ids(self, chunk: Chunk, col: pa.Array) -> Chunk:
         if isinstance(col, pa.ChunkedArray):

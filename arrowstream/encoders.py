@@ -1,0 +1,658 @@
+"""Encoders: texts to token ids, through the fastest backend proven to give the tokenizer's ids.
+
+An :class:`Encoder` wraps a ``tokenizers.Tokenizer`` and turns a list of texts
+into one flat ``int32`` id array plus one length per text. It has two backends:
+
+- ``"tokenizers"``: the tokenizer's own batch encoder, the reference;
+- ``"tiktoken"``: for byte-level BPE tokenizers, the same vocabulary, merges,
+  split pattern and added tokens loaded into tiktoken
+  (:mod:`arrowstream.bytelevel`), several times faster.
+
+With ``backend="auto"`` tiktoken is used only when it is shown to give the
+reference's ids, in three steps; any failure keeps ``tokenizers``:
+
+1. **conversion**: a tokenizer that is not byte-level BPE keeps ``tokenizers``
+   quietly; a byte-level one with a setting tiktoken cannot reproduce (a
+   normalizer, dropout, an unsupported pre-tokenizer, ...) keeps it with an
+   :class:`~arrowstream.errors.EncoderFallbackWarning` that says which;
+2. **built-in checks**: the text of every vocabulary token and a probe set
+   (every code point of the Basic Multilingual Plane and a sample of the others
+   in several contexts, so every byte that UTF-8 can hold; a few of every
+   Unicode category; runs of every kind of whitespace and of digits;
+   contractions; punctuation; many scripts; every added token, alone and in
+   text; the empty string) must encode to the same ids with both backends.
+   The verdict is cached by the tokenizer's hash (and the library versions) in
+   the process and, with ``cache_dir``, on disk;
+3. **your documents**: the first ``sample_bytes`` of text the encoder sees are
+   encoded by both backends and the reference's ids are the ones returned, so
+   a mismatch is caught before any id from tiktoken leaves; after the sample
+   passes, tiktoken alone encodes.
+
+``backend="tiktoken"`` forces tiktoken (a refused conversion or a failed
+built-in check raises :class:`~arrowstream.errors.ConfigError`; there is no
+sample step) and ``backend="tokenizers"`` never converts. :attr:`Encoder.backend`
+says which backend encodes now, :attr:`Encoder.reason` why.
+
+Thread safety: :meth:`Encoder.encode` may run in several threads at once; both
+backends release the GIL while encoding, and the sample bookkeeping holds a
+lock. Determinism: a text's ids depend only on the text, never on the backend
+(that is what the checks are for), so a pipeline's options hash and its saved
+states are the same under either backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import sys
+import threading
+import unicodedata
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tiktoken
+import tokenizers
+from tokenizers import Tokenizer
+
+from arrowstream.bytelevel import ByteLevelBPE, Unconvertible, to_bytelevel_bpe
+from arrowstream.errors import ConfigError, EncoderFallbackWarning
+
+__all__ = ["BACKENDS", "Encoder", "load_tokenizer", "probe_texts", "tokenizer_hash"]
+
+#: The values of ``backend``.
+BACKENDS = ("auto", "tiktoken", "tokenizers")
+
+#: Bump when the probe set or the checks change: cached verdicts then no longer apply.
+_CHECKS_VERSION = 1
+
+# fancy-regex (tiktoken's engine) gives up on a whitespace run of about a million
+# characters (an error or a Rust panic); texts with a run past this length go to the
+# reference, and so does any text on which the engine gives up.
+_LONG_RUN = 1 << 17
+_LONG_SPACE = re.compile(rf"(?<!\s)\s{{{_LONG_RUN}}}")
+
+# A noncharacter (reserved for internal use by Unicode): joins the texts of a batch.
+_SEP = "\ufdd0"
+
+_lock = threading.Lock()
+_converted: dict[str, tuple[ByteLevelBPE, tiktoken.Encoding]] = {}
+_verdicts: dict[str, dict[str, Any]] = {}
+_MAX_CACHED = 8
+
+
+def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str]) -> Tokenizer:
+    """Return ``tokenizer`` itself (an encoder's tokenizer), or load it from a ``tokenizer.json`` path.
+
+    Raises
+    ------
+    ConfigError
+        The path does not exist or is not a tokenizers JSON file.
+
+    Examples
+    --------
+    >>> from arrowstream.sample import sample_tokenizer
+    >>> tok = sample_tokenizer(300)
+    >>> load_tokenizer(tok) is tok
+    True
+    """
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    if isinstance(tokenizer, Encoder):
+        return tokenizer.tokenizer
+    if isinstance(tokenizer, (str, os.PathLike)):
+        path = os.fspath(tokenizer)
+        if not os.path.isfile(path):
+            raise ConfigError(
+                f"tokenizer file {path!r} does not exist: pass the path of a `tokenizer.json` "
+                "saved by the `tokenizers` library, or a `tokenizers.Tokenizer`"
+            )
+        try:
+            return Tokenizer.from_file(path)
+        except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
+            raise ConfigError(f"cannot load tokenizer {path!r}: {exc}") from exc
+    raise ConfigError(
+        "`tokenizer` must be a tokenizers.Tokenizer, a path to a tokenizer.json, or None for a "
+        f"column of token ids; got {type(tokenizer).__name__!r}"
+    )
+
+
+def tokenizer_hash(tokenizer: Tokenizer) -> str:
+    """Return a short hash of the tokenizer's full JSON (vocabulary, merges, settings).
+
+    Examples
+    --------
+    >>> from arrowstream.sample import sample_tokenizer
+    >>> len(tokenizer_hash(sample_tokenizer(300)))
+    32
+    """
+    return hashlib.sha256(tokenizer.to_str().encode()).hexdigest()[:32]
+
+
+class Encoder:
+    """Encode texts with the tokenizer's ids, through tiktoken when that is proven identical.
+
+    Parameters
+    ----------
+    tokenizer
+        A ``tokenizers.Tokenizer`` or the path of a ``tokenizer.json``.
+    backend
+        ``"auto"`` (tiktoken once proven identical, else ``tokenizers``),
+        ``"tiktoken"`` (forced: raise if it cannot be built or fails the
+        built-in checks) or ``"tokenizers"``.
+    add_special_tokens
+        Let the post-processor add its tokens (a BOS, say), as in
+        ``tokenizer.encode(..., add_special_tokens=...)``.
+    cache_dir
+        Directory for the verdicts of the built-in checks, one small JSON file
+        per tokenizer hash (for example ``~/.cache/arrowstream/encoders``);
+        ``None`` keeps them in this process only.
+    sample_bytes
+        Text of the first documents encoded by both backends before tiktoken
+        alone is trusted (``backend="auto"``); 0 skips this step.
+
+    Raises
+    ------
+    ConfigError
+        An unknown ``backend`` or a bad option, or ``backend="tiktoken"`` for a
+        tokenizer that cannot be converted or fails the checks.
+
+    Examples
+    --------
+    >>> from arrowstream.sample import sample_tokenizer
+    >>> enc = Encoder(sample_tokenizer(300))
+    >>> enc.backend
+    'tiktoken'
+    >>> flat, lens = enc.encode(["The river is quiet.", "", "42<|endoftext|>"])
+    >>> lens.tolist(), flat.dtype.name
+    ([15, 0, 3], 'int32')
+    >>> Encoder(sample_tokenizer(300), backend="tokenizers").encode(["42<|endoftext|>"])[0].tolist()
+    [20, 18, 0]
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | str | os.PathLike[str],
+        *,
+        backend: str = "auto",
+        add_special_tokens: bool = True,
+        cache_dir: str | os.PathLike[str] | None = None,
+        sample_bytes: int = 1 << 20,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ConfigError(f"`backend` must be one of {BACKENDS!r}, got {backend!r}")
+        if isinstance(sample_bytes, bool) or not isinstance(sample_bytes, int) or sample_bytes < 0:
+            raise ConfigError(f"`sample_bytes` must be an int >= 0, got {sample_bytes!r}")
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.add_special_tokens = bool(add_special_tokens)
+        self.requested = backend
+        self.cache_dir = None if cache_dir is None else Path(cache_dir).expanduser()
+        self.sample_bytes = sample_bytes
+        self.hash = tokenizer_hash(self.tokenizer)
+        self._lock = threading.Lock()
+        self._spec: ByteLevelBPE | None = None  # set while tiktoken encodes
+        self._fast: _Fast | None = None
+        self._sample_left = 0
+        self._sampled = 0
+        self.checked: dict[str, int] = {}
+        self._reason = "backend='tokenizers' was asked for"
+        if backend != "tokenizers":
+            self._choose(forced=backend == "tiktoken")
+
+    # -- choosing -----------------------------------------------------------------
+
+    def _key(self) -> str:
+        parts = [self.hash, self.add_special_tokens, tiktoken.__version__, tokenizers.__version__, _CHECKS_VERSION]
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
+
+    def _choose(self, *, forced: bool) -> None:
+        key = self._key()
+        try:
+            spec, encoding = _convert(key, self.tokenizer, self.add_special_tokens)
+        except Unconvertible as exc:
+            self._reason = f"not converted to tiktoken: {exc.reason}"
+            if forced:
+                raise ConfigError(f"`backend='tiktoken'` cannot be used: {exc.reason}; use `backend='auto'`") from exc
+            if exc.byte_level:
+                _warn(f"this byte-level BPE tokenizer keeps the slower `tokenizers` backend: {exc.reason}")
+            return
+        verdict = _cached_verdict(key, self.cache_dir)
+        if verdict is None:
+            verdict = self._check(spec, encoding)
+            _store_verdict(key, verdict, self.cache_dir)
+        self.checked = dict(verdict.get("checked", {}))
+        if not verdict["ok"]:
+            self._reason = f"tiktoken failed the equivalence check: {verdict['reason']}"
+            if forced:
+                raise ConfigError(f"`backend='tiktoken'` cannot be used: {verdict['reason']}")
+            _warn(f"the tokenizer keeps the slower `tokenizers` backend: {verdict['reason']}")
+            return
+        self._spec, self._fast = spec, _Fast(spec, encoding)
+        self._sample_left = 0 if forced else self.sample_bytes
+        counts = ", ".join(f"{v:,} {k}" for k, v in self.checked.items())
+        self._reason = ("forced; " if forced else "") + f"identical ids on {counts}"
+
+    def _check(self, spec: ByteLevelBPE, encoding: tiktoken.Encoding) -> dict[str, Any]:
+        """Compare both backends on the vocabulary and the probe set."""
+        fast = _Fast(spec, encoding)
+        vocab = [t for t in _token_texts(spec) if t]
+        probes = list(probe_texts()) + _added_token_probes(spec.specials)
+        checked = {"vocabulary tokens": len(vocab), "probe texts": len(probes)}
+        for name, texts in (("vocabulary token", vocab), ("probe", probes)):
+            ref = self._reference_serial
+            bad = _first_difference(texts, ref(texts), fast.encode(texts, ref))
+            if bad is not None:
+                return {"ok": False, "reason": f"{name} text {bad}", "checked": checked}
+        return {"ok": True, "reason": "", "checked": checked}
+
+    # -- encoding -----------------------------------------------------------------
+
+    @property
+    def reason(self) -> str:
+        """Why this backend: what was refused or differed, or what tiktoken was checked on."""
+        if self._fast is None or not self.sample_bytes or self.requested == "tiktoken":
+            return self._reason
+        if not self._sample_left:
+            return self._reason + f" and the first {self._sampled:,} bytes of documents"
+        return self._reason + f"; {self._sampled:,} of the first {self.sample_bytes:,} bytes of documents checked so far"
+
+    @property
+    def backend(self) -> str:
+        """The backend that encodes now: ``"tiktoken"`` or ``"tokenizers"``."""
+        return "tokenizers" if self._fast is None else "tiktoken"
+
+    def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Encode ``texts``; return the flat ``int32`` ids and the ``int64`` length of each text.
+
+        Examples
+        --------
+        >>> from arrowstream.sample import sample_tokenizer
+        >>> flat, lens = Encoder(sample_tokenizer(300)).encode(["a b", "c"])
+        >>> [flat[:lens[0]].tolist(), flat[lens[0]:].tolist()]
+        [[65, 267], [67]]
+        """
+        fast = self._fast
+        if fast is None:
+            return self._reference(texts)
+        if not self._sample_left:
+            return fast.encode(texts, self._reference)
+        # Still checking: both backends encode, and the reference's ids are returned.
+        ref = self._reference(texts)
+        bad = _first_difference(texts, ref, fast.encode(texts, self._reference))
+        with self._lock:
+            if bad is not None and self._fast is not None:
+                self._fast = self._spec = None
+                self._reason = f"tiktoken gave other ids than `tokenizers` on a document: {bad}"
+                _forget_verdict(self._key(), self._reason, self.cache_dir)
+                _warn(f"the tokenizer falls back to the slower `tokenizers` backend: {self._reason}")
+            elif bad is None and self._sample_left:
+                size = sum(len(t.encode()) for t in texts)
+                self._sampled += size
+                self._sample_left = max(0, self._sample_left - size)
+        return ref
+
+    def _reference(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        encodings = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=self.add_special_tokens)
+        # One int32 array per text, then one concatenation: measured faster than flattening
+        # the id lists through an iterator chain.
+        arrays = [np.array(e.ids, dtype=np.int32) for e in encodings]
+        return _flatten(arrays)
+
+    def _reference_serial(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        # One text at a time: the batch encoder would start the tokenizer's thread pool in
+        # this process, and a DataLoader worker forked from it would lose its own (or hang).
+        encode, special = self.tokenizer.encode, self.add_special_tokens
+        return _flatten([np.array(encode(t, add_special_tokens=special).ids, dtype=np.int32) for t in texts])
+
+    def describe(self) -> dict[str, Any]:
+        """Return the backend, why it was chosen and what was checked, as JSON-able data.
+
+        Examples
+        --------
+        >>> from arrowstream.sample import sample_tokenizer
+        >>> info = Encoder(sample_tokenizer(300), backend="tokenizers").describe()
+        >>> info["backend"], info["reason"]
+        ('tokenizers', "backend='tokenizers' was asked for")
+        """
+        return {
+            "backend": self.backend,
+            "requested": self.requested,
+            "reason": self.reason,
+            "checked": dict(self.checked),
+            "sample_bytes_left": self._sample_left if self._fast is not None else 0,
+            "tokenizer": self.hash,
+            "versions": {"tiktoken": tiktoken.__version__, "tokenizers": tokenizers.__version__},
+        }
+
+    def __repr__(self) -> str:
+        return f"Encoder(backend={self.backend!r}, tokenizer={self.hash[:12]!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"], state["_fast"]  # rebuilt from the spec (cached per process)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._fast = None if self._spec is None else _Fast(self._spec, _encoding(self._key(), self._spec))
+
+
+class _Fast:
+    """tiktoken encoding of a batch, with the id mapping and post-processor tokens applied.
+
+    A batch goes to tiktoken as one string, the texts joined by a separator
+    that tiktoken knows as a special token (so no piece or merge crosses it)
+    and that no text contains: one call, one release of the GIL, where a call
+    per text made threads queue for the GIL. Otherwise, one call per text.
+    """
+
+    __slots__ = ("allowed", "encoding", "joinable", "sep", "spec", "with_sep")
+
+    def __init__(self, spec: ByteLevelBPE, encoding: tiktoken.Encoding) -> None:
+        self.spec, self.encoding = spec, encoding
+        self.allowed = frozenset(spec.specials)
+        self.sep = spec.separator_value
+        self.joinable = not any(_SEP in s for s in spec.specials)
+        self.with_sep = self.allowed | {_SEP}
+
+    def encode(self, texts: Sequence[str], reference: Any) -> tuple[np.ndarray, np.ndarray]:
+        if self.joinable and texts and not any(len(t) >= _LONG_RUN for t in texts):
+            joined = _SEP.join(texts)
+            if joined.count(_SEP) == len(texts) - 1:  # no text holds the separator itself
+                ids = self._encode_one(joined, self.with_sep)
+                if ids is not None:
+                    is_sep = ids == self.sep
+                    ends = np.flatnonzero(is_sep)
+                    if ends.size == len(texts) - 1:
+                        lens = np.diff(np.concatenate([[-1], ends, [ids.size]])) - 1
+                        return self._finish(ids[~is_sep].view(np.int32), lens)
+        return self._encode_each(texts, reference)
+
+    def _encode_one(self, text: str, allowed: frozenset[str]) -> np.ndarray | None:
+        """Return tiktoken's values for ``text``, or ``None`` if its regex engine gives up."""
+        try:
+            return self.encoding.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
+        except BaseException as exc:  # a Rust panic is a BaseException
+            regex_gave_up = isinstance(exc, ValueError) and "regex" in str(exc).lower()
+            if not regex_gave_up and type(exc).__name__ != "PanicException":
+                raise
+            return None
+
+    def _finish(self, flat: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.spec.rank_to_id is not None:
+            flat = self.spec.rank_to_id[flat]
+        if self.spec.prefix or self.spec.suffix:
+            flat, lens = _wrap(flat, lens, self.spec.prefix, self.spec.suffix)
+        return flat, lens
+
+    def _encode_each(self, texts: Sequence[str], reference: Any) -> tuple[np.ndarray, np.ndarray]:
+        arrays: list[np.ndarray] = []
+        odd: list[int] = []  # texts tiktoken's regex engine cannot take: encoded by the reference
+        for text in texts:
+            ids = None
+            if len(text) < _LONG_RUN or _LONG_SPACE.search(text) is None:
+                ids = self._encode_one(text, self.allowed)
+            if ids is None:
+                odd.append(len(arrays))
+                ids = _EMPTY
+            arrays.append(ids)
+        flat, lens = self._finish(*_flatten(arrays))
+        if odd:
+            flat, lens = _patch(flat, lens, odd, reference([texts[i] for i in odd]))
+        return flat, lens
+
+
+_EMPTY = np.zeros(0, np.uint32)
+
+
+def _flatten(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    lens = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+    if not arrays:
+        return np.zeros(0, np.int32), lens
+    flat = np.concatenate(arrays)
+    return (flat.view(np.int32) if flat.dtype == np.uint32 else flat.astype(np.int32, copy=False)), lens
+
+
+def _wrap(flat: np.ndarray, lens: np.ndarray, prefix: tuple[int, ...], suffix: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Put ``prefix`` before and ``suffix`` after every text's ids."""
+    new_lens = lens + len(prefix) + len(suffix)
+    out = np.empty(int(new_lens.sum()), dtype=np.int32)
+    ends = np.cumsum(new_lens)
+    starts = ends - new_lens
+    body = np.ones(out.size, dtype=bool)
+    for k, tid in enumerate(prefix):
+        out[starts + k] = tid
+        body[starts + k] = False
+    for k, tid in enumerate(suffix):
+        out[ends - len(suffix) + k] = tid
+        body[ends - len(suffix) + k] = False
+    out[body] = flat
+    return out, new_lens
+
+
+def _patch(
+    flat: np.ndarray, lens: np.ndarray, where: list[int], ref: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Replace the texts at ``where`` (empty so far) with the reference's ids."""
+    bounds = np.concatenate([[0], np.cumsum(lens)])
+    docs = [flat[bounds[i] : bounds[i + 1]] for i in range(lens.size)]
+    ref_bounds = np.concatenate([[0], np.cumsum(ref[1])])
+    for k, i in enumerate(where):
+        docs[i] = ref[0][ref_bounds[k] : ref_bounds[k + 1]]
+    return _flatten(docs)
+
+
+def _first_difference(
+    texts: Sequence[str], a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
+) -> str | None:
+    """Describe the first text whose ids differ between ``a`` (reference) and ``b``, or ``None``."""
+    if np.array_equal(a[1], b[1]) and np.array_equal(a[0], b[0]):
+        return None
+    ea, eb = np.concatenate([[0], np.cumsum(a[1])]), np.concatenate([[0], np.cumsum(b[1])])
+    for i, text in enumerate(texts):
+        ida, idb = a[0][ea[i] : ea[i + 1]].tolist(), b[0][eb[i] : eb[i + 1]].tolist()
+        if ida != idb:
+            at = next((j for j, (x, y) in enumerate(zip(ida, idb)) if x != y), min(len(ida), len(idb)))
+            shown = text if len(text) <= 60 else text[:60] + "..."
+            return (
+                f"#{i} {shown!r}: `tokenizers` gives {ida[max(0, at - 2) : at + 4]!r} and tiktoken "
+                f"{idb[max(0, at - 2) : at + 4]!r} from token {at} on"
+            )
+    return None
+
+
+def _warn(message: str) -> None:
+    warnings.warn(
+        f"{message}; ids stay exact. Force a backend with `Encoder(tokenizer, backend=...)` and "
+        "pass it to `.tokenize(...)`",
+        EncoderFallbackWarning,
+        stacklevel=4,
+    )
+
+
+# -- conversion and verdict caches ------------------------------------------------
+
+
+def _convert(key: str, tokenizer: Tokenizer, add_special_tokens: bool) -> tuple[ByteLevelBPE, tiktoken.Encoding]:
+    with _lock:
+        hit = _converted.get(key)
+    if hit is not None:
+        return hit
+    spec = to_bytelevel_bpe(tokenizer, add_special_tokens=add_special_tokens)
+    return spec, _encoding(key, spec)
+
+
+def _encoding(key: str, spec: ByteLevelBPE) -> tiktoken.Encoding:
+    """Build (or reuse) the tiktoken encoding of a converted tokenizer."""
+    with _lock:
+        hit = _converted.get(key)
+    if hit is not None:
+        return hit[1]
+    pair = (spec, spec.to_tiktoken(f"arrowstream-{key[:12]}", separator=_SEP))
+    with _lock:
+        while len(_converted) >= _MAX_CACHED:
+            _converted.pop(next(iter(_converted)))
+        _converted[key] = pair
+    return pair[1]
+
+
+def _cached_verdict(key: str, cache_dir: Path | None) -> dict[str, Any] | None:
+    with _lock:
+        hit = _verdicts.get(key)
+    if hit is not None or cache_dir is None:
+        return hit
+    try:
+        verdict = json.loads((cache_dir / f"{key}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(verdict, dict) or verdict.get("key") != key or "ok" not in verdict:
+        return None
+    with _lock:
+        _verdicts[key] = verdict
+    return verdict
+
+
+def _store_verdict(key: str, verdict: dict[str, Any], cache_dir: Path | None) -> None:
+    verdict = {
+        "key": key,
+        **verdict,
+        "versions": {"tiktoken": tiktoken.__version__, "tokenizers": tokenizers.__version__, "checks": _CHECKS_VERSION},
+    }
+    with _lock:
+        _verdicts[key] = verdict
+    if cache_dir is None:
+        return
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = cache_dir / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp.write_text(json.dumps(verdict, indent=1), encoding="utf-8")
+        os.replace(tmp, cache_dir / f"{key}.json")
+    except OSError as exc:  # a cache that cannot be written costs time, not correctness
+        warnings.warn(
+            f"cannot write the encoder check cache in {str(cache_dir)!r}: {exc}; the checks run "
+            "again next time: pass a writable `cache_dir` or None",
+            EncoderFallbackWarning,
+            stacklevel=5,
+        )
+
+
+def _forget_verdict(key: str, reason: str, cache_dir: Path | None) -> None:
+    """Record a mismatch on real documents, so this tokenizer keeps `tokenizers` from now on."""
+    with _lock:
+        checked = dict(_verdicts.get(key, {}).get("checked", {}))
+    _store_verdict(key, {"ok": False, "reason": reason, "checked": checked}, cache_dir)
+
+
+# -- what is checked ------------------------------------------------------------
+
+
+def _token_texts(spec: ByteLevelBPE) -> list[str]:
+    """Return the text of every token tiktoken can produce whose bytes are valid UTF-8."""
+    out = []
+    for raw in spec.ranks:
+        try:
+            out.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            continue
+    return out
+
+
+_WHITESPACE = " \t\n\r\x0b\x0c\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\u200b\ufeff"
+_SENTENCES = (
+    "The quick brown fox jumps over the lazy dog. It's 3:45pm; we'd've left, they'll stay!",
+    "HELLO World -- I'M here, YOU'RE there, WE'VE got it, she'S fine, he'LL go, I'D say.",
+    "L'été dernier, à Noël, façade, naïve, coöperate, Ærø, Øresund, Ångström.",
+    "Grüße aus Köln: Straße, Maß, ÄÖÜ äöü ß ẞ.",
+    "Съешь же ещё этих мягких французских булок, да выпей чаю.",
+    "Ξεσκεπάζω την ψυχοφθόρα βδελυγμία. Ελληνικά!",
+    "نص عربي للتجربة، مع أرقام ١٢٣٤٥ و 12345.",
+    "עברית: שלום עולם! מספרים 678.",
+    "हिन्दी में पाठ। संख्या १२३ और ४५६।",
+    "中文文本测试，包括标点符号。数字：一二三，123。",
+    "日本語のテキスト、カタカナとひらがな。ｶﾀｶﾅ　全角スペース。",
+    "한국어 텍스트 테스트입니다. 숫자 123개!",
+    "ภาษาไทยไม่มีช่องว่างระหว่างคำ",
+    "emoji 😀😃😄 👍🏽 👨‍👩‍👧‍👦 🇫🇷🇯🇵 ❤️ ✌️ 🏳️‍🌈",
+    "combining: e\u0301 a\u0308 n\u0303 Z\u0351\u0358\u0362a\u0336l\u0337g\u0338o",
+    "math: ∀x∈ℝ, x²≥0; ∑ᵢ aᵢ = ½ ⅓ ¼; 10⁻³ ≈ 0.001; Ⅻ ⅻ; ①②③",
+    "code: def f(x):\n\treturn x**2  # comment\n\nif __name__ == '__main__':\n    f(3)\r\n",
+    "url https://example.com/a?b=c&d=e#f and mail a.b+c@d.org, path C:\\Users\\x\\y.txt",
+    "numbers 0 1 12 123 1234 12345 123456 1,234,567.89 3.14e-10 -42 +7 0x1F 1_000 ０１２３",
+    "punct !!! ??? ... --- ___ *** ### ``` ''' \"\"\" (([[{{}}]])) <<>> ;;; ::: ,,,",
+    "tabs\tand\t\ttabs\t\t\tand\nnewlines\n\nand\r\ncrlf\r\n\r\nend",
+    "  leading and trailing spaces  ",
+    "'s 't 're 've 'm 'll 'd 'S 'T 'RE 'VE 'M 'LL 'D ’s ’t",
+    "x's y't z're a've b'm c'll d'd 1's 2'll ''s '''d",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def probe_texts() -> tuple[str, ...]:
+    """Return the built-in probe set both backends must agree on, one text per item.
+
+    Every code point of the Basic Multilingual Plane (surrogates aside), every
+    third of the Supplementary Multilingual Plane and every 61st of the other
+    planes, so every byte UTF-8 can hold; most of them also after a letter,
+    before a digit, after a space, next to themselves and before punctuation
+    (the large uniform blocks, CJK, Hangul and private use, one in 16); a few
+    of every Unicode general category; runs of every whitespace character and
+    of digits, alone and between words; contractions in both cases;
+    punctuation runs; sentences in many scripts; the empty string.
+
+    Examples
+    --------
+    >>> texts = probe_texts()
+    >>> "" in texts, len(texts) > 1000
+    (True, True)
+    >>> all(chr(c) in "".join(texts) for c in range(0x80))
+    True
+    """
+    out: list[str] = ["", " ", "\n", "a", "1", "!"]
+    plain = [c for c in range(0x10000) if not 0xD800 <= c < 0xE000]
+    plain += list(range(0x10000, 0x20000, 3)) + list(range(0x20000, sys.maxunicode + 1, 61))
+    uniform = ((0x3400, 0x4DC0), (0x4E00, 0xA000), (0xAC00, 0xD7A4), (0xE000, 0xF900), (0x10000, 0x20000))
+    in_context = [c for c in plain if not any(a <= c < b for a, b in uniform) or c % 16 == 0]
+    for codepoints, template in ((plain, "{}"), (in_context, "a{0}1 {0}{0}.")):
+        for i in range(0, len(codepoints), 64):
+            out.append("".join(template.format(chr(c)) for c in codepoints[i : i + 64]))
+    by_category: dict[str, list[str]] = {}
+    for c in range(0x30000):
+        if not 0xD800 <= c < 0xE000:
+            by_category.setdefault(unicodedata.category(chr(c)), []).append(chr(c))
+    for chars in by_category.values():
+        picked = chars[:: max(1, len(chars) // 16)][:16]
+        out += ["".join(picked), " ".join(picked), "x" + "x".join(picked) + "x", "7" + "7".join(picked)]
+    for ws in _WHITESPACE:
+        for n in (1, 2, 3, 16, 33):
+            run = ws * n
+            out += [run, f"a{run}b", f"{run}a", f"a{run}", f"1{run}2", f".{run}.", f"a {run} b", f"a{run} b"]
+    out += [" " * 3000, "\n" * 1000, " \n" * 500, "\t \n\r" * 250, "a" + " " * 2000 + "b"]
+    for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 16, 17, 31, 32, 33, 100, 1000):
+        digits = "".join(str((k * 7 + n) % 10) for k in range(n))
+        out += [digits, f"a{digits}b", f" {digits} ", f"x {digits}.{digits}", f"{digits}a{digits}"]
+    out += ["9" * 3000, "1 " * 1000]
+    out += list(_SENTENCES) + ["\n".join(_SENTENCES), " ".join(_SENTENCES).upper()]
+    return tuple(out)
+
+
+def _added_token_probes(specials: dict[str, int]) -> list[str]:
+    """Return texts with each added token alone, in text, repeated and cut short."""
+    out = []
+    for content in list(specials)[:1000]:
+        out += [
+            content,
+            f"a{content}b",
+            f" {content} ",
+            content * 3,
+            f"{content}\n\nHello world{content}",
+            content[:-1],
+            content[1:],
+            f"x{content[:-1]}y",
+        ]
+    return out
