@@ -39,6 +39,7 @@ import pyarrow.fs as pafs
 from tokenizers import Tokenizer
 
 from arrowstream.bestfit import BestFitPacker
+from arrowstream.bucket import BucketPacker
 from arrowstream.dataset import read_parquet
 from arrowstream.encoders import Encoder
 from arrowstream.errors import ConfigError, SchemaError
@@ -448,6 +449,11 @@ def _strategies(
             ("random batches, dynamic padding", simulate_padded(
                 lengths, seq_len=seq_len, batch_size=batch_size, dynamic=True, seed=seed)),
             ("concat", simulate_packer(lengths, ConcatPacker(**common), chunk_sizes=chunk_sizes)),
+            (f"bucketing (window {window})", simulate_packer(
+                lengths,
+                BucketPacker(batch_size=batch_size, window=window, max_len=seq_len, seed=seed),
+                chunk_sizes=chunk_sizes,
+            )),
             (f"best_fit (window {window})", simulate_packer(
                 lengths, BestFitPacker(**common, window=window, seed=seed), chunk_sizes=chunk_sizes)),
         ]

@@ -26,8 +26,10 @@ from the held documents. The state names held documents by reference
 the rows they are in, the read mark and the counters; a resume re-reads from
 the earliest held document, which is at most a few windows back.
 
-Deterministic: the output depends only on the data, the options and the
-seed, not on ``batch_rows``, prefetching or where a run was resumed.
+Deterministic: the output depends only on the data, the options, the seed
+and ``batch_rows`` (a window ends where a read batch of ``batch_rows`` rows
+ends), not on prefetching, the tokenizer's slicing or where a run was
+resumed.
 """
 
 from __future__ import annotations

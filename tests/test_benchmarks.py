@@ -73,3 +73,13 @@ def test_peers_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert set(result["table"]) >= {"raw encoder", "arrowstream concat, workers=0", "datasets, workers=0"}
     assert result["resume"]["50%"]["arrowstream"] > 0
+
+
+def test_encoders_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_encoders.py"), "--smoke",
+         "--workdir", str(tmp_path / "work"), "--json", str(tmp_path / "enc.json")],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((tmp_path / "enc.json").read_text())
