@@ -248,7 +248,7 @@ def analyze(
     token_lengths: np.ndarray | None = None
     chunk_sizes: np.ndarray | None = None
     if is_ids:
-        token_lengths, chunk_sizes = _pipeline_lengths(ds.tokenize(None, column=column, add_eos=False))
+        token_lengths, chunk_sizes, _ = _pipeline_lengths(ds.tokenize(None, column=column, add_eos=False))
         token_lengths = token_lengths + int(add_eos)
         info["tokens"] = {"counted": "all", "add_eos": add_eos}
     elif tok is not None:
@@ -256,9 +256,30 @@ def analyze(
         info["tokenizer_eos_id"] = eos
         enc = tokenizer if isinstance(tokenizer, Encoder) else Encoder(tok)
         if sample is None or sample >= docs:
-            token_lengths, chunk_sizes = _pipeline_lengths(ds.tokenize(enc, column=column, add_eos=False))
+            group_by = by if by not in (None, "file") else None
+            if by == "file":  # one pipeline per file: the same order, windows and ids as one run
+                parts = [
+                    _pipeline_lengths(
+                        read_parquet(path, columns=[column], filesystem=manifest.filesystem)
+                        .tokenize(enc, column=column, add_eos=False)
+                    )
+                    for path in manifest.paths
+                ]
+                token_lengths = np.concatenate([p[0] for p in parts])
+                chunk_sizes = np.concatenate([p[1] for p in parts])
+                groups = [rel for rel, p in zip(manifest.relpaths, parts) for _ in range(p[0].size)]
+                group_by = "file"
+            else:
+                token_lengths, chunk_sizes, groups = _pipeline_lengths(
+                    ds.tokenize(enc, column=column, add_eos=False), group_by
+                )
             token_lengths = token_lengths + int(add_eos)
             info["tokens"] = {"counted": "all", "add_eos": add_eos}
+            if group_by is not None and by_rows is not None:
+                by_rows = pl.concat(
+                    [by_rows, _token_group_rows(token_lengths, groups, seq_len)], how="vertical_relaxed"
+                )
+                by_rows = by_rows.sort(["group", "measure"], descending=[False, False])
         else:
             token_lengths, chars = _sample_lengths(ds, enc, column, sample, seed)
             token_lengths = token_lengths + int(add_eos)
@@ -354,21 +375,34 @@ def _by_rows(counts: pl.DataFrame, measures: list[str], seq_len: int) -> pl.Data
     return pl.DataFrame(rows)
 
 
-def _pipeline_lengths(ds: Any) -> tuple[np.ndarray, np.ndarray]:
+def _pipeline_lengths(ds: Any, by: str | None = None) -> tuple[np.ndarray, np.ndarray, list[Any]]:
     """Token lengths of every document, in the order a run without shuffle reads them.
 
     Also returns the documents per source chunk (one record batch each), so
-    that predictions cut look-ahead windows where the run does.
+    that predictions cut look-ahead windows where the run does, and each
+    document's value of column ``by`` (empty without one).
     """
-    out, sizes = [], []
+    out, sizes, groups = [], [], []
     it = ds.iter()
     for batch in it:
         ids = batch.column("input_ids")
         out.append(pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int32))
         sizes.append(batch.num_rows)
+        if by is not None:
+            groups += batch.column(by).cast(pa.string()).to_pylist()
     it.close()
     lengths = np.concatenate(out) if out else np.zeros(0, np.int32)
-    return lengths, np.asarray(sizes, dtype=np.int64)
+    return lengths, np.asarray(sizes, dtype=np.int64), groups
+
+
+def _token_group_rows(lengths: np.ndarray, groups: list[Any], seq_len: int) -> pl.DataFrame:
+    """The per-group summary of token lengths."""
+    frame = (
+        pl.DataFrame({"group": groups, "tokens": lengths})
+        .group_by(["group", "tokens"])
+        .agg(pl.len().alias("n"))
+    )
+    return _by_rows(frame, ["tokens"], seq_len)
 
 
 def _sample_lengths(

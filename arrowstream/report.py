@@ -102,10 +102,11 @@ def render_analysis(a: Analysis) -> str:
         out += ["", "by group:"]
         rows = [
             [str(r["group"]), r["measure"], _num(r["num_docs"]), _num(r["mean"]), _num(r["p50"]),
-             _num(r["p90"]), _num(r["p100"])]
+             _num(r["p90"]), _num(r["p100"]),
+             "-" if r["above_seq_len"] is None else f"{r['above_seq_len']:.2%}"]
             for r in a.by.iter_rows(named=True)
         ]
-        out.append(_table(["group", "length", "docs", "mean", "p50", "p90", "max"], rows))
+        out.append(_table(["group", "length", "docs", "mean", "p50", "p90", "max", f"> {info['seq_len']}"], rows))
     return "\n".join(out)
 
 

@@ -165,3 +165,29 @@ def test_errors_are_clear(tmp_path: Path) -> None:
         capture_output=True, text=True, check=False,
     )
     assert proc.returncode == 2 and "is not a file" in proc.stderr
+
+
+def test_token_figures_per_group(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    root, texts, sources = _corpus(tmp_path)
+    a = analyze(root, tokenizer=tokenizer, seq_len=64, by="source")
+    assert a.by is not None
+    for group in ("web", "books", "code"):
+        docs = [t for t, s in zip(texts, sources) if t and s == group]
+        lengths = np.array([len(e.ids) + 1 for e in tokenizer.encode_batch_fast(docs)])
+        row = a.by.filter((a.by["group"] == group) & (a.by["measure"] == "tokens")).row(0, named=True)
+        assert row["num_docs"] == lengths.size
+        assert row["p90"] == pytest.approx(float(np.quantile(lengths, 0.9)))
+        assert row["above_seq_len"] == pytest.approx(float((lengths > 64).mean()))
+
+
+def test_token_figures_per_file(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    root, texts, _ = _corpus(tmp_path)
+    whole = analyze(root, tokenizer=tokenizer, seq_len=64)
+    a = analyze(root, tokenizer=tokenizer, seq_len=64, by="file")
+    assert a.by is not None
+    half = len(texts) // 2
+    for name, part in (("part-000.parquet", texts[:half]), ("part-001.parquet", texts[half:])):
+        lengths = np.array([len(e.ids) + 1 for e in tokenizer.encode_batch_fast([t for t in part if t])])
+        row = a.by.filter((a.by["group"] == name) & (a.by["measure"] == "tokens")).row(0, named=True)
+        assert row["num_docs"] == lengths.size and row["p50"] == pytest.approx(float(np.median(lengths)))
+    assert a.strategies.equals(whole.strategies)  # per-file passes read as one run does
