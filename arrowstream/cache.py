@@ -4,7 +4,8 @@ A cache lives in a directory. Each tokenization setting (tokenizer hash,
 text column, ``add_special_tokens``) gets its own sub-directory, named by a
 hash of that setting, with a ``cache.json`` that states it. Inside, every
 source row group has one small Parquet file,
-``<relative path of the source file>.rg<row group>.parquet``, holding one
+``<relative path of the source file>.rg<row group>.ids`` (Parquet, with its
+own suffix so that a cache kept beside the data is not taken for data), holding one
 ``list<int32>`` row of token ids per source row (EOS not included; null for
 a null text), and, in its metadata, the identity of the source file it came
 from: relative path, size and rows per row group (the dataset fingerprint's
@@ -27,6 +28,7 @@ import os
 import tempfile
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,10 @@ import pyarrow.parquet as pq
 from arrowstream.errors import CacheError, CacheWarning
 from arrowstream.manifest import Manifest
 
-__all__ = ["CACHE_FORMAT", "TokenCache"]
+__all__ = ["CACHE_FORMAT", "IDS_COLUMN", "TokenCache", "TokenIds"]
+
+#: The column through which cached ids travel from the reader to the tokenize stage.
+IDS_COLUMN = "__arrowstream_ids"
 
 #: Version of the cache layout; a change makes older caches foreign.
 CACHE_FORMAT = 1
@@ -111,7 +116,7 @@ class TokenCache:
     def entry_path(self, manifest: Manifest, shard: int) -> Path:
         """Return the file holding ``shard``'s ids."""
         identity = manifest.file_identity(int(manifest.shard_file[shard]))
-        return self.dir / f"{identity['relpath']}.rg{int(manifest.shard_row_group[shard]):05d}.parquet"
+        return self.dir / f"{identity['relpath']}.rg{int(manifest.shard_row_group[shard]):05d}.ids"
 
     def read(self, manifest: Manifest, shard: int) -> pa.Array | None:
         """Return ``shard``'s cached ids, or ``None`` when there is no entry.
@@ -175,6 +180,21 @@ class TokenCache:
     def _identity(self, manifest: Manifest, shard: int) -> dict[str, Any]:
         fi = int(manifest.shard_file[shard])
         return {**manifest.file_identity(fi), "row_group": int(manifest.shard_row_group[shard])}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenIds:
+    """What a reader needs to give every row group its cached ids.
+
+    ``cache`` holds them, ``column`` is the text column, ``encode`` tokenizes
+    a text array on a miss, and ``keep_text`` says whether a later stage still
+    needs the text (otherwise it is read only to fill a miss).
+    """
+
+    cache: TokenCache
+    column: str
+    encode: Encode
+    keep_text: bool
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

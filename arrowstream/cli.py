@@ -1,7 +1,8 @@
 """The ``arrowstream`` command: ``inspect``, ``analyze``, ``demo`` and ``stream``.
 
 ``inspect PATH`` prints the files, row groups, rows, bytes and schema of a
-dataset (footers only). ``analyze PATH`` reports document lengths and what
+dataset (footers only). ``cache PATH`` tokenizes a dataset ahead of time into
+a token cache, with a progress bar. ``analyze PATH`` reports document lengths and what
 each batching strategy would cost, as text, JSON and a PNG. ``demo`` builds a sample dataset and tokenizer offline,
 streams packed batches, stops midway, saves the state, resumes in a fresh
 iterator and shows that the resumed stream matches. ``stream PATH`` runs a
@@ -94,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="write a PNG figure here (needs matplotlib)")
     p.add_argument("--json", help="write the full result as JSON here")
     p.set_defaults(func=_analyze)
+
+    p = sub.add_parser("cache", help="tokenize a dataset ahead of time into a token cache")
+    p.add_argument("path", help="directory, glob, file or URI")
+    p.add_argument("--tokenizer", required=True, help="path to a tokenizer.json")
+    p.add_argument("--cache", required=True, help="the token cache directory")
+    p.add_argument("--column", default="text", help="text column (default: text)")
+    p.add_argument("--no-special-tokens", action="store_true", help="encode with add_special_tokens=False")
+    p.set_defaults(func=_cache)
 
     p = sub.add_parser("demo", help="stream, checkpoint and resume on built-in sample data")
     p.add_argument("--workdir", help="where to write the sample data (default: a temp dir)")
@@ -190,6 +199,38 @@ def _analyze(args: argparse.Namespace) -> int:
     if args.plot:
         result.plot(args.plot)
         print(f"wrote {args.plot}")
+    return 0
+
+
+def _cache(args: argparse.Namespace) -> int:
+    if not Path(args.tokenizer).is_file():
+        raise _UsageError(f"--tokenizer {args.tokenizer!r} is not a file: pass the path of a tokenizer.json")
+    ds = read_parquet(args.path, columns=[args.column]).tokenize(
+        args.tokenizer,
+        column=args.column,
+        add_special_tokens=not args.no_special_tokens,
+        cache=args.cache,
+    )
+    manifest = ds.manifest
+    reader = ds.make_reader()
+    cache = ds.token_ids().cache  # type: ignore[union-attr]
+    hits = tokens = 0
+    t0 = time.perf_counter()
+    with tqdm(total=manifest.num_shards, desc="tokenizing", unit="row group", file=sys.stderr) as bar:
+        for shard in range(manifest.num_shards):
+            hits += cache.entry_path(manifest, shard).is_file()
+            table = reader.read(shard)
+            ids = table.column(table.column_names[-1]).combine_chunks()
+            tokens += len(ids.values) if hasattr(ids, "values") else 0
+            bar.update(1)
+            bar.set_postfix_str(f"{tokens:,} tokens")
+    reader.close()
+    seconds = time.perf_counter() - t0
+    print(
+        f"token cache {cache.dir}: {manifest.num_shards:,} row groups "
+        f"({manifest.num_shards - hits:,} tokenized now, {hits:,} already there), "
+        f"{tokens:,} tokens, {seconds:.1f} s"
+    )
     return 0
 
 

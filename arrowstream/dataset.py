@@ -34,6 +34,7 @@ from arrowstream.balance import (
     measure_sample,
 )
 from arrowstream.bucket import BucketPacker
+from arrowstream.cache import TokenIds
 from arrowstream.chunk import Chunk
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.execute import run_stages
@@ -207,6 +208,8 @@ class Dataset:
         first_slice_bytes: int = 1 << 16,
         loss_mask: str | None = None,
         backend: str = "auto",
+        cache: str | os.PathLike[str] | None = None,
+        cache_write: bool = True,
     ) -> Dataset:
         """Tokenize ``column`` into an ``input_ids`` column; ``tokenizer=None`` reads ids as they are.
 
@@ -217,7 +220,11 @@ class Dataset:
         packed ``labels``. ``backend`` picks the encoder: ``"auto"`` (the
         faster ``tiktoken`` encoder for a byte-level BPE once proven to give
         the same ids, else ``tokenizers``), ``"tiktoken"`` or ``"tokenizers"``
-        (see ``docs/encoders.md``).
+        (see ``docs/encoders.md``). ``cache`` names a token cache directory:
+        each row group's ids are read from it, or tokenized once and kept
+        there (``cache_write=False``: read only), so later epochs and runs
+        skip tokenizing (see :mod:`arrowstream.cache`). Neither changes the
+        output.
 
         Examples
         --------
@@ -243,6 +250,8 @@ class Dataset:
                 first_slice_bytes=first_slice_bytes,
                 loss_mask=loss_mask,
                 backend=backend,
+                cache=cache,
+                cache_write=cache_write,
             )
         )
 
@@ -441,6 +450,21 @@ class Dataset:
         if "options_hash" not in self._cache:
             self._cache["options_hash"] = hash_options(self.options())
         return self._cache["options_hash"]
+
+    def token_ids(self) -> TokenIds | None:
+        """Return how readers attach cached token ids, when ``.tokenize(cache=...)`` is set."""
+        tok = self._tokenize_stage()
+        if tok is None or tok.cache is None:
+            return None
+        others = any(
+            s is not tok and (s.columns() is None or tok.column in (s.columns() or ()))
+            for s in self.stages
+        )
+        return tok.token_ids(keep_text=self.packer is None or others)
+
+    def make_reader(self) -> ShardReader:
+        """Return a reader of the columns this pipeline reads (with cached ids, if any)."""
+        return ShardReader(self.manifest, self.read_columns(), ids=self.token_ids())
 
     def read_columns(self) -> tuple[str, ...]:
         """Return the columns the pipeline reads.

@@ -21,7 +21,7 @@ from arrowstream.chunk import Chunk, Ledger
 from arrowstream.errors import StateError
 from arrowstream.pack import PackRun
 from arrowstream.prefetch import Prefetcher
-from arrowstream.reader import ShardReader
+
 from arrowstream.state import STATE_FORMAT, STATE_VERSION, Position, check_state
 from arrowstream.topology import Consumer, Deal, Segment, own_share, redeal
 
@@ -65,7 +65,7 @@ class DatasetIterator:
     ) -> None:
         self.dataset = dataset
         self.consumer = consumer or Consumer(0, 1)
-        self._reader = ShardReader(dataset.manifest, dataset.read_columns())
+        self._reader = dataset.make_reader()
         self._chunks: Prefetcher[Chunk] | _Inline | None = None
         self._pool: ThreadPoolExecutor | None = None
         if dataset.num_inflight > 1:

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from arrowstream.cache import IDS_COLUMN, TokenIds
 from arrowstream.errors import SchemaError, ShardError
 from arrowstream.manifest import Manifest
 
@@ -45,8 +46,11 @@ class ShardReader:
     ['c']
     """
 
-    def __init__(self, manifest: Manifest, columns: Sequence[str]) -> None:
+    def __init__(self, manifest: Manifest, columns: Sequence[str], *, ids: TokenIds | None = None) -> None:
         self.manifest = manifest
+        self.ids = ids
+        if ids is not None and not ids.keep_text:
+            columns = [c for c in columns if c != ids.column]  # read only to fill a cache miss
         self.columns = list(columns)
         self.schema = pa.schema([manifest.schema.field(c) for c in self.columns])
         self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
@@ -56,12 +60,31 @@ class ShardReader:
         self._native = not isinstance(manifest.filesystem, pafs.PyFileSystem)
 
     def read(self, shard: int) -> pa.Table:
-        """Return every row of shard ``shard`` for the selected columns."""
+        """Return every row of shard ``shard`` for the selected columns.
+
+        With a token cache (``ids``), the row group's ids come along as
+        :data:`~arrowstream.cache.IDS_COLUMN`: from the cache, or tokenized
+        now and kept.
+        """
+        table = self._read(shard, self.columns)
+        if self.ids is None:
+            return table
+        ids = self.ids
+
+        def texts() -> pa.Array:
+            if ids.column in table.column_names:
+                return table.column(ids.column).combine_chunks()
+            return self._read(shard, [ids.column]).column(ids.column).combine_chunks()
+
+        values = ids.cache.ids(self.manifest, shard, texts, ids.encode)
+        return table.append_column(IDS_COLUMN, values)
+
+    def _read(self, shard: int, columns: list[str]) -> pa.Table:
         info = self.manifest.shard(shard)
-        where = f"{info.path!r}, row group {info.row_group}, columns {self.columns!r}"
+        where = f"{info.path!r}, row group {info.row_group}, columns {columns!r}"
         try:
             table = self._open(info.path).read_row_group(
-                info.row_group, columns=self.columns, use_threads=self._native
+                info.row_group, columns=columns, use_threads=self._native
             )
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError, IndexError) as exc:
             raise ShardError(
@@ -73,12 +96,15 @@ class ShardReader:
                 f"{where} has {table.num_rows} rows but its footer said {info.num_rows} when the "
                 "dataset was opened: the file changed; rebuild the dataset"
             )
-        if table.schema != self.schema:
+        schema = self.schema if columns is self.columns else pa.schema(
+            [self.manifest.schema.field(c) for c in columns]
+        )
+        if table.schema != schema:
             try:
-                table = table.cast(self.schema)
+                table = table.cast(schema)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise SchemaError(
-                    f"cannot read {where} as {self.schema}: {exc}; the file's schema changed"
+                    f"cannot read {where} as {schema}: {exc}; the file's schema changed"
                 ) from exc
         return table
 

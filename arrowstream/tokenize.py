@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
+from arrowstream.cache import IDS_COLUMN, TokenCache, TokenIds
 from arrowstream.chunk import Chunk, tokens_to_arrow
 from arrowstream.encoders import BACKENDS, Encoder, load_tokenizer, tokenizer_hash
 from arrowstream.errors import ConfigError, SchemaError
@@ -154,6 +155,8 @@ class Tokenize(Stage):
         num_inflight: int = 4,
         loss_mask: str | None = None,
         backend: str = "auto",
+        cache: str | os.PathLike[str] | None = None,
+        cache_write: bool = True,
     ) -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"`backend` must be one of {BACKENDS!r}, got {backend!r}")
@@ -216,6 +219,15 @@ class Tokenize(Stage):
         elif self.tokenizer is not None:
             self.encoder = Encoder(self.tokenizer, backend=backend, add_special_tokens=self.add_special_tokens)
         self._hash = None if self.encoder is None else self.encoder.hash
+        self.cache: TokenCache | None = None
+        if cache is not None:
+            if self.encoder is None:
+                raise ConfigError(
+                    "`cache` keeps the ids a tokenizer makes, but this column already holds token "
+                    "ids: drop `cache=`"
+                )
+            setting = {"tokenizer": self._hash, "column": column, "add_special_tokens": self.add_special_tokens}
+            self.cache = TokenCache(cache, setting, writable=cache_write)
 
     @property
     def backend(self) -> str | None:
@@ -292,6 +304,26 @@ class Tokenize(Stage):
             return schema.set(schema.get_field_index("input_ids"), ids)
         return schema.append(ids)
 
+    def token_ids(self, *, keep_text: bool) -> TokenIds | None:
+        """Return what a reader needs to attach cached ids to each row group (``None``: no cache)."""
+        if self.cache is None:
+            return None
+        return TokenIds(self.cache, self.column, self.encode_array, keep_text)
+
+    def encode_array(self, texts: pa.Array) -> pa.Array:
+        """Encode a text array into ``list<int32>`` ids (no EOS), null for a null text."""
+        assert self.encoder is not None
+        valid = texts.is_valid().to_numpy(zero_copy_only=False)
+        present = texts.filter(pa.array(valid)).to_pylist()
+        flat, lens = self.encoder.encode(present) if present else (np.empty(0, np.int32), np.zeros(0, np.int64))
+        all_lens = np.zeros(len(texts), dtype=np.int64)
+        all_lens[valid] = lens
+        offsets = np.zeros(len(texts) + 1, dtype=np.int32)
+        np.cumsum(all_lens, out=offsets[1:])
+        return pa.ListArray.from_arrays(
+            pa.array(offsets), pa.array(flat, type=pa.int32()), mask=pa.array(~valid)
+        )
+
     def split(self, chunk: Chunk, *, warm: int = 0) -> Iterable[Chunk]:
         """Drop (and count) null and empty documents, then cut the text into slices.
 
@@ -301,6 +333,11 @@ class Tokenize(Stage):
         efficient.
         """
         assert chunk.batch is not None
+        if IDS_COLUMN in chunk.batch.schema.names:  # ids from the token cache: nothing to encode
+            col = chunk.batch.column(IDS_COLUMN)
+            chunk = chunk.with_rows(col.is_valid().to_numpy(zero_copy_only=False), "null")
+            lengths = pc.list_value_length(chunk.batch.column(IDS_COLUMN)).to_numpy(zero_copy_only=False)
+            return [chunk.with_rows(lengths > 0, "empty")]
         col = chunk.batch.column(self.column)
         chunk = chunk.with_rows(col.is_valid().to_numpy(zero_copy_only=False), "null")
         col = chunk.batch.column(self.column)
@@ -317,6 +354,10 @@ class Tokenize(Stage):
         if piece.num_docs == 0:
             return replace(piece, tokens=np.empty(0, np.int32), offsets=np.zeros(1, np.int64))
         assert piece.batch is not None
+        if IDS_COLUMN in piece.batch.schema.names:
+            out = self._from_ids(piece, piece.batch.column(IDS_COLUMN))
+            assert out.batch is not None
+            return replace(out, batch=out.batch.drop_columns([IDS_COLUMN]))
         if self.tokenizer is None:
             return self._from_ids(piece, piece.batch.column(self.column))
         return self._encode(piece)

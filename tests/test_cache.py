@@ -1,0 +1,112 @@
+"""The token cache: same output, no re-tokenizing, stale and foreign entries never used silently."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from tokenizers import Tokenizer
+
+from arrowstream import CacheError, CacheWarning, ConfigError, read_parquet
+from arrowstream.encoders import Encoder
+from arrowstream.sample import make_texts, sample_tokenizer
+from arrowstream.testing import assert_resumes_identically
+
+from .conftest import write_parts
+
+
+def _data(root: Path, seed: int = 0, n: int = 120) -> Path:
+    texts: list[str | None] = list(make_texts(n, seed=seed))
+    texts[3], texts[7] = None, ""
+    write_parts(root, [{"text": pa.array(texts[: n // 2])}, {"text": pa.array(texts[n // 2 :])}], row_group_size=25)
+    return root
+
+
+def _batches(ds) -> list[bytes]:  # noqa: ANN001
+    return [b["input_ids"].tobytes() + b["labels"].tobytes() for b in ds]
+
+
+def test_cached_output_is_identical_and_skips_the_encoder(
+    tmp_path: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _data(tmp_path / "data")
+    plain = read_parquet(root).tokenize(tokenizer).pack(seq_len=64, batch_size=2)
+    cached = read_parquet(root).tokenize(tokenizer, cache=tmp_path / "cache").pack(seq_len=64, batch_size=2)
+    expected = _batches(plain)
+    assert _batches(cached) == expected  # first pass: tokenized and kept
+    it = plain.iter()
+    list(it)
+    first_stats = it.stats
+
+    def refuse(self, texts):  # noqa: ANN001, ANN202
+        raise AssertionError("the encoder ran although every row group is cached")
+
+    monkeypatch.setattr(Encoder, "encode", refuse)
+    again = read_parquet(root).tokenize(tokenizer, cache=tmp_path / "cache").pack(seq_len=64, batch_size=2)
+    assert _batches(again) == expected
+    it = again.iter()
+    list(it)
+    assert it.stats == first_stats  # null and empty rows counted the same way
+    assert assert_resumes_identically(again) > 3
+
+
+def test_unpacked_pipelines_keep_the_text_and_hide_the_cache_column(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    root = _data(tmp_path / "data")
+    ds = read_parquet(root).tokenize(tokenizer, cache=tmp_path / "cache")
+    for _ in range(2):  # fill, then read
+        batch = next(iter(ds))
+        assert batch.schema.names == ["text", "input_ids"]
+
+
+def test_stale_entries_are_rebuilt_with_a_warning_or_refused(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    root = _data(tmp_path / "data")
+    cache = tmp_path / "cache"
+    list(read_parquet(root).tokenize(tokenizer, cache=cache).pack(seq_len=64, batch_size=2))
+    _data(root, seed=1, n=130)  # the files change under the cache
+    fresh = _batches(read_parquet(root).tokenize(tokenizer).pack(seq_len=64, batch_size=2))
+    with pytest.raises(CacheError, match="does not match the data"):
+        list(read_parquet(root).tokenize(tokenizer, cache=cache, cache_write=False).pack(seq_len=64, batch_size=2))
+    with pytest.warns(CacheWarning, match="stale"):
+        got = _batches(read_parquet(root).tokenize(tokenizer, cache=cache).pack(seq_len=64, batch_size=2))
+    assert got == fresh
+
+
+def test_another_tokenizer_never_reads_the_entries(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    root = _data(tmp_path / "data")
+    cache = tmp_path / "cache"
+    list(read_parquet(root).tokenize(tokenizer, cache=cache).pack(seq_len=64, batch_size=2))
+    other = sample_tokenizer(300)
+    expected = _batches(read_parquet(root).tokenize(other).pack(seq_len=64, batch_size=2))
+    assert _batches(read_parquet(root).tokenize(other, cache=cache).pack(seq_len=64, batch_size=2)) == expected
+    assert len([p for p in cache.iterdir() if p.is_dir()]) == 2  # one directory per setting
+    setting = next(p for p in cache.iterdir() if p.is_dir()) / "cache.json"
+    setting.write_text(json.dumps({"tokenizer": "edited"}))
+    with pytest.raises(CacheError, match="states the setting"):
+        for tok in (tokenizer, other):
+            list(read_parquet(root).tokenize(tok, cache=cache).pack(seq_len=64, batch_size=2))
+
+
+def test_token_ids_need_no_cache(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"ids": pa.array([[1, 2]], pa.list_(pa.int32()))}])
+    with pytest.raises(ConfigError, match="drop `cache=`"):
+        read_parquet(tmp_path).tokenize(None, column="ids", eos_id=0, cache=tmp_path / "c")
+
+
+def test_cli_builds_the_cache_ahead_of_time(tmp_path: Path, tokenizer_path: Path, tokenizer: Tokenizer) -> None:
+    root = _data(tmp_path / "data")
+    cache = tmp_path / "cache"
+    proc = subprocess.run(
+        [sys.executable, "-m", "arrowstream", "cache", str(root), "--tokenizer", str(tokenizer_path),
+         "--cache", str(cache)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "6 row groups (6 tokenized now, 0 already there)" in proc.stdout
+    assert "tokenizing" in proc.stderr  # the progress bar
+    read_only = read_parquet(root).tokenize(tokenizer_path, cache=cache, cache_write=False)
+    plain = read_parquet(root).tokenize(tokenizer_path)
+    assert _batches(read_only.pack(seq_len=64, batch_size=2)) == _batches(plain.pack(seq_len=64, batch_size=2))
