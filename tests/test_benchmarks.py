@@ -83,3 +83,14 @@ def test_encoders_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert json.loads((tmp_path / "enc.json").read_text())
+
+
+def test_cache_benchmark_smoke_run_passes_its_check(tmp_path: Path) -> None:
+    out = tmp_path / "cache.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_cache.py"), "--smoke",
+         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads(out.read_text())["ratio_vs_raw"] > 0
