@@ -44,9 +44,8 @@ import numpy as np
 from arrowstream.batch import assemble_batch
 from arrowstream.chunk import Chunk, Ledger
 from arrowstream.errors import ConfigError, StateError
-from arrowstream.pack import PackRun, Packer
-from arrowstream.state import Position
-from arrowstream.window import Doc, DocumentSource, Key
+from arrowstream.pack import Packer, PackRun
+from arrowstream.window import Doc, DocumentSource, Key, LookaheadRun
 
 __all__ = ["LONG_DOCS", "BestFitPacker"]
 
@@ -169,7 +168,7 @@ class _Row:
     age: int = 0
 
 
-class _BestFitRun(PackRun):
+class _BestFitRun(LookaheadRun):
     def __init__(
         self,
         packer: BestFitPacker,
@@ -183,7 +182,6 @@ class _BestFitRun(PackRun):
         self.open: list[_Row] = []
         self.ready: list[list[Piece]] = []
         self.out: list[list[Piece]] = []
-        self.loaded: Position | None = None  # echoed until the held documents are re-read
         if state is None:
             self.ledger = Ledger()
             self.epoch, self.emitted, self.block, self.flushed = 0, 0, 0, False
@@ -191,16 +189,14 @@ class _BestFitRun(PackRun):
             self.src = DocumentSource(self.p.window, self.ledger, epoch=0)
             return
         self.ledger = Ledger(state["stats"])
-        pos = state["position"]
+        loaded = self._load_position(state)
         saved = state.get("packer") or {}
         if not saved:  # a re-dealt share: nothing held, read from the position
-            epoch = int(pos["epoch"])
-            mark = (epoch, int(pos["segment"]), int(pos["seq"]))
+            epoch = loaded.epoch
+            mark = (epoch, loaded.segment, loaded.seq)
             self.epoch, self.emitted, self.block, self.flushed = epoch, 0, 0, False
             self.target = targets(epoch)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=epoch, mark=mark)
-            self.loaded = Position(epoch, mark[1], mark[2], int(pos["token_offset"]))
-            self._loaded_held = None
             return
         try:
             self.epoch = int(saved["epoch"])
@@ -219,10 +215,6 @@ class _BestFitRun(PackRun):
         for row in self._rows():
             for key, _, _, _ in row:
                 self.refs[key] = self.refs.get(key, 0) + 1
-        self.loaded = Position(
-            int(pos["epoch"]), int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"])
-        )
-        self._loaded_held = state.get("held")
         self.src = DocumentSource(
             self.p.window, self.ledger, epoch=self.epoch, mark=mark, wanted=set(self.refs)  # type: ignore[arg-type]
         )
@@ -234,55 +226,24 @@ class _BestFitRun(PackRun):
         yield from self.ready
         yield from self.out
 
-    def upstream_position(self) -> Position:
-        return self._position()
-
-    def _position(self) -> Position:
-        if self.loaded is not None:
-            return self.loaded
-        if self.refs:
-            key = min(self.refs)
-            return Position(self.epoch, key[0], key[1], self.store[key].skip)
-        epoch, segment, seq = self.src.read
-        return Position(epoch, segment, seq, 0)
-
-    def _held(self) -> list[list[int]]:
-        """Every held document as ``[segment, seq, skip]``: its tokens from ``skip`` on are not out."""
+    def _held_docs(self) -> dict[Key, int]:
         first: dict[Key, int] = {}
         for row in self._rows():
             for key, start, _, _ in row:
                 first[key] = min(start, first.get(key, start))
-        skip = {key: doc.skip for key, doc in self.store.items()}
-        return [[k[0], k[1], skip.get(k, 0) + first[k]] for k in sorted(first)]
+        return first
 
-    def state_dict(self) -> dict[str, Any]:
-        pos = self._position()
-        held = None
-        if self.loaded is not None:
-            held = self._loaded_held
-        elif self.refs:
-            held = {"read": list(self.src.read[1:]), "docs": self._held()}
+    def _packer_state(self) -> dict[str, Any]:
         return {
-            **({"held": held} if held else {}),
-            "position": {
-                "epoch": pos.epoch,
-                "segment": pos.segment,
-                "seq": pos.seq,
-                "token_offset": pos.token_offset,
-            },
-            "stats": self.ledger.snapshot(),
-            "packer": {
-                "epoch": self.epoch,
-                "epoch_batches": self.emitted,
-                "target": self.target,
-                "read": list(self.src.read),
-                "block": self.block,
-                "flushed": self.flushed,
-                "open": [[row.age, _encode(row.pieces)] for row in self.open],
-                "ready": [_encode(p) for p in self.ready],
-                "out": [_encode(p) for p in self.out],
-            },
+            "block": self.block,
+            "flushed": self.flushed,
+            "open": [[row.age, _encode(row.pieces)] for row in self.open],
+            "ready": [_encode(p) for p in self.ready],
+            "out": [_encode(p) for p in self.out],
         }
+
+    def _new_epoch(self) -> None:
+        self.block = 0
 
     # -- batches --------------------------------------------------------------------
 
@@ -324,10 +285,7 @@ class _BestFitRun(PackRun):
 
     def _recover(self, chunks: Iterator[Chunk]) -> None:
         """Re-read the held documents of a loaded state and complete their pieces."""
-        self.src.prime(chunks)
-        self.store.update(self.src.recovered)
-        self.src.recovered = {}
-        self.loaded = None
+        self._recover_documents(chunks)
 
         def full(pieces: list[Piece]) -> list[Piece]:
             return [
@@ -340,18 +298,6 @@ class _BestFitRun(PackRun):
             row.fill = sum(n for _, _, n, _ in row.pieces)
         self.ready = [full(p) for p in self.ready]
         self.out = [full(p) for p in self.out]
-
-    def _next_epoch(self, chunks: Iterator[Chunk]) -> bool:
-        """Move to the next epoch; return false when there is none."""
-        more = self.src.peek(chunks)
-        target = self.targets(self.epoch + 1)
-        if not more and target is None:
-            return False
-        self.epoch += 1
-        self.src.epoch = self.epoch
-        self.emitted, self.block, self.flushed = 0, 0, False
-        self.target = target
-        return True
 
     def _place(self, keys: list[Key], docs: list[Doc]) -> None:
         L = self.p.seq_len

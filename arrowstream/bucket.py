@@ -46,8 +46,7 @@ from arrowstream.batch import assemble_padded_batch
 from arrowstream.chunk import Chunk, Ledger
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.pack import Packer, PackRun
-from arrowstream.state import Position
-from arrowstream.window import Doc, DocumentSource, Key
+from arrowstream.window import Doc, DocumentSource, Key, LookaheadRun
 
 __all__ = ["LONG_DOCS", "BucketPacker"]
 
@@ -315,7 +314,7 @@ class BucketPacker(Packer):
         return n / total, float(drawn.sum()) * scale / total
 
 
-class _BucketRun(PackRun):
+class _BucketRun(LookaheadRun):
     def __init__(
         self,
         packer: BucketPacker,
@@ -327,8 +326,6 @@ class _BucketRun(PackRun):
         self.store: dict[Key, Doc] = {}
         self.carry: list[Key] = []  # documents waiting for the next window, in stream order
         self.out: list[list[Key]] = []  # batches formed, in emission order
-        self.loaded: Position | None = None  # echoed until the held documents are re-read
-        self._loaded_held: dict[str, Any] | None = None
         if state is None:
             self.ledger = Ledger()
             self.epoch, self.emitted, self.windows, self.flushed = 0, 0, 0, False
@@ -336,16 +333,13 @@ class _BucketRun(PackRun):
             self.src = DocumentSource(self.p.window, self.ledger, epoch=0)
             return
         self.ledger = Ledger(state["stats"])
-        pos = state["position"]
-        self.loaded = Position(
-            int(pos["epoch"]), int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"])
-        )
+        loaded = self._load_position(state)
         saved = state.get("packer") or {}
         if not saved:  # a re-dealt share: nothing held, read from the position
-            epoch = self.loaded.epoch
+            epoch = loaded.epoch
             self.epoch, self.emitted, self.windows, self.flushed = epoch, 0, 0, False
             self.target = targets(epoch)
-            mark = (epoch, self.loaded.segment, self.loaded.seq)
+            mark = (epoch, loaded.segment, loaded.seq)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=epoch, mark=mark)
             return
         try:
@@ -361,7 +355,6 @@ class _BucketRun(PackRun):
             raise StateError(f"state `packer` is malformed ({exc!r}): the state was edited") from exc
         if len(mark) != 3:
             raise StateError(f"state `packer.read` must be [epoch, segment, seq], got {list(mark)!r}")
-        self._loaded_held = state.get("held")
         self.src = DocumentSource(
             self.p.window,
             self.ledger,
@@ -375,53 +368,26 @@ class _BucketRun(PackRun):
     def _held_keys(self) -> list[Key]:
         return [*self.carry, *(key for batch in self.out for key in batch)]
 
-    def upstream_position(self) -> Position:
-        return self._position()
+    def _held_docs(self) -> dict[Key, int]:
+        # documents are never cut: a held document's tokens are all still to come
+        return dict.fromkeys(self._held_keys(), 0)
 
-    def _position(self) -> Position:
-        if self.loaded is not None:
-            return self.loaded
-        held = self._held_keys()
-        if held:
-            key = min(held)
-            return Position(self.epoch, key[0], key[1], self.store[key].skip)
-        epoch, segment, seq = self.src.read
-        return Position(epoch, segment, seq, 0)
-
-    def state_dict(self) -> dict[str, Any]:
-        pos = self._position()
-        held = self._loaded_held if self.loaded is not None else None
-        keys = self._held_keys()
-        if self.loaded is None and keys:
-            # documents are never cut: a held document's tokens from its skip on are not out
-            docs = [[k[0], k[1], self.store[k].skip] for k in sorted(keys)]
-            held = {"read": list(self.src.read[1:]), "docs": docs}
+    def _packer_state(self) -> dict[str, Any]:
         return {
-            **({"held": held} if held else {}),
-            "position": {
-                "epoch": pos.epoch,
-                "segment": pos.segment,
-                "seq": pos.seq,
-                "token_offset": pos.token_offset,
-            },
-            "stats": self.ledger.snapshot(),
-            "packer": {
-                "epoch": self.epoch,
-                "epoch_batches": self.emitted,
-                "target": self.target,
-                "read": list(self.src.read),
-                "window": self.windows,
-                "flushed": self.flushed,
-                "carry": [list(key) for key in self.carry],
-                "out": [[list(key) for key in batch] for batch in self.out],
-            },
+            "window": self.windows,
+            "flushed": self.flushed,
+            "carry": [list(key) for key in self.carry],
+            "out": [[list(key) for key in batch] for batch in self.out],
         }
+
+    def _new_epoch(self) -> None:
+        self.windows = 0
 
     # -- batches --------------------------------------------------------------------
 
     def next_batch(self, chunks: Iterator[Chunk]) -> dict[str, Any]:
         if self.loaded is not None:
-            self._recover(chunks)
+            self._recover_documents(chunks)
         while True:
             if self.target is not None and self.emitted >= self.target:
                 self._drop_rest(chunks)  # this consumer's share is used up: count the rest
@@ -445,26 +411,6 @@ class _BucketRun(PackRun):
                 self.flushed = True
                 continue
             self._form(self.carry + self._admit(window.keys, window.docs))
-
-    def _recover(self, chunks: Iterator[Chunk]) -> None:
-        """Re-read the held documents of a loaded state."""
-        self.src.prime(chunks)
-        self.store.update(self.src.recovered)
-        self.src.recovered = {}
-        self.loaded = None
-        self._loaded_held = None
-
-    def _next_epoch(self, chunks: Iterator[Chunk]) -> bool:
-        """Move to the next epoch; return false when there is none."""
-        more = self.src.peek(chunks)
-        target = self.targets(self.epoch + 1)
-        if not more and target is None:
-            return False
-        self.epoch += 1
-        self.src.epoch = self.epoch
-        self.emitted, self.windows, self.flushed = 0, 0, False
-        self.target = target
-        return True
 
     def _size(self, key: Key) -> int:
         """Tokens a held document puts in its row (``max_len`` at most)."""

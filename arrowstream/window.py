@@ -18,15 +18,19 @@ Not thread-safe: one source belongs to one packer run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from abc import abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from arrowstream.chunk import Chunk, Ledger
 from arrowstream.errors import StateError
+from arrowstream.pack import PackRun
+from arrowstream.state import Position
 
-__all__ = ["Doc", "DocumentSource", "Key", "Window"]
+__all__ = ["Doc", "DocumentSource", "Key", "LookaheadRun", "Window"]
 
 #: A document's reference: ``(segment, seq)`` in the consumer's work of an epoch.
 Key = tuple[int, int]
@@ -191,3 +195,108 @@ def _doc(chunk: Chunk, i: int) -> Doc:
     a, b = int(chunk.offsets[i]), int(chunk.offsets[i + 1])
     mask = None if chunk.mask is None else chunk.mask[a:b]
     return Doc(chunk.tokens[a:b], mask, chunk.head_skip if i == 0 else 0)
+
+
+class LookaheadRun(PackRun):
+    """What the runs of look-ahead packers share: held documents, position, state, epochs.
+
+    A subclass keeps ``store`` (held documents by key), ``src`` (its
+    :class:`DocumentSource`), ``ledger``, ``epoch``, ``emitted``, ``target``,
+    ``flushed`` and ``targets``; it says which documents it holds
+    (:meth:`_held_docs`), what its ``packer`` state adds
+    (:meth:`_packer_state`) and what a new epoch resets (:meth:`_new_epoch`).
+    Until the held documents of a loaded state are re-read, the loaded
+    position and ``held`` are echoed, so a state saved right after a load is
+    the state loaded.
+    """
+
+    store: dict[Key, Doc]
+    src: DocumentSource
+    ledger: Ledger
+    epoch: int
+    emitted: int
+    target: int | None
+    flushed: bool
+    targets: Callable[[int], int | None]
+    loaded: Position | None = None
+    _loaded_held: dict[str, Any] | None = None
+
+    @abstractmethod
+    def _held_docs(self) -> dict[Key, int]:
+        """Return every held document and the first of its tokens not emitted yet."""
+
+    @abstractmethod
+    def _packer_state(self) -> dict[str, Any]:
+        """Return the strategy's own ``packer`` fields (references only)."""
+
+    @abstractmethod
+    def _new_epoch(self) -> None:
+        """Reset the strategy's per-epoch counters."""
+
+    def _load_position(self, state: dict[str, Any]) -> Position:
+        pos = state["position"]
+        self.loaded = Position(
+            int(pos["epoch"]), int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"])
+        )
+        self._loaded_held = state.get("held")
+        return self.loaded
+
+    def upstream_position(self) -> Position:
+        return self._position()
+
+    def _position(self) -> Position:
+        if self.loaded is not None:
+            return self.loaded
+        held = self._held_docs()
+        if held:
+            key = min(held)
+            return Position(self.epoch, key[0], key[1], self.store[key].skip)
+        epoch, segment, seq = self.src.read
+        return Position(epoch, segment, seq, 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        pos = self._position()
+        held = self._loaded_held if self.loaded is not None else None
+        if self.loaded is None:
+            docs = self._held_docs()
+            if docs:
+                rows = [[k[0], k[1], self.store[k].skip + first] for k, first in sorted(docs.items())]
+                held = {"read": list(self.src.read[1:]), "docs": rows}
+        return {
+            **({"held": held} if held else {}),
+            "position": {
+                "epoch": pos.epoch,
+                "segment": pos.segment,
+                "seq": pos.seq,
+                "token_offset": pos.token_offset,
+            },
+            "stats": self.ledger.snapshot(),
+            "packer": {
+                "epoch": self.epoch,
+                "epoch_batches": self.emitted,
+                "target": self.target,
+                "read": list(self.src.read),
+                **self._packer_state(),
+            },
+        }
+
+    def _recover_documents(self, chunks: Iterator[Chunk]) -> None:
+        """Re-read the held documents of a loaded state into ``store``."""
+        self.src.prime(chunks)
+        self.store.update(self.src.recovered)
+        self.src.recovered = {}
+        self.loaded = None
+        self._loaded_held = None
+
+    def _next_epoch(self, chunks: Iterator[Chunk]) -> bool:
+        """Move to the next epoch; return false when there is none."""
+        more = self.src.peek(chunks)
+        target = self.targets(self.epoch + 1)
+        if not more and target is None:
+            return False
+        self.epoch += 1
+        self.src.epoch = self.epoch
+        self.emitted, self.flushed = 0, False
+        self.target = target
+        self._new_epoch()
+        return True
