@@ -5,15 +5,16 @@ and iterate. Every iterator has ``state_dict()`` / ``load_state_dict()``.
 :func:`analyze` shows the data's lengths and what each batching strategy costs.
 """
 
-from arrowstream.analysis import Analysis, analyze
+from typing import TYPE_CHECKING, Any
+
 from arrowstream.dataset import Dataset, read_parquet
 from arrowstream.encoders import Encoder
 from arrowstream.errors import (
     ArrowStreamError,
     CacheError,
     CacheWarning,
-    EncoderFallbackWarning,
     ConfigError,
+    EncoderFallbackWarning,
     PerformanceWarning,
     SchemaError,
     ShardError,
@@ -48,3 +49,15 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from arrowstream.analysis import Analysis, analyze
+
+
+def __getattr__(name: str) -> Any:
+    # The analysis (polars, the report) loads on first use: a training job never pays for it.
+    if name in ("Analysis", "analyze"):
+        from arrowstream import analysis
+
+        return getattr(analysis, name)
+    raise AttributeError(f"module 'arrowstream' has no attribute {name!r}")

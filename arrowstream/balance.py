@@ -47,7 +47,6 @@ __all__ = [
     "column_bytes",
     "doc_target",
     "measure_sample",
-    "measure_token_rate",
 ]
 
 #: Fraction taken off the smallest share's estimate, so a slightly optimistic
@@ -140,21 +139,6 @@ def measure_sample(
         reader.close()
     sizes = np.concatenate(lengths or [np.empty(0, np.int64)]).astype(np.int64)
     return Sample(rows_read, nbytes, tokens, sizes)
-
-
-def measure_token_rate(
-    manifest: Manifest,
-    columns: Sequence[str],
-    shards: np.ndarray,
-    stages: Sequence[Stage],
-    where: Callable[[Chunk], str],
-    shard_bytes: np.ndarray,
-) -> float:
-    """Return tokens made by ``stages`` per Parquet byte, on the first rows of ``shards``.
-
-    Reads up to 1,024 rows of one row group, or of up to 8 while no token shows up.
-    """
-    return measure_sample(manifest, columns, shards, stages, where, shard_bytes).token_rate
 
 
 def batch_target(

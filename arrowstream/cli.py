@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 from tqdm import tqdm
 
 from arrowstream import __version__
 from arrowstream.analysis import analyze
+from arrowstream.cache import IDS_COLUMN
 from arrowstream.dataset import read_parquet
 from arrowstream.errors import ArrowStreamError
 from arrowstream.manifest import read_manifest
@@ -219,9 +221,8 @@ def _cache(args: argparse.Namespace) -> int:
     with tqdm(total=manifest.num_shards, desc="tokenizing", unit="row group", file=sys.stderr) as bar:
         for shard in range(manifest.num_shards):
             hits += cache.entry_path(manifest, shard).is_file()
-            table = reader.read(shard)
-            ids = table.column(table.column_names[-1]).combine_chunks()
-            tokens += len(ids.values) if hasattr(ids, "values") else 0
+            ids = reader.read(shard).column(IDS_COLUMN)
+            tokens += int(pc.sum(pc.list_value_length(ids)).as_py() or 0)
             bar.update(1)
             bar.set_postfix_str(f"{tokens:,} tokens")
     reader.close()
