@@ -22,7 +22,9 @@ reference's ids, in three steps; any failure keeps ``tokenizers``:
    contractions; punctuation; many scripts; every added token, alone and in
    text; the empty string) must encode to the same ids with both backends.
    The verdict is cached by the tokenizer's hash (and the library versions) in
-   the process and, with ``cache_dir``, on disk;
+   the process and, with ``cache_dir``, on disk. Unless a verdict is cached,
+   the checks run when step 3 is done (off the path to the first batch,
+   whose ids come from the reference anyway), or at :meth:`Encoder.verify`;
 3. **your documents**: the first ``sample_bytes`` of text the encoder sees are
    encoded by both backends and the reference's ids are the ones returned, so
    a mismatch is caught before any id from tiktoken leaves; after the sample
@@ -154,7 +156,9 @@ class Encoder:
         ``None`` keeps them in this process only.
     sample_bytes
         Text of the first documents encoded by both backends before tiktoken
-        alone is trusted (``backend="auto"``); 0 skips this step.
+        alone is trusted (``backend="auto"``); the built-in checks run when it
+        is done (or at :meth:`verify`). 0 skips this step and runs the checks
+        when the encoder is built.
 
     Raises
     ------
@@ -199,6 +203,7 @@ class Encoder:
         self._fast: _Fast | None = None
         self._sample_left = 0
         self._sampled = 0
+        self._pending = False  # built-in checks deferred to the end of the document sample
         self.checked: dict[str, int] = {}
         self._reason = "backend='tokenizers' was asked for"
         if backend != "tokenizers":
@@ -221,21 +226,58 @@ class Encoder:
             if exc.byte_level:
                 _warn(f"this byte-level BPE tokenizer keeps the slower `tokenizers` backend: {exc.reason}")
             return
+        self._spec, self._fast = spec, _Fast(spec, encoding)
+        self._sample_left = 0 if forced else self.sample_bytes
         verdict = _cached_verdict(key, self.cache_dir)
+        if verdict is None and self._sample_left:
+            # Deferred: the reference's ids are emitted until the sample is done anyway,
+            # so the checks run then, off the path to the first batch.
+            self._pending = True
+            return
+        self._settle(verdict, forced=forced)
+
+    def _settle(self, verdict: dict[str, Any] | None, *, forced: bool = False) -> bool:
+        """Run the built-in checks unless ``verdict`` is given; keep or drop tiktoken by it."""
+        self._pending = False
+        if self._fast is None or self._spec is None:
+            return False
         if verdict is None:
-            verdict = self._check(spec, encoding)
-            _store_verdict(key, verdict, self.cache_dir)
+            verdict = self._check(self._spec, self._fast.encoding)
+            _store_verdict(self._key(), verdict, self.cache_dir)
         self.checked = dict(verdict.get("checked", {}))
         if not verdict["ok"]:
+            self._fast = self._spec = None
+            self._sample_left = 0
             self._reason = f"tiktoken failed the equivalence check: {verdict['reason']}"
             if forced:
                 raise ConfigError(f"`backend='tiktoken'` cannot be used: {verdict['reason']}")
             _warn(f"the tokenizer keeps the slower `tokenizers` backend: {verdict['reason']}")
-            return
-        self._spec, self._fast = spec, _Fast(spec, encoding)
-        self._sample_left = 0 if forced else self.sample_bytes
+            return False
         counts = ", ".join(f"{v:,} {k}" for k, v in self.checked.items())
         self._reason = ("forced; " if forced else "") + f"identical ids on {counts}"
+        return True
+
+    def verify(self) -> Encoder:
+        """Run the built-in checks now if they have not run yet; return this encoder.
+
+        With ``backend="auto"`` they otherwise run once the first
+        ``sample_bytes`` of documents have been checked, so that building a
+        pipeline and its first batch do not wait for them; call this to learn
+        the verdict up front (a failure warns and keeps ``tokenizers``).
+
+        Examples
+        --------
+        >>> from arrowstream.sample import sample_tokenizer
+        >>> enc = Encoder(sample_tokenizer(300))
+        >>> enc.describe()["checks_pending"]
+        True
+        >>> enc.verify().describe()["checks_pending"], enc.backend
+        (False, 'tiktoken')
+        """
+        with self._lock:
+            if self._pending:
+                self._settle(_cached_verdict(self._key(), self.cache_dir))
+        return self
 
     def _check(self, spec: ByteLevelBPE, encoding: tiktoken.Encoding) -> dict[str, Any]:
         """Compare both backends on the vocabulary and the probe set."""
@@ -257,6 +299,11 @@ class Encoder:
         """Why this backend: what was refused or differed, or what tiktoken was checked on."""
         if self._fast is None or not self.sample_bytes or self.requested == "tiktoken":
             return self._reason
+        if self._pending:
+            return (
+                "built-in checks pending (they run when the document sample is done); "
+                f"{self._sampled:,} of the first {self.sample_bytes:,} bytes of documents checked so far"
+            )
         if not self._sample_left:
             return self._reason + f" and the first {self._sampled:,} bytes of documents"
         return self._reason + f"; {self._sampled:,} of the first {self.sample_bytes:,} bytes of documents checked so far"
@@ -287,13 +334,19 @@ class Encoder:
         with self._lock:
             if bad is not None and self._fast is not None:
                 self._fast = self._spec = None
+                self._pending = False
                 self._reason = f"tiktoken gave other ids than `tokenizers` on a document: {bad}"
                 _forget_verdict(self._key(), self._reason, self.cache_dir)
                 _warn(f"the tokenizer falls back to the slower `tokenizers` backend: {self._reason}")
             elif bad is None and self._sample_left:
                 size = sum(len(t.encode()) for t in texts)
                 self._sampled += size
-                self._sample_left = max(0, self._sample_left - size)
+                left = max(0, self._sample_left - size)
+                if not left and self._pending:
+                    # Other threads keep encoding with both backends until this is settled.
+                    self._settle(_cached_verdict(self._key(), self.cache_dir))
+                if self._fast is not None:
+                    self._sample_left = left
         return ref
 
     def _reference(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -324,6 +377,7 @@ class Encoder:
             "requested": self.requested,
             "reason": self.reason,
             "checked": dict(self.checked),
+            "checks_pending": self._pending,
             "sample_bytes_left": self._sample_left if self._fast is not None else 0,
             "tokenizer": self.hash,
             "versions": {"tiktoken": tiktoken.__version__, "tokenizers": tokenizers.__version__},

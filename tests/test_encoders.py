@@ -277,11 +277,38 @@ def test_a_mismatch_on_the_probes_keeps_tokenizers_with_a_warning() -> None:
     # With `ignore_merges`, tiktoken builds "the" from "t" + "he" inside " there";
     # tokenizers has no such merge. The probe set holds " there".
     tok = hand_made([("h", "e"), ("t", "h"), ("th", "e")], ignore_merges=True)
+    enc = Encoder(tok)  # the checks wait for the end of the document sample (or verify())
+    assert enc.describe()["checks_pending"] and "pending" in enc.reason
     with pytest.warns(EncoderFallbackWarning, match="probe text .* `tokenizers` gives"):
-        enc = Encoder(tok)
+        enc.verify()
     assert enc.backend == "tokenizers" and "failed the equivalence check" in enc.reason
     with pytest.raises(ConfigError, match="probe text"):
         Encoder(tok, backend="tiktoken")
+
+
+def test_deferred_checks_run_when_the_sample_ends_and_no_fast_id_leaves_before(
+    tok_small: Tokenizer, tmp_path: Path
+) -> None:
+    tok = hand_made([("h", "e"), ("t", "h"), ("th", "e")], ignore_merges=True)
+    tok.add_special_tokens(["<|deferred|>"])  # a tokenizer no other test checked: no cached verdict
+    enc = Encoder(tok, sample_bytes=40)
+    texts = [f"doc {i} he th" for i in range(60)]  # no " there": the sample alone cannot catch it
+    write_parts(tmp_path, [{"text": texts}], row_group_size=10)
+    ds = read_parquet(tmp_path).tokenize(enc, first_slice_bytes=16, slice_bytes=16, num_inflight=1)
+    with pytest.warns(EncoderFallbackWarning, match="probe text"):
+        got = [ids for b in ds for ids in b.column("input_ids").to_pylist()]
+    assert got == [ids + [0] for ids in reference(tok, texts)]
+    assert enc.backend == "tokenizers" and not enc.describe()["checks_pending"]
+    assert enc._sampled >= 40  # the checks ran once the sample was done, not before
+
+    fresh = Tokenizer.from_str(tok_small.to_str())
+    fresh.add_special_tokens(["<|deferred|>"])  # not checked by another test
+    good = Encoder(fresh, sample_bytes=40)
+    assert good.describe()["checks_pending"]
+    got = [ids for b in read_parquet(tmp_path).tokenize(good) for ids in b.column("input_ids").to_pylist()]
+    info = good.describe()
+    assert not info["checks_pending"] and info["backend"] == "tiktoken" and info["sample_bytes_left"] == 0
+    assert info["checked"]["probe texts"] > 1000 and "identical ids on" in info["reason"]
 
 
 def test_a_mismatch_on_the_first_documents_falls_back_before_any_fast_id_leaves(tmp_path: Path) -> None:
@@ -305,7 +332,8 @@ def test_the_verdict_is_cached_by_tokenizer_hash_on_disk(
 ) -> None:
     tok = Tokenizer.from_str(tok_small.to_str())
     tok.add_special_tokens(["<|cached|>"])  # a tokenizer no other test checked
-    Encoder(tok, cache_dir=tmp_path)
+    assert not list(tmp_path.glob("*.json"))
+    Encoder(tok, cache_dir=tmp_path).verify()
     [path] = tmp_path.glob("*.json")
     verdict = json.loads(path.read_text())
     assert verdict["ok"] and verdict["checked"]["probe texts"] > 1000
@@ -315,10 +343,11 @@ def test_the_verdict_is_cached_by_tokenizer_hash_on_disk(
         raise AssertionError("the checks ran again")
 
     monkeypatch.setattr(Encoder, "_check", must_not_run)
-    assert Encoder(tok, cache_dir=tmp_path).backend == "tiktoken"
+    cached = Encoder(tok, cache_dir=tmp_path)
+    assert cached.backend == "tiktoken" and not cached.describe()["checks_pending"]
     monkeypatch.setattr(encoders_module, "_verdicts", {})
     with pytest.raises(AssertionError, match="ran again"):
-        Encoder(tok)  # no cache_dir, no in-process verdict: checks again
+        Encoder(tok).verify()  # no cache_dir, no in-process verdict: checks again
 
 
 def test_the_pipeline_reports_its_backend_and_keeps_its_options_hash(tok_small: Tokenizer, tmp_path: Path) -> None:
