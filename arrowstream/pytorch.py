@@ -17,7 +17,10 @@ batch comes next and, after a resume, restores that round-robin order (a
 sequence of batches as without the interruption.
 
 Forked workers: the main process never tokenizes, so each worker's tokenizer
-keeps its own thread pool and no fork warning is printed.
+keeps its own thread pool and no fork warning is printed. In a worker, a
+batch's arrays are copied into one buffer (the tensors are views of it), so
+the batch crosses to the main process as one shared-memory segment rather
+than one per tensor.
 
 Requires ``pip install arrowstream[torch]``.
 """
@@ -145,10 +148,13 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _tensors(self, batch: dict[str, Any]) -> dict[str, Any]:
         keys = batch if self.columns is None else self.columns
-        return {
-            key: torch.from_numpy(batch[key]) if isinstance(batch[key], np.ndarray) else batch[key]
-            for key in keys
-        }
+        out = {key: batch[key] for key in keys}
+        arrays = {key: value for key, value in out.items() if isinstance(value, np.ndarray)}
+        if len(arrays) > 1 and get_worker_info() is not None:
+            out.update(one_storage(arrays))
+        else:
+            out.update((key, torch.from_numpy(value)) for key, value in arrays.items())
+        return out
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._it = it = self.iterator()
@@ -178,6 +184,39 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         """Start the next iteration from ``state``: a consumer's own, a loader's, or a global one."""
         self._pending = copy.deepcopy(state)
         self._it = None
+
+
+_ALIGN = 64
+
+
+def one_storage(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Copy ``arrays`` into one buffer and return tensors that view it.
+
+    A DataLoader worker sends each tensor storage to the main process as its
+    own shared-memory segment and file descriptor, about a quarter of a
+    millisecond each here; the five arrays of a packed batch in one storage
+    travel as one (``benchmarks/bench_transfer.py``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> out = one_storage({"a": np.arange(6, dtype=np.int32).reshape(2, 3), "b": np.array([True, False])})
+    >>> out["a"].tolist(), out["b"].tolist(), out["a"].untyped_storage().data_ptr() == out["b"].untyped_storage().data_ptr()
+    ([[0, 1, 2], [3, 4, 5]], [True, False], True)
+    """
+    starts, end = {}, 0
+    for key, value in arrays.items():
+        starts[key] = end
+        end += -(-value.nbytes // _ALIGN) * _ALIGN
+    buffer = torch.empty(end, dtype=torch.uint8)
+    flat = buffer.numpy()
+    out = {}
+    for key, value in arrays.items():
+        start, size = starts[key], value.nbytes
+        np.copyto(flat[start : start + size].view(value.dtype).reshape(value.shape), value)
+        dtype = torch.from_numpy(value[:0]).dtype
+        out[key] = buffer[start : start + size].view(dtype).view(value.shape)
+    return out
 
 
 class StatefulLoader:

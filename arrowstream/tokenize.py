@@ -104,15 +104,20 @@ class Tokenize(Stage):
     add_special_tokens
         Passed to the tokenizer (its post-processor may add BOS and the like).
     slice_bytes
-        Text per batch-encoder call once warmed up (larger is more efficient).
+        Text per encoder call once warmed up. Memory grows with
+        ``num_inflight * slice_bytes`` (each call's temporary strings and ids);
+        256 KiB with 3 calls in flight measured 8 % faster than 1 MiB with 4
+        over the tiktoken backend, with a fifth less peak memory
+        (``benchmarks/bench_peers.py`` figures in ``docs/benchmarks.md``).
     first_slice_bytes
         Text in the first call after a start or resume; slices double from
         there up to ``slice_bytes`` (smaller gives an earlier first batch).
     num_inflight
-        Batch-encoder calls in flight at once, from that many Python threads
-        (each call uses the tokenizer's own thread pool). More than one keeps
-        that pool busy while the results of a finished call are turned into
-        arrays; 4 measured best on 2 cores. Output does not depend on it.
+        Encoder calls in flight at once, from that many Python threads (a
+        ``tokenizers`` call also uses the tokenizer's own thread pool). More
+        than one keeps the cores busy while the results of a finished call are
+        turned into arrays; 3 measured best on 2 cores. Output does not depend
+        on it.
     backend
         ``"auto"`` (default): tiktoken for a byte-level BPE once it is shown to
         give the tokenizer's ids, else ``tokenizers``; ``"tiktoken"`` or
@@ -150,9 +155,9 @@ class Tokenize(Stage):
         add_eos: bool = True,
         eos_id: int | None = None,
         add_special_tokens: bool = True,
-        slice_bytes: int = 1 << 20,
+        slice_bytes: int = 1 << 18,
         first_slice_bytes: int = 1 << 16,
-        num_inflight: int = 4,
+        num_inflight: int = 3,
         loss_mask: str | None = None,
         backend: str = "auto",
         cache: str | os.PathLike[str] | None = None,

@@ -9,7 +9,8 @@ and figures are medians of ``--repeats``:
   1,000 texts per call) over the corpus's texts already in memory: the
   ceiling. Reading the Parquet into memory is not timed.
 - ``arrowstream <strategy>, workers=k``: ``read_parquet(...).tokenize(tok)
-  .pack(seq_len, batch_size, strategy)``, iterated directly (k=0) or through
+  .pack(seq_len, batch_size, strategy)`` (``bucket``: ``.bucket(max_tokens=
+  seq_len * batch_size, max_len=seq_len)``, longer documents truncated), iterated directly (k=0) or through
   ``DataLoader(ds.to_torch(), batch_size=None, num_workers=k)`` (with
   ``even_batches=False``, so that every token comes out with workers too).
 - ``datasets, workers=k``: ``load_dataset("parquet", streaming=True)``, a
@@ -19,7 +20,14 @@ and figures are medians of ``--repeats``:
   ``DataLoader(batch_size, num_workers=k)``.
 
 Figures: tokens/s over the whole epoch (first batch included), time to first
-batch, peak RSS. Resume latency at 10 %, 50 % and 90 % of the epoch: for
+batch (both from after ``import torch``, which a training process has done
+before it loads data; importing the loader library counts), peak RSS of the main process (``VmHWM``), and the peak memory of the
+whole process tree, DataLoader workers included: the sum of the processes'
+proportional set sizes (PSS: pages shared after a fork counted once in all),
+sampled every 50 ms; and that peak minus the same measure of an idle process
+that imported torch and the loader (``above idle``: the loader's working
+memory). arrowstream without workers is iterated through ``ds.to_torch()``,
+so torch is loaded on both sides, as in training. Resume latency at 10 %, 50 % and 90 % of the epoch: for
 arrowstream, ``ds.iter(state)`` plus the first batch; for ``datasets``, its
 own ``state_dict``/``load_state_dict`` plus the first example; and skipping
 (``.skip(n)``) to the same point.
@@ -86,9 +94,10 @@ def _ours(corpus: Path, tok_path: Path, seq_len: int, batch_size: int, strategy:
     import arrowstream
 
     # even_batches=False: with DataLoader workers every token still comes out, so the check is exact
-    return arrowstream.read_parquet(corpus).tokenize(str(tok_path)).pack(
-        seq_len=seq_len, batch_size=batch_size, strategy=strategy, even_batches=False
-    )
+    ds = arrowstream.read_parquet(corpus).tokenize(str(tok_path))
+    if strategy == "bucket":  # one document per row, at most batch_size * seq_len tokens with padding
+        return ds.bucket(max_tokens=seq_len * batch_size, max_len=seq_len, even_batches=False)
+    return ds.pack(seq_len=seq_len, batch_size=batch_size, strategy=strategy, even_batches=False)
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
@@ -104,9 +113,17 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         n = sum(len(e.ids) for a in range(0, len(texts), 1000) for e in tok.encode_batch_fast(texts[a : a + 1000]))
         wall = time.perf_counter() - t0
         return {"tokens": n, "docs": len(texts), "wall_s": wall, "tok_per_s": n / wall, "peak_mb": _peak_mb()}
+    import torch  # a training process has it loaded before it loads data, whichever loader it uses
+
     t0 = time.perf_counter()
-    if kind == "datasets" or workers:
-        import torch  # only where a DataLoader is used: iterating arrowstream directly needs no torch
+
+    if kind.startswith("idle"):  # the libraries loaded, nothing read: the memory floor of each side
+        import arrowstream  # noqa: F401
+
+        if kind == "idle-datasets":
+            import datasets  # noqa: F401
+        time.sleep(0.5)
+        return {"peak_mb": _peak_mb()}
     if kind == "datasets":
         ds = _hf_dataset(corpus, tok_path, L)
         loader = torch.utils.data.DataLoader(ds, batch_size=B, num_workers=workers)
@@ -117,9 +134,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=workers)
             count = lambda b: int(b["num_tokens"])  # noqa: E731
         else:
-            loader = ds.iter()
+            loader = ds.to_torch()  # tensors, as a training loop takes them
             count = lambda b: int(b["num_tokens"])  # noqa: E731
     first = None
+    cut = 0
     tokens = batches = 0
     for b in loader:
         if first is None:
@@ -127,8 +145,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         tokens += count(b)
         batches += 1
     wall = time.perf_counter() - t0
+    if kind == "bucket" and not workers:
+        cut = loader.state_dict()["stats"].get("truncated_tokens", 0)
     return {"tokens": tokens, "batches": batches, "wall_s": wall, "first_batch_s": first,
-            "tok_per_s": tokens / wall, "peak_mb": _peak_mb()}
+            "tok_per_s": tokens / wall, "peak_mb": _peak_mb(), "truncated_tokens": cut}
 
 
 def child_resume(args: argparse.Namespace) -> dict[str, Any]:
@@ -148,13 +168,47 @@ def child_resume(args: argparse.Namespace) -> dict[str, Any]:
     return {"resume_s": time.perf_counter() - t0}
 
 
+def _tree(pid: int) -> list[int]:
+    """Return ``pid`` and its descendants (DataLoader workers)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _pss_mb(pids: list[int]) -> float:
+    """Sum the proportional set size of ``pids``: shared pages (a fork's) are counted once in all."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except (OSError, StopIteration):
+            pass
+    return total / 1024
+
+
 def run_child(script_args: list[str]) -> dict[str, Any]:
+    """Run one measurement in a fresh process; sample the memory of its process tree every 50 ms."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "true"}
-    proc = subprocess.run([sys.executable, __file__, *script_args], capture_output=True, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, __file__, *script_args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    peak = 0.0
+    while proc.poll() is None:
+        peak = max(peak, _pss_mb(_tree(proc.pid)))
+        time.sleep(0.05)
+    out, err = proc.communicate()
     if proc.returncode != 0:
-        raise RuntimeError(f"child {script_args} failed:\n{proc.stderr[-3000:]}")
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT))
-    return json.loads(line[len(RESULT):])
+        raise RuntimeError(f"child {script_args} failed:\n{err[-3000:]}")
+    line = next(ln for ln in out.splitlines() if ln.startswith(RESULT))
+    return {**json.loads(line[len(RESULT):]), "tree_pss_mb": peak}
 
 
 def save_states(
@@ -192,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--vocab-size", type=int, default=None, help="[32000; smoke 4096]")
     p.add_argument("--repeats", type=int, default=None, help="[3; smoke 1]")
-    p.add_argument("--strategies", default=None, help="[concat,best_fit; smoke concat]")
+    p.add_argument("--strategies", default=None, help="[concat,best_fit,bucket; smoke concat]")
     p.add_argument("--points", default=None, help="resume points [0.1,0.5,0.9; smoke 0.5]")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--smoke", action="store_true")
@@ -210,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     mb = args.mb if args.mb is not None else (2.0 if args.smoke else 85.0)
     vocab = args.vocab_size or (4096 if args.smoke else 32000)
     repeats = args.repeats or (1 if args.smoke else 3)
-    strategies = (args.strategies or ("concat" if args.smoke else "concat,best_fit")).split(",")
+    strategies = (args.strategies or ("concat" if args.smoke else "concat,best_fit,bucket")).split(",")
     points = tuple(float(x) for x in (args.points or ("0.5" if args.smoke else "0.1,0.5,0.9")).split(","))
     L, B = args.seq_len, args.batch_size
     checks = Checks()
@@ -222,24 +276,40 @@ def main(argv: list[str] | None = None) -> int:
     configs = [("raw", 0)]
     for strategy in strategies:
         configs += [(strategy, 0), (strategy, 2)]
-    configs += [("datasets", 0), ("datasets", 2)]
+    configs += [("datasets", 0), ("datasets", 2), ("idle-ours", 0), ("idle-datasets", 0)]
     runs: dict[str, list[dict[str, Any]]] = {}
     for r in range(repeats):
         for kind, workers in configs:
-            name = "raw encoder" if kind == "raw" else f"{'arrowstream ' + kind if kind != 'datasets' else 'datasets'}, workers={workers}"
+            if kind == "raw":
+                name = "raw encoder"
+            elif kind.startswith("idle") or kind == "datasets":
+                name = kind if kind.startswith("idle") else f"datasets, workers={workers}"
+            else:
+                name = f"arrowstream {kind}, workers={workers}"
             log(f"  run {r + 1}/{repeats}: {name}")
             runs.setdefault(name, []).append(run_child(["--child", kind, "--workers", str(workers), *base]))
     raw = runs["raw encoder"][0]
     expected = raw["tokens"] + raw["docs"]
     for name, rs in runs.items():
-        if name.startswith("arrowstream"):
+        if name.startswith("arrowstream bucket, workers=0"):
+            got = rs[0]["tokens"] + rs[0]["truncated_tokens"]
+            checks(got == expected, f"{name}: the raw encoder's tokens plus one EOS per document, "
+                   "with the tokens cut from documents longer than seq_len", f"{got} vs {expected}")
+        elif name.startswith("arrowstream bucket"):
+            want = runs["arrowstream bucket, workers=0"][0]["tokens"]
+            checks(rs[0]["tokens"] == want, f"{name}: the same tokens as without workers", f"{rs[0]['tokens']} vs {want}")
+        elif name.startswith("arrowstream"):
             checks(rs[0]["tokens"] == expected, f"{name}: the raw encoder's tokens plus one EOS per document",
                    f"{rs[0]['tokens']} vs {expected}")
+    idle = {side: median([x["tree_pss_mb"] for x in runs.pop(f"idle-{side}")]) for side in ("ours", "datasets")}
     table = {
         name: {
             "tok_per_s": median([x["tok_per_s"] for x in rs]),
             "first_batch_s": median([x["first_batch_s"] for x in rs]) if "first_batch_s" in rs[0] else None,
             "peak_mb": max(x["peak_mb"] for x in rs),
+            "tree_pss_mb": max(x["tree_pss_mb"] for x in rs),
+            "working_mb": None if name == "raw encoder" else max(x["tree_pss_mb"] for x in rs)
+            - idle["ours" if name.startswith("arrowstream") else "datasets"],
             "tokens": rs[0]["tokens"],
         }
         for name, rs in runs.items()
@@ -254,11 +324,15 @@ def main(argv: list[str] | None = None) -> int:
             name, f"{t['tok_per_s'] / 1e6:.3f}", f"{t['tok_per_s'] / ceiling:.2f}",
             "-" if vs_hf is None else f"{vs_hf:.2f}",
             "-" if t["first_batch_s"] is None else f"{t['first_batch_s']:.2f}",
-            f"{t['peak_mb']:.0f}",
+            f"{t['peak_mb']:.0f}", f"{t['tree_pss_mb']:.0f}",
+            "-" if t["working_mb"] is None else f"{t['working_mb']:.0f}",
         ])
-    header = ["pipeline", "M tok/s", "vs raw", "vs datasets", "first batch s", "peak RSS MB"]
+    header = ["pipeline", "M tok/s", "vs raw", "vs datasets", "first batch s", "peak RSS MB (main)",
+              "peak PSS MB (all processes)", "above idle MB"]
     log(f"\n{cinfo['key']}: {expected:,} tokens, seq_len={L}, batch_size={B}, medians of {repeats}:\n")
     log(fmt_table(header, rows))
+    log(f"\nidle (torch and the loader imported, nothing read), PSS: arrowstream {idle['ours']:.0f} MB, "
+        f"datasets {idle['datasets']:.0f} MB; 'above idle' is the peak PSS of all processes minus it")
 
     total_batches = runs["arrowstream concat, workers=0"][0]["batches"]
     states_dir = args.workdir / "peer-states"
@@ -288,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": facts, "versions": {"datasets": datasets.__version__, "torch": torch.__version__,
                                            "tokenizers": tokenizers.__version__},
             "corpus": cinfo, "tokenizer": tinfo, "seq_len": L, "batch_size": B, "repeats": repeats,
-            "runs": runs, "table": table, "resume": resume, "checks": checks.items,
+            "runs": runs, "table": table, "idle_pss_mb": idle, "resume": resume, "checks": checks.items,
         }, indent=1, default=str))
     return 1 if failed else 0
 

@@ -94,3 +94,14 @@ def test_cache_benchmark_smoke_run_passes_its_check(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert json.loads(out.read_text())["ratio_vs_raw"] > 0
+
+
+def test_transfer_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
+    out = tmp_path / "transfer.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_transfer.py"), "--smoke", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["checks_passed"] and set(result["us_per_batch"]) == {"one storage", "tensor per array"}

@@ -78,6 +78,26 @@ def test_batches_share_memory_with_numpy(tmp_path: Path) -> None:
     assert int(batch["input_ids"][0, 0]) == 12345
 
 
+def test_a_worker_sends_each_batch_as_one_storage_with_the_same_values(tmp_path: Path) -> None:
+    ds, _ = _ds(tmp_path)
+    ds = read_parquet(tmp_path, batch_rows=5).tokenize(None, column="input_ids", eos_id=0).pack(
+        seq_len=8, batch_size=2, even_batches=False
+    )
+    direct = list(ds.iter())
+    received = list(torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=1))
+    assert len(received) == len(direct)
+    for got, want in zip(received, direct):
+        assert sorted(got) == sorted(want)
+        storages = {got[k].untyped_storage().data_ptr() for k in got if isinstance(got[k], torch.Tensor)}
+        assert len(storages) == 1  # one shared-memory segment per batch
+        for key, value in want.items():
+            if isinstance(value, np.ndarray):
+                assert got[key].dtype == torch.from_numpy(value).dtype and got[key].shape == value.shape
+                assert np.array_equal(got[key].numpy(), value), key
+            else:
+                assert got[key] == value, key
+
+
 def test_columns_keep_only_the_named_arrays(tmp_path: Path) -> None:
     ds, _ = _ds(tmp_path)
     full = next(iter(ds.to_torch()))
