@@ -164,23 +164,30 @@ def assemble_batch(
             if keep is not None and mask is not None:
                 keep[real] = mask[index]
     col = np.arange(seq_len, dtype=np.int32)
-    starts2d = starts.reshape(batch_size, seq_len)
-    position_ids = col - np.maximum.accumulate(np.where(starts2d, col, 0), axis=1)
-    segment_ids = np.cumsum(starts2d, axis=1, dtype=np.int32)
-    segment_ids[col >= row_fill[:, None]] = 0
+    padding = col >= row_fill[:, None]
+    rows = np.arange(batch_size, dtype=np.int64) * seq_len
+    # Positions count from the last segment start, or from the row start in a row of padding
+    # only (a row with segments starts with one): one repeat over those starts.
+    empty = row_fill == 0
+    begin = np.sort(np.concatenate([dst, rows[empty]])) if empty.any() else dst
+    position_ids = np.arange(size, dtype=np.int32) - np.repeat(
+        begin.astype(np.int32), np.diff(begin, append=size)
+    )
+    segment_ids = np.cumsum(starts.reshape(batch_size, seq_len), axis=1, dtype=np.int32)
+    segment_ids[padding] = 0
     ids2d = input_ids.reshape(batch_size, seq_len)
     labels = ids2d.astype(np.int64)
-    labels[starts2d | (segment_ids == 0)] = IGNORE_INDEX
+    labels[padding] = IGNORE_INDEX
+    labels.reshape(-1)[dst] = IGNORE_INDEX
     if keep is not None:
         labels[~keep.reshape(batch_size, seq_len)] = IGNORE_INDEX
-    rows = np.arange(batch_size, dtype=np.int64) * seq_len
     tails = (rows + row_fill)[row_fill < seq_len]  # padding tails, and rows of padding only
     cu = np.unique(np.concatenate([dst, rows, tails, [size]])).astype(np.int32)
     num_tokens = int(seg_len.sum())
     return {
         "input_ids": ids2d,
         "labels": labels,
-        "position_ids": position_ids.astype(np.int32, copy=False),
+        "position_ids": position_ids.reshape(batch_size, seq_len),
         "segment_ids": segment_ids,
         "cu_seqlens": cu,
         "max_seqlen": int(np.diff(cu).max()) if cu.size > 1 else 0,

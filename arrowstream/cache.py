@@ -133,13 +133,15 @@ class TokenCache:
             return None
         expected = self._identity(manifest, shard)
         try:
-            table = pq.read_table(path)
+            with pq.ParquetFile(path) as entry:  # lighter than read_table's dataset machinery
+                table = entry.read()
             saved = json.loads((table.schema.metadata or {}).get(_META, b"null"))
         except (pa.ArrowInvalid, OSError, ValueError) as exc:
             return self._stale(path, f"it cannot be read ({exc})")
         if saved != expected:
             return self._stale(path, f"it was built from {saved!r}, the data is now {expected!r}")
-        ids = table.column("input_ids").combine_chunks()
+        column = table.column("input_ids")
+        ids = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # no copy for one chunk
         if len(ids) != int(manifest.shard_rows[shard]):
             return self._stale(path, f"it has {len(ids)} rows, the row group {int(manifest.shard_rows[shard])}")
         return ids

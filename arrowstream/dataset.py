@@ -64,7 +64,7 @@ def read_parquet(
     filesystem: Any = None,
     num_epochs: int | None = 1,
     batch_rows: int = 1024,
-    prefetch: int = 0,
+    prefetch: int | None = None,
 ) -> Dataset:
     """Open Parquet files as a dataset of row-group shards (footers only are read).
 
@@ -83,10 +83,13 @@ def read_parquet(
     batch_rows
         Rows per record batch read (does not change packed output).
     prefetch
-        Chunks read and tokenized ahead in a background thread; 0 (the
-        default) reads inline, which measured as fast since the encoder calls
-        already run in a thread pool. Does not change the output. With a
-        background thread, `close()` iterators you are done with.
+        Chunks read and tokenized ahead in a background thread; 0 reads
+        inline. ``None`` (the default) prefetches 2 chunks when the pipeline
+        reads token ids (a pre-tokenized column or a token cache), where
+        reading is the work (measured 1.3 to 1.6 times faster), and reads
+        inline when it tokenizes text (the encoder calls already run in a
+        thread pool; measured as fast). Does not change the output. With a
+        background thread, ``close()`` iterators you are done with.
 
     Returns
     -------
@@ -105,8 +108,8 @@ def read_parquet(
         raise ConfigError(f"`num_epochs` must be a positive int or None, got {num_epochs!r}")
     if not _is_int(batch_rows) or batch_rows < 1:
         raise ConfigError(f"`batch_rows` must be a positive int, got {batch_rows!r}")
-    if not _is_int(prefetch) or prefetch < 0:
-        raise ConfigError(f"`prefetch` must be an int >= 0, got {prefetch!r}")
+    if prefetch is not None and (not _is_int(prefetch) or prefetch < 0):
+        raise ConfigError(f"`prefetch` must be an int >= 0 or None, got {prefetch!r}")
     manifest = read_manifest(source, columns=columns, filesystem=filesystem)
     return Dataset(
         manifest=manifest,
@@ -139,7 +142,7 @@ class Dataset:
     columns: tuple[str, ...] | None = None
     num_epochs: int | None = 1
     batch_rows: int = 1024
-    prefetch: int = 0
+    prefetch: int | None = None
     seed: int | None = None
     window: int = 8
     fragments: int = 2
@@ -694,6 +697,27 @@ class Dataset:
             num_streams, work = deals.get(epoch) or (consumer.count, self.fresh_work(epoch, consumer))
             segment = 0
             seq, head_skip = (work[0][1], work[0][3]) if work else (0, 0)
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Chunks prefetched in a background thread: ``prefetch``, or for ``None`` 2 when ids are read, else 0.
+
+        Examples
+        --------
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> d = tempfile.mkdtemp()
+        >>> pq.write_table(pa.table({"ids": pa.array([[5, 6]], pa.list_(pa.int32()))}), f"{d}/a.parquet")
+        >>> read_parquet(d).prefetch_depth, read_parquet(d).tokenize(None, column="ids", eos_id=0).prefetch_depth
+        (0, 2)
+        >>> read_parquet(d, prefetch=0).tokenize(None, column="ids", eos_id=0).prefetch_depth
+        0
+        """
+        if self.prefetch is not None:
+            return self.prefetch
+        reads_ids = any(
+            isinstance(s, Tokenize) and (s.tokenizer is None or s.cache is not None) for s in self.stages
+        )
+        return 2 if reads_ids else 0
 
     @property
     def num_inflight(self) -> int:

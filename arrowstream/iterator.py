@@ -163,8 +163,8 @@ class DatasetIterator:
             self.consumer,
             self._pool,
         )
-        if self.dataset.prefetch > 0:
-            self._chunks = Prefetcher(produce, depth=self.dataset.prefetch)
+        if self.dataset.prefetch_depth > 0:
+            self._chunks = Prefetcher(produce, depth=self.dataset.prefetch_depth)
         else:
             self._chunks = _Inline(produce())
 
