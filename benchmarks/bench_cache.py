@@ -11,9 +11,9 @@ On one corpus and tokenizer (cached in ``--workdir`` like ``bench_core.py``):
    ``tokenizers`` batch encoder over the same texts in memory (``raw encoder``).
 
 Reported: tokens/s of each and the ratios ``token cache / tokenizing`` and
-``token cache / raw encoder`` (bar: at least 10 against the ``tokenizers``
-encoder; the ratio to the pipeline, which uses the faster exact ``tiktoken``
-encoder when it can, is reported too). Check: the cached pipeline
+``token cache / raw encoder``, each against the bar of 10 (the tokenizing
+pipeline uses the faster exact ``tiktoken`` encoder when it can, so it is the
+harder of the two). Check: the cached pipeline
 gives the same batches as the tokenizing one. ``--smoke`` uses a tiny corpus.
 Exit status 0 when the check passes, 1 otherwise.
 """
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         vs_pipe = med["pipeline, token cache"] / med["pipeline, tokenizing"]
         vs_raw = med["pipeline, token cache"] / med["raw encoder"]
         log(f"\ntoken cache / raw tokenizers encoder: {vs_raw:.1f} (bar {BAR:g}: {'MET' if vs_raw >= BAR else 'MISSED'}); "
-            f"token cache / tokenizing pipeline: {vs_pipe:.1f}")
+            f"token cache / tokenizing pipeline: {vs_pipe:.1f} (bar {BAR:g}: {'MET' if vs_pipe >= BAR else 'MISSED'})")
         failed = [c for c in checks.items if not c["passed"]]
         log(f"\ncorrectness checks: {len(checks.items) - len(failed)} passed, {len(failed)} failed")
         if args.json:
