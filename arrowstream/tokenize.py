@@ -106,9 +106,9 @@ class Tokenize(Stage):
     slice_bytes
         Text per encoder call once warmed up. Memory grows with
         ``num_inflight * slice_bytes`` (each call's temporary strings and ids);
-        256 KiB with 3 calls in flight measured 8 % faster than 1 MiB with 4
-        over the tiktoken backend, with a fifth less peak memory
-        (``benchmarks/bench_peers.py`` figures in ``docs/benchmarks.md``).
+        256 KiB with 3 calls in flight measured about 7 % faster than 1 MiB
+        with 4 over the tiktoken backend, with a quarter less peak memory
+        (see "Encoder calls" in ``docs/guide.md``).
     first_slice_bytes
         Text in the first call after a start or resume; slices double from
         there up to ``slice_bytes`` (smaller gives an earlier first batch).
