@@ -151,6 +151,13 @@ def fmt_table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join("  " + line for line in lines)
 
 
+def md_table(headers: list[str], rows: list[list[Any]]) -> str:
+    """The same table in Markdown, to paste into the docs."""
+    lines = ["| " + " | ".join(str(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def mtok(x: float) -> str:
     return f"{x / 1e6:.3f}"
 

@@ -33,8 +33,8 @@ own ``state_dict``/``load_state_dict`` plus the first example; and skipping
 (``.skip(n)``) to the same point.
 
 Check: arrowstream emits exactly the raw encoder's tokens plus one EOS per
-document. Output: a markdown table, and JSON with versions and machine facts
-(``--json``). ``--smoke`` runs a tiny corpus once. Needs ``datasets``
+document. Output: the tables as text, in Markdown (``--markdown``), and JSON
+with versions and machine facts (``--json``). ``--smoke`` runs a tiny corpus once. Needs ``datasets``
 (``pip install 'arrowstream[bench]'``). Exit status 0 when the checks pass.
 """
 
@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_core import Checks, corpus_dir, fmt_table, log, machine_facts, median, tokenizer_file
+from bench_core import Checks, corpus_dir, fmt_table, log, machine_facts, md_table, median, tokenizer_file
 
 RESULT = "BENCH_PEERS_RESULT "
 
@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategies", default=None, help="[concat,best_fit,bucket; smoke concat]")
     p.add_argument("--points", default=None, help="resume points [0.1,0.5,0.9; smoke 0.5]")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--markdown", type=Path, default=None, help="write the tables in Markdown to this file")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
@@ -331,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
               "peak PSS MB (all processes)", "above idle MB"]
     log(f"\n{cinfo['key']}: {expected:,} tokens, seq_len={L}, batch_size={B}, medians of {repeats}:\n")
     log(fmt_table(header, rows))
+    markdown = [md_table(header, rows)]
     log(f"\nidle (torch and the loader imported, nothing read), PSS: arrowstream {idle['ours']:.0f} MB, "
         f"datasets {idle['datasets']:.0f} MB; 'above idle' is the peak PSS of all processes minus it")
 
@@ -351,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     rrows = [[k, *(f"{resume[p][k]:.2f}" for p in resume)] for k in ("arrowstream", "datasets state_dict", "datasets skip")]
     log("\nresume latency, seconds (new process: open, load the state, first batch or example):\n")
     log(fmt_table(["", *resume], rrows))
+    markdown.append(md_table(["resume, seconds", *resume], rrows))
+    if args.markdown:
+        args.markdown.write_text("\n\n".join(markdown) + "\n")
+        log(f"\nwrote the tables in Markdown to {args.markdown}")
     failed = [c for c in checks.items if not c["passed"]]
     log(f"\ncorrectness checks: {len(checks.items) - len(failed)} passed, {len(failed)} failed")
     if args.json:

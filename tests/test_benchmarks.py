@@ -66,13 +66,17 @@ def test_peers_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     out = tmp_path / "peers.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_peers.py"), "--smoke",
-         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+         "--workdir", str(tmp_path / "work"), "--json", str(out), "--markdown", str(tmp_path / "peers.md")],
         capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["table"]) >= {"raw encoder", "arrowstream concat, workers=0", "datasets, workers=0"}
     assert result["resume"]["50%"]["arrowstream"] > 0
+    assert all(t["tree_pss_mb"] > 0 for t in result["table"].values())
+    assert result["table"]["arrowstream concat, workers=2"]["working_mb"] is not None
+    markdown = (tmp_path / "peers.md").read_text()
+    assert "| arrowstream concat, workers=0 |" in markdown and "| arrowstream |" in markdown
 
 
 def test_encoders_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
