@@ -246,8 +246,9 @@ class Encoder:
             _store_verdict(self._key(), verdict, self.cache_dir)
         self.checked = dict(verdict.get("checked", {}))
         if not verdict["ok"]:
+            # `_sample_left` stays as it is: a thread that read `_fast` before this line
+            # must still see the sample unfinished, and return the reference's ids.
             self._fast = self._spec = None
-            self._sample_left = 0
             self._reason = f"tiktoken failed the equivalence check: {verdict['reason']}"
             if forced:
                 raise ConfigError(f"`backend='tiktoken'` cannot be used: {verdict['reason']}")
