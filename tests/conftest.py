@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -41,6 +42,35 @@ def write_parts(
         pq.write_table(pa.table(cols, schema=schema), path, row_group_size=row_group_size)
         paths.append(path)
     return paths
+
+
+#: Token ids of the named documents: (doc + 1) * BASE + position, so every token names its
+#: document and its place in it.
+BASE = 1000
+
+
+def named_docs(lengths: Sequence[int]) -> list[list[int]]:
+    """Return documents of the given lengths whose tokens name their document and place."""
+    return [[(i + 1) * BASE + j for j in range(n)] for i, n in enumerate(lengths)]
+
+
+def write_named_docs(root: Path, lengths: Sequence[int], *, files: int = 2, rg: int = 7) -> Path:
+    """Write :func:`named_docs` as an ``input_ids`` column over ``files`` files; return ``root``."""
+    docs = named_docs(lengths)
+    per = -(-len(docs) // files)
+    parts = [
+        {"input_ids": pa.array(docs[f * per : (f + 1) * per], pa.list_(pa.int32()))}
+        for f in range(files)
+        if docs[f * per : (f + 1) * per]
+    ]
+    write_parts(root, parts, row_group_size=rg)
+    return root
+
+
+def heavy_tail(n: int, seed: int = 0, cap: int = 90) -> list[int]:
+    """Return ``n`` document lengths from a capped Pareto tail (many short, a few long)."""
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in np.minimum(rng.pareto(1.3, n) * 6 + 1, cap)]
 
 
 @pytest.fixture

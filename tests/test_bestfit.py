@@ -7,7 +7,6 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -15,34 +14,12 @@ from hypothesis import strategies as st
 from arrowstream import ConfigError, merge_states, read_parquet
 from arrowstream.testing import assert_batch_consistent, assert_resumes_identically
 
-from .conftest import write_parts
+from .conftest import BASE
+from .conftest import heavy_tail as _heavy_tail
+from .conftest import write_named_docs as _write
 
 EOS = 0
-BASE = 1000  # token = (doc + 1) * BASE + position: every token names its document and place
-
-
-def _docs(lengths: list[int]) -> list[list[int]]:
-    return [[(i + 1) * BASE + j for j in range(n)] for i, n in enumerate(lengths)]
-
-
-def _write(root: Path, lengths: list[int], *, files: int = 2, rg: int = 7) -> Path:
-    docs = _docs(lengths)
-    per = -(-len(docs) // files)
-    parts = [
-        {"input_ids": pa.array(docs[f * per : (f + 1) * per], pa.list_(pa.int32()))}
-        for f in range(files)
-        if docs[f * per : (f + 1) * per]
-    ]
-    write_parts(root, parts, row_group_size=rg)
-    return root
-
-
-def _heavy_tail(n: int, seed: int = 0, cap: int = 90) -> list[int]:
-    rng = np.random.default_rng(seed)
-    return [int(x) for x in np.minimum(rng.pareto(1.3, n) * 6 + 1, cap)]
-
-
-def _pipeline(root: Path, *, num_epochs: int | None = 1, batch_rows: int = 5, **pack):  # noqa: ANN202
+def _pipeline(root: Path, *, num_epochs: int | None = 1, batch_rows: int = 5, **pack):
     options = {"seq_len": 32, "batch_size": 3, "strategy": "best_fit", "window": 20, **pack}
     ds = read_parquet(root, batch_rows=batch_rows, num_epochs=num_epochs)
     return ds.tokenize(None, column="input_ids", eos_id=EOS).pack(**options)
