@@ -44,14 +44,11 @@ states are the same under either backend.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
 import re
-import sys
 import threading
-import unicodedata
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,6 +61,7 @@ from tokenizers import Tokenizer
 
 from arrowstream.bytelevel import ByteLevelBPE, Unconvertible, to_bytelevel_bpe
 from arrowstream.errors import ConfigError, EncoderFallbackWarning
+from arrowstream.probes import added_token_probes, probe_texts, token_texts
 
 __all__ = ["BACKENDS", "Encoder", "load_tokenizer", "probe_texts", "tokenizer_hash"]
 
@@ -283,8 +281,8 @@ class Encoder:
     def _check(self, spec: ByteLevelBPE, encoding: tiktoken.Encoding) -> dict[str, Any]:
         """Compare both backends on the vocabulary and the probe set."""
         fast = _Fast(spec, encoding)
-        vocab = [t for t in _token_texts(spec) if t]
-        probes = list(probe_texts()) + _added_token_probes(spec.specials)
+        vocab = [t for t in token_texts(spec) if t]
+        probes = list(probe_texts()) + added_token_probes(spec.specials)
         checked = {"vocabulary tokens": len(vocab), "probe texts": len(probes)}
         for name, texts in (("vocabulary token", vocab), ("probe", probes)):
             ref = self._reference_serial
@@ -602,112 +600,3 @@ def _forget_verdict(key: str, reason: str, cache_dir: Path | None) -> None:
     with _lock:
         checked = dict(_verdicts.get(key, {}).get("checked", {}))
     _store_verdict(key, {"ok": False, "reason": reason, "checked": checked}, cache_dir)
-
-
-# -- what is checked ------------------------------------------------------------
-
-
-def _token_texts(spec: ByteLevelBPE) -> list[str]:
-    """Return the text of every token tiktoken can produce whose bytes are valid UTF-8."""
-    out = []
-    for raw in spec.ranks:
-        try:
-            out.append(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            continue
-    return out
-
-
-_WHITESPACE = " \t\n\r\x0b\x0c\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\u200b\ufeff"
-_SENTENCES = (
-    "The quick brown fox jumps over the lazy dog. It's 3:45pm; we'd've left, they'll stay!",
-    "HELLO World -- I'M here, YOU'RE there, WE'VE got it, she'S fine, he'LL go, I'D say.",
-    "L'été dernier, à Noël, façade, naïve, coöperate, Ærø, Øresund, Ångström.",
-    "Grüße aus Köln: Straße, Maß, ÄÖÜ äöü ß ẞ.",
-    "Съешь же ещё этих мягких французских булок, да выпей чаю.",
-    "Ξεσκεπάζω την ψυχοφθόρα βδελυγμία. Ελληνικά!",
-    "نص عربي للتجربة، مع أرقام ١٢٣٤٥ و 12345.",
-    "עברית: שלום עולם! מספרים 678.",
-    "हिन्दी में पाठ। संख्या १२३ और ४५६।",
-    "中文文本测试，包括标点符号。数字：一二三，123。",
-    "日本語のテキスト、カタカナとひらがな。ｶﾀｶﾅ　全角スペース。",
-    "한국어 텍스트 테스트입니다. 숫자 123개!",
-    "ภาษาไทยไม่มีช่องว่างระหว่างคำ",
-    "emoji 😀😃😄 👍🏽 👨‍👩‍👧‍👦 🇫🇷🇯🇵 ❤️ ✌️ 🏳️‍🌈",
-    "combining: e\u0301 a\u0308 n\u0303 Z\u0351\u0358\u0362a\u0336l\u0337g\u0338o",
-    "math: ∀x∈ℝ, x²≥0; ∑ᵢ aᵢ = ½ ⅓ ¼; 10⁻³ ≈ 0.001; Ⅻ ⅻ; ①②③",
-    "code: def f(x):\n\treturn x**2  # comment\n\nif __name__ == '__main__':\n    f(3)\r\n",
-    "url https://example.com/a?b=c&d=e#f and mail a.b+c@d.org, path C:\\Users\\x\\y.txt",
-    "numbers 0 1 12 123 1234 12345 123456 1,234,567.89 3.14e-10 -42 +7 0x1F 1_000 ０１２３",
-    "punct !!! ??? ... --- ___ *** ### ``` ''' \"\"\" (([[{{}}]])) <<>> ;;; ::: ,,,",
-    "tabs\tand\t\ttabs\t\t\tand\nnewlines\n\nand\r\ncrlf\r\n\r\nend",
-    "  leading and trailing spaces  ",
-    "'s 't 're 've 'm 'll 'd 'S 'T 'RE 'VE 'M 'LL 'D ’s ’t",
-    "x's y't z're a've b'm c'll d'd 1's 2'll ''s '''d",
-)
-
-
-@functools.lru_cache(maxsize=1)
-def probe_texts() -> tuple[str, ...]:
-    """Return the built-in probe set both backends must agree on, one text per item.
-
-    Every code point of the Basic Multilingual Plane (surrogates aside), every
-    third of the Supplementary Multilingual Plane and every 61st of the other
-    planes, so every byte UTF-8 can hold; most of them also after a letter,
-    before a digit, after a space, next to themselves and before punctuation
-    (the large uniform blocks, CJK, Hangul and private use, one in 16); a few
-    of every Unicode general category; runs of every whitespace character and
-    of digits, alone and between words; contractions in both cases;
-    punctuation runs; sentences in many scripts; the empty string.
-
-    Examples
-    --------
-    >>> texts = probe_texts()
-    >>> "" in texts, len(texts) > 1000
-    (True, True)
-    >>> all(chr(c) in "".join(texts) for c in range(0x80))
-    True
-    """
-    out: list[str] = ["", " ", "\n", "a", "1", "!"]
-    plain = [c for c in range(0x10000) if not 0xD800 <= c < 0xE000]
-    plain += list(range(0x10000, 0x20000, 3)) + list(range(0x20000, sys.maxunicode + 1, 61))
-    uniform = ((0x3400, 0x4DC0), (0x4E00, 0xA000), (0xAC00, 0xD7A4), (0xE000, 0xF900), (0x10000, 0x20000))
-    in_context = [c for c in plain if not any(a <= c < b for a, b in uniform) or c % 16 == 0]
-    for codepoints, template in ((plain, "{}"), (in_context, "a{0}1 {0}{0}.")):
-        for i in range(0, len(codepoints), 64):
-            out.append("".join(template.format(chr(c)) for c in codepoints[i : i + 64]))
-    by_category: dict[str, list[str]] = {}
-    for c in range(0x30000):
-        if not 0xD800 <= c < 0xE000:
-            by_category.setdefault(unicodedata.category(chr(c)), []).append(chr(c))
-    for chars in by_category.values():
-        picked = chars[:: max(1, len(chars) // 16)][:16]
-        out += ["".join(picked), " ".join(picked), "x" + "x".join(picked) + "x", "7" + "7".join(picked)]
-    for ws in _WHITESPACE:
-        for n in (1, 2, 3, 16, 33):
-            run = ws * n
-            out += [run, f"a{run}b", f"{run}a", f"a{run}", f"1{run}2", f".{run}.", f"a {run} b", f"a{run} b"]
-    out += [" " * 3000, "\n" * 1000, " \n" * 500, "\t \n\r" * 250, "a" + " " * 2000 + "b"]
-    for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 16, 17, 31, 32, 33, 100, 1000):
-        digits = "".join(str((k * 7 + n) % 10) for k in range(n))
-        out += [digits, f"a{digits}b", f" {digits} ", f"x {digits}.{digits}", f"{digits}a{digits}"]
-    out += ["9" * 3000, "1 " * 1000]
-    out += list(_SENTENCES) + ["\n".join(_SENTENCES), " ".join(_SENTENCES).upper()]
-    return tuple(out)
-
-
-def _added_token_probes(specials: dict[str, int]) -> list[str]:
-    """Return texts with each added token alone, in text, repeated and cut short."""
-    out = []
-    for content in list(specials)[:1000]:
-        out += [
-            content,
-            f"a{content}b",
-            f" {content} ",
-            content * 3,
-            f"{content}\n\nHello world{content}",
-            content[:-1],
-            content[1:],
-            f"x{content[:-1]}y",
-        ]
-    return out
