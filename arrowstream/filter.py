@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.acero as acero
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
@@ -25,7 +26,7 @@ from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.manifest import Manifest
 from arrowstream.stage import Stage
 
-__all__ = ["Filter", "prune_shards"]
+__all__ = ["Filter", "matching", "prune_shards"]
 
 _SEQ = "__arrowstream_seq__"
 
@@ -85,9 +86,32 @@ class Filter(Stage):
     def run(self, piece: Chunk) -> Chunk:
         assert piece.batch is not None
         tagged = piece.batch.append_column(_SEQ, pa.array(piece.seq, type=pa.int64()))
-        kept = tagged.filter(self.expr).column(_SEQ).to_numpy()
+        kept = matching(tagged, self.expr).column(_SEQ).to_numpy()
         keep = np.isin(piece.seq, kept, assume_unique=True)
         return piece.with_rows(keep, "filtered")
+
+
+def matching(batch: pa.RecordBatch, expr: pc.Expression) -> pa.Table:
+    """Return the rows of ``batch`` where ``expr`` is true, computed in the calling thread.
+
+    ``RecordBatch.filter(expr)`` runs an Acero plan on Arrow's thread pool, whose
+    threads may still be releasing the batch's buffers just after it returns; a
+    buffer that wraps a numpy array (the sequence column, token ids) takes the
+    GIL to be released, and a thread that does so while Python finalizes aborts
+    the process ("terminate called without an active exception"). Run without
+    threads, the plan is done when this returns.
+
+    Examples
+    --------
+    >>> import pyarrow as pa, pyarrow.compute as pc
+    >>> matching(pa.record_batch({"n": [1, 2, 3]}), pc.field("n") > 1).column("n").to_pylist()
+    [2, 3]
+    """
+    plan = acero.Declaration.from_sequence([
+        acero.Declaration("table_source", acero.TableSourceNodeOptions(pa.Table.from_batches([batch]))),
+        acero.Declaration("filter", acero.FilterNodeOptions(expr)),
+    ])
+    return plan.to_table(use_threads=False)
 
 
 def prune_shards(manifest: Manifest, expr: pc.Expression) -> np.ndarray:
