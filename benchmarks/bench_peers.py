@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/arrowstream-bench"))
     p.add_argument("--mb", type=float, default=None, help="MB of text [85 (about 20 M tokens); smoke 2]")
+    p.add_argument("--rows-per-group", type=int, default=2000, help="documents per Parquet row group [2000]")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--vocab-size", type=int, default=None, help="[32000; smoke 4096]")
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     checks = Checks()
     facts = machine_facts()
     log("machine: " + json.dumps(facts))
-    corpus, cinfo = corpus_dir(args.workdir, mb, seed=0, rows_per_group=1000, mb_per_file=64.0)
+    corpus, cinfo = corpus_dir(args.workdir, mb, seed=0, rows_per_group=args.rows_per_group, mb_per_file=64.0)
     tok_path, tinfo = tokenizer_file(args.workdir, vocab)
     base = ["--corpus", str(corpus), "--tokenizer", str(tok_path), "--seq-len", str(L), "--batch-size", str(B)]
     configs = [("raw", 0)]
