@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,27 @@ def heavy_tail(n: int, seed: int = 0, cap: int = 90) -> list[int]:
     """Return ``n`` document lengths from a capped Pareto tail (many short, a few long)."""
     rng = np.random.default_rng(seed)
     return [int(x) for x in np.minimum(rng.pareto(1.3, n) * 6 + 1, cap)]
+
+
+def stop_merge_resume(ds: Any, before: int, after: int) -> list[dict[str, Any]]:
+    """Stop ``before`` ranks after 2, 3, ... batches, merge their states, finish the epoch on ``after`` ranks.
+
+    Return every batch emitted, in order; the states go through JSON, and some
+    must hold documents (``held``), so the merge has carried work to re-deal.
+    """
+    from arrowstream import merge_states
+
+    seen: list[dict[str, Any]] = []
+    states = []
+    for rank in range(before):
+        it = ds.iter(rank=rank, world_size=before)
+        seen += [next(it) for _ in range(2 + rank)]
+        states.append(json.loads(json.dumps(it.state_dict())))
+    assert any("held" in s for s in states)
+    merged = json.loads(json.dumps(merge_states(states)))
+    for rank in range(after):
+        seen += list(ds.iter(merged, rank=rank, world_size=after))
+    return seen
 
 
 @pytest.fixture

@@ -16,13 +16,12 @@ from arrowstream import (
     ConfigError,
     Dataset,
     StateMismatchError,
-    merge_states,
     read_parquet,
 )
 from arrowstream.batch import PADDED_KEYS
 from arrowstream.testing import assert_resumes_identically
 
-from .conftest import BASE, write_parts
+from .conftest import BASE, stop_merge_resume, write_parts
 from .conftest import heavy_tail as _heavy_tail
 from .conftest import write_named_docs as _write
 
@@ -244,16 +243,7 @@ def test_elastic_resume_emits_held_documents_exactly_once(
     lengths = _heavy_tail(150, seed=6)
     root = _write(tmp_path, lengths)
     ds = _pipeline(root, even_batches=False, **options)
-    seen: list = []
-    states = []
-    for rank in range(before):
-        it = ds.iter(rank=rank, world_size=before)
-        seen += [next(it) for _ in range(2 + rank)]
-        states.append(json.loads(json.dumps(it.state_dict())))
-    assert any("held" in s for s in states)
-    merged = json.loads(json.dumps(merge_states(states)))
-    for rank in range(after):
-        seen += list(ds.iter(merged, rank=rank, world_size=after))
+    seen = stop_merge_resume(ds, before, after)
     _check_epoch(seen, lengths, max_len=ds.packer.max_len)
 
 
