@@ -118,8 +118,12 @@ def assert_resumes_identically(
     Parameters
     ----------
     source
-        Something with ``.iter()`` (a :class:`~arrowstream.Dataset`) or a
-        zero-argument callable returning a fresh iterator. Iterators must
+        Something with ``.iter()`` (a :class:`~arrowstream.Dataset`), or a
+        zero-argument callable returning either a fresh iterator or a freshly
+        built :class:`~arrowstream.Dataset`. A callable that builds the
+        pipeline anew is the stricter check: every resume then starts from a
+        description that shares nothing (tokenizer, encoder, caches) with the
+        run that saved the state, as after a real restart. Iterators must
         offer ``state_dict()`` and ``load_state_dict(state)``.
     every
         Check every ``every``-th checkpoint (1 checks all, including step 0
@@ -147,7 +151,13 @@ def assert_resumes_identically(
     >>> assert_resumes_identically(read_parquet(d, num_epochs=2, batch_rows=3), min_epochs=2)
     10
     """
-    make: Callable[[], Any] = source.iter if hasattr(source, "iter") else source
+    make = _iterator_factory(source)
+    # The reference run never calls state_dict(): a state_dict() that changes what comes
+    # next would make the checkpointed run differ from it.
+    untouched = []
+    for item in make():
+        untouched.append(item)
+        assert len(untouched) <= max_steps, f"stream longer than max_steps={max_steps}"
     it = make()
     states = [_roundtrip(it.state_dict())]
     items = []
@@ -155,6 +165,11 @@ def assert_resumes_identically(
         items.append(item)
         states.append(_roundtrip(it.state_dict()))
         assert len(items) <= max_steps, f"stream longer than max_steps={max_steps}"
+    assert len(items) == len(untouched), (
+        f"calling state_dict() at every step gave {len(items)} items, not calling it {len(untouched)}"
+    )
+    for k, (a, b) in enumerate(zip(untouched, items)):
+        assert_items_equal(a, b, where=f"item {k} with state_dict() called at every step")
     epochs = {s.get("position", {}).get("epoch", 0) for s in states}
     assert max(epochs) >= min_epochs - 1, (
         f"stream covered epochs {sorted(epochs)}, expected at least {min_epochs}: "
@@ -177,6 +192,19 @@ def assert_resumes_identically(
             for k, (a, b) in enumerate(zip(expect, again)):
                 assert_items_equal(a, b, where=f"second resume at step {second}, item {second + k}")
     return len(items)
+
+
+def _iterator_factory(source: Any) -> Callable[[], Any]:
+    """Return a zero-argument callable giving a fresh iterator over ``source``."""
+    if hasattr(source, "iter"):
+        return source.iter
+    built = [source()]  # the first product is used once, so no pipeline is built for nothing
+
+    def make() -> Any:
+        made = built.pop() if built else source()
+        return made.iter() if hasattr(made, "iter") else made
+
+    return make
 
 
 def _resume_and_collect(

@@ -115,3 +115,43 @@ def text_dir(tmp_path: Path) -> Callable[..., Path]:
         return out
 
     return make
+
+
+class EncodedBy:
+    """Texts each backend encoded while a pipeline ran (see :func:`encoded_by`).
+
+    ``tiktoken`` counts texts tiktoken encoded for the pipeline (the built-in
+    checks are left out), ``tokenizers`` texts `tokenizers` encoded. While the
+    first documents are checked both encode them and `tokenizers`' ids are
+    emitted, so ``tiktoken - tokenizers`` texts at least came out as tiktoken's ids.
+    """
+
+    def __init__(self) -> None:
+        self.tiktoken = 0
+        self.tokenizers = 0
+
+    @property
+    def emitted_by_tiktoken(self) -> int:
+        return self.tiktoken - self.tokenizers
+
+
+@pytest.fixture
+def encoded_by(monkeypatch: pytest.MonkeyPatch) -> EncodedBy:
+    """Count the texts each backend encodes for pipelines (not for the built-in checks)."""
+    from arrowstream import encoders
+
+    counts = EncodedBy()
+    fast_encode, reference = encoders._Fast.encode, encoders.Encoder._reference
+
+    def spy_fast(self, texts, ref):  # the checks pass `_reference_serial`, pipelines `_reference`
+        if getattr(ref, "__name__", "") == "_reference":
+            counts.tiktoken += len(texts)
+        return fast_encode(self, texts, ref)
+
+    def _reference(self, texts):
+        counts.tokenizers += len(texts)
+        return reference(self, texts)
+
+    monkeypatch.setattr(encoders._Fast, "encode", spy_fast)
+    monkeypatch.setattr(encoders.Encoder, "_reference", _reference)
+    return counts

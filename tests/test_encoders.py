@@ -34,7 +34,7 @@ from arrowstream.sample import make_texts, train_tokenizer, write_dataset
 from arrowstream.testing import assert_resumes_identically
 from arrowstream.tokenize import Tokenize
 
-from .conftest import write_parts
+from .conftest import EncodedBy, write_parts
 
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -132,7 +132,8 @@ def reference(tok: Tokenizer, texts: list[str], *, add_special_tokens: bool = Tr
 
 
 def fast(enc: Encoder, texts: list[str]) -> list[list[int]]:
-    assert enc.backend == "tiktoken"
+    # past the document sample, or `encode` would return `tokenizers`' ids
+    assert enc.backend == "tiktoken" and enc.describe()["sample_bytes_left"] == 0
     flat, lens = enc.encode(texts)
     return [a.tolist() for a in np.split(flat, np.cumsum(lens)[:-1])] if len(texts) else []
 
@@ -306,6 +307,7 @@ def test_deferred_checks_run_when_the_sample_ends_and_no_fast_id_leaves_before(
     good = Encoder(fresh, sample_bytes=40)
     assert good.describe()["checks_pending"]
     got = [ids for b in read_parquet(tmp_path).tokenize(good) for ids in b.column("input_ids").to_pylist()]
+    assert got == [ids + [0] for ids in reference(fresh, texts)]
     info = good.describe()
     assert not info["checks_pending"] and info["backend"] == "tiktoken" and info["sample_bytes_left"] == 0
     assert info["checked"]["probe texts"] > 1000 and "identical ids on" in info["reason"]
@@ -368,11 +370,17 @@ def pipeline(path: Path, tok: Tokenizer | Encoder, **kw):
 
 
 @pytest.mark.parametrize("backend", ["tiktoken", "tokenizers"])
-def test_resume_contract_and_packing_hold_with_either_backend(tmp_path: Path, tok_large: Tokenizer, backend: str) -> None:
+def test_resume_contract_and_packing_hold_with_either_backend(
+    tmp_path: Path, tok_large: Tokenizer, backend: str, encoded_by: EncodedBy
+) -> None:
     write_dataset(tmp_path, num_files=2, docs_per_file=12, rows_per_group=5, seed=3)
     ds = pipeline(tmp_path, Encoder(tok_large, backend=backend)).pack(seq_len=48, batch_size=2)
     assert ds.stages[-1].backend == backend
     assert assert_resumes_identically(ds, min_epochs=2, every=2, horizon=8) > 10
+    if backend == "tiktoken":  # forced: no document sample, every id is tiktoken's
+        assert encoded_by.tiktoken > 0 and encoded_by.tokenizers == 0
+    else:
+        assert encoded_by.tiktoken == 0 and encoded_by.tokenizers > 0
     tokens = 0
     for batch in ds:
         assert batch["input_ids"].shape == (2, 48)
@@ -386,20 +394,32 @@ def test_both_backends_give_byte_identical_streams(tmp_path: Path, tok_large: To
     for tok in (tok_large, tok_llama):
         streams = set()
         for backend, inflight in (("tokenizers", 1), ("tiktoken", 1), ("tiktoken", 4), ("auto", 2)):
-            enc = Encoder(tok, backend=backend)
+            # auto: a sample of 2,000 bytes, so that most documents come out as tiktoken's ids
+            enc = Encoder(tok, backend=backend, sample_bytes=2000)
             ds = pipeline(tmp_path, enc, num_inflight=inflight).pack(seq_len=64, batch_size=3)
             streams.add(b"".join(b["input_ids"].tobytes() + b["segment_ids"].tobytes() for b in ds))
+            if backend == "auto":
+                assert enc.describe()["sample_bytes_left"] == 0 and enc.backend == "tiktoken"
         assert len(streams) == 1
 
 
-def test_packing_loses_and_adds_no_token_with_the_fast_backend(tmp_path: Path, tok_large: Tokenizer) -> None:
+@pytest.mark.parametrize("sample_bytes", [0, 1500])
+def test_packing_loses_and_adds_no_token_with_the_fast_backend(
+    tmp_path: Path, tok_large: Tokenizer, sample_bytes: int, encoded_by: EncodedBy
+) -> None:
     texts = mixed_texts(60, seed=2)
     write_parts(tmp_path, [{"text": texts}], row_group_size=11)
     want = np.concatenate([np.array(ids + [0]) for ids in reference(tok_large, texts)])
-    ds = read_parquet(tmp_path).tokenize(tok_large).pack(seq_len=37, batch_size=3)
+    enc = Encoder(tok_large, sample_bytes=sample_bytes)
+    ds = read_parquet(tmp_path).tokenize(enc).pack(seq_len=37, batch_size=3)
     assert ds.stages[-1].backend == "tiktoken"
     got = np.concatenate([b["input_ids"][b["segment_ids"] > 0] for b in ds])
     assert np.array_equal(got, want)
+    # tiktoken's ids really came out: every text (no sample), or most of them (past the sample)
+    if sample_bytes == 0:
+        assert encoded_by.tiktoken == len(texts) and encoded_by.tokenizers == 0
+    else:
+        assert 0 < encoded_by.tokenizers < len(texts) // 2 and encoded_by.emitted_by_tiktoken > len(texts) // 2
 
 
 def test_an_encoder_pickles_and_encodes_the_same(tok_llama: Tokenizer, corpus: list[str]) -> None:

@@ -104,8 +104,10 @@ def test_tokenizer_without_eos_needs_eos_id(tmp_path: Path) -> None:
     bare = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
     with pytest.raises(ConfigError, match="eos_id"):
         read_parquet(tmp_path).tokenize(bare)
-    assert read_parquet(tmp_path).tokenize(bare, add_eos=False) is not None
-    assert read_parquet(tmp_path).tokenize(bare, eos_id=1) is not None
+    [batch] = list(read_parquet(tmp_path).tokenize(bare, add_eos=False))
+    assert batch.column("input_ids").to_pylist() == [[0]]
+    [batch] = list(read_parquet(tmp_path).tokenize(bare, eos_id=1))
+    assert batch.column("input_ids").to_pylist() == [[0, 1]]
 
 
 def test_state_from_other_data_is_refused(tmp_path: Path) -> None:

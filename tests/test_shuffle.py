@@ -13,6 +13,8 @@ from arrowstream import ConfigError, read_parquet
 from arrowstream.order import Layout, permutation
 from arrowstream.testing import assert_resumes_identically
 
+from .conftest import write_parts
+
 
 def _ids(ds) -> list[list[int]]:
     """Ids per epoch, in output order."""
@@ -103,3 +105,29 @@ def test_layout_streams_split_rows_evenly(fragments: int) -> None:
     seen = sorted(lay.locate(s, q) for s in range(3) for q in range(lay.stream_rows(s)))
     expected = sorted((sh, r) for sh, n in enumerate([10, 3, 7, 0, 9]) for r in range(n))
     assert seen == expected
+
+
+def test_the_shard_order_differs_every_epoch_and_is_pinned(tmp_path: Path) -> None:
+    """The permutation of row groups is a function of (seed, epoch), fixed across releases.
+
+    Pinned so that a change of the permutation, which would change every
+    user's data order and make saved states resume elsewhere, fails here.
+    """
+    docs = 10 * 6
+    write_parts(tmp_path, [{"id": list(range(docs))}], row_group_size=6)
+    ds = read_parquet(tmp_path, num_epochs=3, batch_rows=6).shuffle(seed=1, window=1, fragments=1)
+    it = ds.iter()
+    groups: dict[int, list[int]] = {}
+    for batch in it:
+        epoch = it.state_dict()["position"]["epoch"]
+        for i in batch.column("id").to_pylist():
+            order = groups.setdefault(epoch, [])
+            if not order or order[-1] != i // 6:
+                order.append(i // 6)
+    assert [sorted(groups[e]) for e in range(3)] == [list(range(10))] * 3
+    assert groups[0] != groups[1] and groups[1] != groups[2] and groups[0] != groups[2]
+    assert groups == {
+        0: [6, 7, 2, 4, 1, 8, 9, 5, 0, 3],
+        1: [5, 2, 6, 8, 7, 3, 4, 0, 1, 9],
+        2: [4, 6, 2, 9, 0, 7, 3, 8, 1, 5],
+    }

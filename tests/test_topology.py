@@ -13,19 +13,28 @@ import pytest
 from arrowstream import StateError, merge_states, read_parquet
 from arrowstream.testing import assert_resumes_identically
 
-from .conftest import write_parts
+from .conftest import BASE, named_docs, write_parts
 
 NUM_DOCS = 90
 
 
 def _corpus(tmp_path: Path) -> tuple[Path, Counter]:
-    """Docs whose every token is the doc's id + 1 (EOS is 0): emitted tokens name their doc."""
+    """Docs whose every token names its doc and its place in it (EOS is 0); return every token, once.
+
+    Counting such tokens sees a document resumed from the wrong offset (a
+    place twice, another never), which counting document ids cannot.
+    """
     rng = np.random.default_rng(0)
-    lengths = rng.integers(1, 12, size=NUM_DOCS)
-    docs = [[i + 1] * int(n) for i, n in enumerate(lengths)]
+    lengths = [int(n) for n in rng.integers(1, 12, size=NUM_DOCS)]
+    docs = named_docs(lengths)
     parts = [{"input_ids": pa.array(docs[a : a + 30], pa.list_(pa.int32()))} for a in range(0, NUM_DOCS, 30)]
     write_parts(tmp_path, parts, row_group_size=7)
-    return tmp_path, Counter({i + 1: int(n) for i, n in enumerate(lengths)})
+    return tmp_path, Counter(t for doc in docs for t in doc)
+
+
+def _with_eos(expected: Counter) -> int:
+    """Tokens of the corpus, one EOS per document included."""
+    return sum(expected.values()) + NUM_DOCS
 
 
 def _pipeline(root: Path, *, shuffle: bool, packed: bool = True, even: bool = False):
@@ -87,13 +96,13 @@ def test_even_batches_give_equal_counts_and_account_for_every_document(
             counts.append(len(batches))
             got = _tokens(batches)
             seen += got
-            emitted_docs += len(got)
+            emitted_docs += len({t // BASE for t in got})
             tokens += _all_tokens(batches)
             dropped_docs += it.stats.get("dropped_docs", 0)
             dropped_tokens += it.stats.get("dropped_tokens", 0)
     assert len(set(counts)) == 1 and counts[0] > 0  # no rank waits for another
     assert all(seen[d] <= expected[d] for d in seen)  # nothing repeated
-    assert tokens + dropped_tokens == sum(n + 1 for n in expected.values())  # EOS included
+    assert tokens + dropped_tokens == _with_eos(expected)
     # a document is emitted (whole, or cut at the count) or counted as dropped: once
     assert emitted_docs + dropped_docs == NUM_DOCS
 
@@ -217,7 +226,7 @@ def test_even_batches_after_an_elastic_resume(tmp_path: Path) -> None:
         tokens += _all_tokens(batches)
         dropped += it.stats.get("dropped_tokens", 0)
     assert len(set(counts)) == 1
-    assert tokens + dropped == sum(n + 1 for n in expected.values())
+    assert tokens + dropped == _with_eos(expected)
 
 
 def test_even_batches_ignore_columns_the_pipeline_does_not_read(tmp_path: Path) -> None:
@@ -309,7 +318,7 @@ def test_even_batches_hold_after_a_merge_across_an_epoch_end(tmp_path: Path) -> 
     ds = read_parquet(root, batch_rows=4, num_epochs=3).shuffle(seed=0, window=2)
     ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2)
     target = ds.iter(rank=0, world_size=3).state_dict()["packer"]["target"]
-    per_epoch = sum(n + 1 for n in expected.values())
+    per_epoch = _with_eos(expected)
     mixed = 0
     for steps in range(target - 1, target + 2):
         its = [ds.iter(rank=r, world_size=3) for r in range(3)]

@@ -1,0 +1,217 @@
+#!/usr/bin/env python
+"""The mutation check: deliberate bugs that the test suite must catch.
+
+Each mutant is a plausible bug, written as one exact text replacement in one
+module. For each, this script copies the checkout to a temporary directory,
+applies the replacement there (the work tree is never touched), runs the
+tests that guard against that bug, and reports ``killed`` when they fail (as
+they must) or ``SURVIVED`` when they pass. It first runs the same tests on the
+unchanged copy, so a test that fails anyway is not taken for a kill.
+
+Run it by hand after changing the tests or the code they guard::
+
+    python tests/mutations.py             # every mutant, about 2-3 minutes
+    python tests/mutations.py --list      # names and what each one breaks
+    python tests/mutations.py shard-order-ignores-epoch --show   # one, with its diff
+
+Exit status 0 when every mutant was killed, 1 when one survived, 2 when a
+mutant no longer applies (the code it names moved: update it here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A deliberate bug: replace ``old`` by ``new`` in ``path``; ``tests`` must then fail."""
+
+    name: str
+    hole: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTANTS = [
+    Mutant(
+        "resume-reads-before-position",
+        "a resume reads (and discards) every row group before its position",
+        "arrowstream/source.py",
+        "    for window in windows[layout.find_window(stream, start_seq) :]:\n",
+        "    for skipped in windows[: layout.find_window(stream, start_seq)]:\n"
+        "        _read_piece(reader, int(skipped.shards[0]), 0, 1)\n"
+        "    for window in windows[layout.find_window(stream, start_seq) :]:\n",
+        ("tests/test_reads.py",),
+    ),
+    Mutant(
+        "consumer-reads-other-shares",
+        "every consumer also reads the first row group of every other consumer's stream",
+        "arrowstream/source.py",
+        "    windows = layout.windows(stream)\n",
+        "    for other in range(layout.num_streams):\n"
+        "        if other != stream and layout.windows(other):\n"
+        "            _read_piece(reader, int(layout.windows(other)[0].shards[0]), 0, 1)\n"
+        "    windows = layout.windows(stream)\n",
+        ("tests/test_reads.py",),
+    ),
+    Mutant(
+        "shard-order-ignores-epoch",
+        "the shard permutation is the same every epoch (the window permutation still varies)",
+        "arrowstream/order.py",
+        "perm = permutation(self.unit_shard.size, seed, epoch, 0)",
+        "perm = permutation(self.unit_shard.size, seed, 0, 0)",
+        ("tests/test_shuffle.py",),
+    ),
+    Mutant(
+        "best-fit-not-decreasing",
+        "best fit places documents in arrival order instead of longest first",
+        "arrowstream/bestfit.py",
+        "for piece in sorted(pieces, key=lambda p: -p[2]):",
+        "for piece in pieces:",
+        ("tests/test_bestfit.py",),
+    ),
+    Mutant(
+        "best-fit-is-next-fit",
+        "a document goes into the newest row or a new one (next fit), not the tightest",
+        "arrowstream/bestfit.py",
+        "            at = bisect_left(free, (n, -1))\n",
+        "            newest = [k for k, f in enumerate(free) if f[1] == len(self.open) - 1 and f[0] >= n]\n"
+        "            at = newest[0] if newest else len(free)\n",
+        ("tests/test_bestfit.py",),
+    ),
+    Mutant(
+        "tiktoken-never-emits",
+        "past the document sample the encoder still returns `tokenizers`' ids",
+        "arrowstream/encoders.py",
+        "        if not self._sample_left:\n            return fast.encode(texts, self._reference)\n",
+        "        if not self._sample_left:\n            return self._reference(texts)\n",
+        ("tests/test_encoders.py", "tests/test_resume_contract.py"),
+    ),
+    Mutant(
+        "cache-identity-without-footer",
+        "a token cache entry is matched by path, size and row counts only",
+        "arrowstream/manifest.py",
+        '"row_counts": list(f.row_counts), "footer": f.footer}',
+        '"row_counts": list(f.row_counts)}',
+        ("tests/test_cache.py",),
+    ),
+    Mutant(
+        "state-dict-has-side-effects",
+        "saving a best-fit state reorders the open rows, so saving changes what comes next",
+        "arrowstream/bestfit.py",
+        "    def _packer_state(self) -> dict[str, Any]:\n",
+        "    def _packer_state(self) -> dict[str, Any]:\n        self.open.reverse()\n",
+        ("tests/test_bestfit.py",),
+    ),
+    Mutant(
+        "layout-cache-ignores-epoch",
+        "the description keeps the first epoch's order for every epoch: resumes agree only while "
+        "the saving and the resuming iterator share one Dataset",
+        "arrowstream/dataset.py",
+        "        key = (epoch, num_streams)\n",
+        "        key = num_streams\n        if key in layouts:\n            layouts[key].epoch = epoch\n",
+        ("tests/test_resume_contract.py",),
+    ),
+    Mutant(
+        "cut-document-resumed-from-wrong-offset",
+        "a document cut at a checkpoint resumes one token early and loses its last (EOS kept, same count)",
+        "arrowstream/chunk.py",
+        "tokens=self.tokens[skip:], offsets=offsets",
+        "tokens=np.concatenate([self.tokens[skip - 1 : length - 2], self.tokens[length - 1 :]]), offsets=offsets",
+        ("tests/test_topology.py::test_elastic_resume_emits_the_rest_exactly_once",),
+    ),
+]
+
+
+def _copy_checkout(dest: Path) -> None:
+    """Copy the package, tests and project files (not .git, caches or build output)."""
+    for name in ("arrowstream", "tests", "pyproject.toml"):
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, dest / name)
+
+
+def _apply(copy: Path, mutant: Mutant) -> str:
+    """Apply ``mutant`` in ``copy``; return the unified diff."""
+    path = copy / mutant.path
+    text = path.read_text(encoding="utf-8")
+    found = text.count(mutant.old)
+    if found != 1:
+        raise LookupError(f"{mutant.name}: the text to replace occurs {found} times in {mutant.path}, not once")
+    changed = text.replace(mutant.old, mutant.new)
+    path.write_text(changed, encoding="utf-8")
+    return "".join(
+        difflib.unified_diff(
+            text.splitlines(keepends=True), changed.splitlines(keepends=True), mutant.path, mutant.path
+        )
+    )
+
+
+def _run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[bool, str]:
+    """Run ``tests`` in ``copy`` (its package first on the path); return (passed, summary line)."""
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    return proc.returncode == 0, lines[-1] if lines else proc.stderr.strip()[-200:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--show", action="store_true", help="print each mutant's diff")
+    args = parser.parse_args(argv)
+    known = {m.name: m for m in MUTANTS}
+    if args.list:
+        for m in MUTANTS:
+            print(f"{m.name:42} {m.hole}\n{'':42} tests: {' '.join(m.tests)}")
+        return 0
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        parser.error(f"unknown mutants {unknown}; --list shows them")
+    chosen = [known[n] for n in args.names] or MUTANTS
+    survived = 0
+    with tempfile.TemporaryDirectory(prefix="arrowstream-mutations-") as tmp:
+        clean = Path(tmp) / "clean"
+        _copy_checkout(clean)
+        for tests in dict.fromkeys(m.tests for m in chosen):
+            ok, summary = _run_tests(clean, tests)
+            if not ok:
+                print(f"the unchanged code fails {' '.join(tests)} ({summary}): fix that first")
+                return 1
+        for m in chosen:
+            copy = Path(tmp) / m.name
+            _copy_checkout(copy)
+            try:
+                diff = _apply(copy, m)
+            except LookupError as exc:
+                print(exc)
+                return 2
+            if args.show:
+                print(diff)
+            ok, summary = _run_tests(copy, m.tests)
+            survived += ok
+            print(f"{'SURVIVED' if ok else 'killed':8}  {m.name:42} {summary}")
+            shutil.rmtree(copy)
+    print(f"{len(chosen) - survived} of {len(chosen)} mutants killed")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
