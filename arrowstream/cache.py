@@ -9,7 +9,9 @@ own suffix so that a cache kept beside the data is not taken for data), holding 
 ``list<int32>`` row of token ids per source row (EOS not included; null for
 a null text), and, in its metadata, the identity of the source file it came
 from: relative path, size and rows per row group (the dataset fingerprint's
-terms).
+terms) and a digest of its Parquet footer (see
+:meth:`~arrowstream.manifest.Manifest.file_identity` for the one kind of
+rewrite it cannot see).
 
 Reading an entry checks that identity against the dataset being read. A
 stale entry (the source file changed) or a foreign one (another setting) is
@@ -43,8 +45,9 @@ __all__ = ["CACHE_FORMAT", "IDS_COLUMN", "TokenCache", "TokenIds"]
 #: The column through which cached ids travel from the reader to the tokenize stage.
 IDS_COLUMN = "__arrowstream_ids"
 
-#: Version of the cache layout; a change makes older caches foreign.
-CACHE_FORMAT = 1
+#: Version of the cache layout; a change makes older caches foreign. 2: entries name
+#: their source file's footer digest too.
+CACHE_FORMAT = 2
 
 _META = b"arrowstream.token_cache"
 

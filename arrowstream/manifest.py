@@ -69,6 +69,7 @@ class _FileInfo:
     row_counts: tuple[int, ...]
     row_bytes: tuple[int, ...]
     schema: pa.Schema
+    footer: str  # digest of the Parquet footer (sizes, offsets, statistics of every column chunk)
 
 
 class Manifest:
@@ -166,9 +167,17 @@ class Manifest:
         return tuple(f.size for f in self._files)
 
     def file_identity(self, index: int) -> dict[str, Any]:
-        """Return what identifies file ``index``'s data: relative path, size, rows per row group."""
+        """Return what identifies file ``index``'s data: relative path, size, rows per row group, footer.
+
+        ``footer`` is a digest of the file's Parquet footer, which records the
+        sizes, offsets and statistics of every column chunk: a file rewritten
+        with the same size and row counts almost always changes it. A rewrite
+        that leaves every chunk's sizes and statistics the same (say, one
+        letter changed inside a document, without compression) still goes
+        unseen; only reading the data could tell.
+        """
         f = self._files[index]
-        return {"relpath": f.relpath, "size": f.size, "row_counts": list(f.row_counts)}
+        return {"relpath": f.relpath, "size": f.size, "row_counts": list(f.row_counts), "footer": f.footer}
 
     def shard(self, index: int) -> Shard:
         """Return shard ``index`` as a :class:`Shard`."""
@@ -451,7 +460,15 @@ def _read_footer(fs: pafs.FileSystem, root: str, path: str, size: int) -> _FileI
         ) from exc
     counts = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
     nbytes = tuple(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    return _FileInfo(path, _relpath(path, root), size, counts, nbytes, schema)
+    return _FileInfo(path, _relpath(path, root), size, counts, nbytes, schema, _footer_digest(meta))
+
+
+def _footer_digest(meta: pq.FileMetaData) -> str:
+    # The footer serialized again from what was parsed (no second read): about 0.3 ms for
+    # a footer of 1,000 row groups.
+    sink = pa.BufferOutputStream()
+    meta.write_metadata_file(sink)
+    return hashlib.sha256(sink.getvalue()).hexdigest()[:32]
 
 
 def _check_schemas(

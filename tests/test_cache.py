@@ -75,6 +75,51 @@ def test_stale_entries_are_rebuilt_with_a_warning_or_refused(tmp_path: Path, tok
     assert got == fresh
 
 
+def _rewrite(path: Path, texts: list[str]) -> None:
+    """Write ``texts`` to ``path`` in one uncompressed row group (same lengths: same file size)."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": texts}), path, compression="none")
+
+
+def test_a_file_rewritten_with_the_same_size_and_rows_is_not_served_stale(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    texts = ["alpha beta gamma", "delta epsilon", "zeta eta theta iota"]
+    _rewrite(root / "a.parquet", texts)
+    size = (root / "a.parquet").stat().st_size
+    cache = tmp_path / "cache"
+    list(read_parquet(root).tokenize(tokenizer, cache=cache))
+    # the longest text (the column's max) changes, with the same length: same size, same rows
+    _rewrite(root / "a.parquet", [*texts[:2], "zeta eta theta iotb"])
+    assert (root / "a.parquet").stat().st_size == size
+    fresh = [b.column("input_ids").to_pylist() for b in read_parquet(root).tokenize(tokenizer)]
+    with pytest.warns(CacheWarning, match="stale"):
+        got = [b.column("input_ids").to_pylist() for b in read_parquet(root).tokenize(tokenizer, cache=cache)]
+    assert got == fresh
+
+
+def test_the_one_rewrite_the_cache_cannot_see_is_pinned(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    """The documented limit: a rewrite that keeps every column chunk's sizes and statistics.
+
+    One letter changed inside a text that is neither the column's minimum nor
+    its maximum, without compression: the footer is byte-identical, so the
+    entry is served (the old ids). Only reading the text could tell.
+    """
+    root = tmp_path / "data"
+    root.mkdir()
+    texts = ["alpha beta gamma", "delta epsilon", "zeta eta theta iota"]
+    _rewrite(root / "a.parquet", texts)
+    cache = tmp_path / "cache"
+    before = [b.column("input_ids").to_pylist() for b in read_parquet(root).tokenize(tokenizer, cache=cache)]
+    _rewrite(root / "a.parquet", [texts[0], "delta epsilom", texts[2]])
+    got = [b.column("input_ids").to_pylist() for b in read_parquet(root).tokenize(tokenizer, cache=cache)]
+    fresh = [b.column("input_ids").to_pylist() for b in read_parquet(root).tokenize(tokenizer)]
+    assert got == before != fresh
+
+
 def test_another_tokenizer_never_reads_the_entries(tmp_path: Path, tokenizer: Tokenizer) -> None:
     root = _data(tmp_path / "data")
     cache = tmp_path / "cache"
