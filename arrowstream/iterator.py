@@ -22,8 +22,8 @@ from arrowstream.errors import StateError
 from arrowstream.pack import PackRun
 from arrowstream.prefetch import Prefetcher
 
-from arrowstream.state import STATE_FORMAT, STATE_VERSION, Position, check_state
-from arrowstream.topology import Consumer, Deal, Segment, own_share, redeal
+from arrowstream.state import STATE_FORMAT, STATE_VERSION, Position, check_identity, check_state
+from arrowstream.topology import Consumer, Deal, Segment, own_share
 
 if TYPE_CHECKING:
     from arrowstream.dataset import Dataset
@@ -99,12 +99,14 @@ class DatasetIterator:
         self._known_targets: dict[int, int | None] = {}
         if state is not None:
             if state.get("kind") == "global":
-                if state.get("consumer_count") != self.consumer.count:
-                    try:
-                        self._parts = redeal(state, self.consumer.count, fresh)
-                    except (KeyError, TypeError, ValueError):
-                        pass  # own_share below names what is malformed
-                state = own_share(state, self.consumer, fresh)
+                # the data and options first: nothing of another run's state is re-dealt
+                check_identity(
+                    state,
+                    dataset=self.dataset.manifest.describe(),
+                    options=self.dataset.options(),
+                    options_hash=self.dataset.options_hash,
+                )
+                state, self._parts = own_share(state, self.consumer, fresh)
             check_state(
                 state,
                 dataset=self.dataset.manifest.describe(),

@@ -37,6 +37,7 @@ __all__ = [
     "STATE_FORMAT",
     "STATE_VERSION",
     "Position",
+    "check_identity",
     "check_state",
     "hash_options",
 ]
@@ -86,17 +87,7 @@ def check_state(
         ``state`` was saved from other data or other pipeline options; the
         message says what differs.
     """
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        got = type(state).__name__ if not isinstance(state, dict) else sorted(state)[:6]
-        raise StateError(
-            f"expected an arrowstream state (a dict with format={STATE_FORMAT!r}), got {got!r}: "
-            "pass what `state_dict()` returned"
-        )
-    if state.get("version") != STATE_VERSION:
-        raise StateError(
-            f"state format version {state.get('version')!r} is not supported (this arrowstream "
-            f"reads version {STATE_VERSION}): resume with the arrowstream release that saved it"
-        )
+    check_identity(state, dataset=dataset, options=options, options_hash=options_hash)
     for key, kind in (
         ("dataset", dict), ("position", dict), ("stats", dict), ("work", dict), ("consumer", dict)
     ):
@@ -114,7 +105,40 @@ def check_state(
     bad = {k: v for k, v in state["stats"].items() if isinstance(v, bool) or not isinstance(v, int)}
     if bad:
         raise StateError(f"state `stats` should hold int counters, got {bad!r}")
-    saved = state["dataset"]
+
+
+def check_identity(
+    state: Any, *, dataset: dict[str, Any], options: dict[str, Any], options_hash: str
+) -> None:
+    """Raise unless ``state`` (a consumer's or a global one) names this format, data and options.
+
+    Checked before anything in the state is used, so a state from other data
+    is reported as such, never as a malformed one.
+
+    Raises
+    ------
+    StateError
+        Not an arrowstream state, or another format version.
+    StateMismatchError
+        Other data or other pipeline options; the message says what differs.
+    """
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        got = type(state).__name__ if not isinstance(state, dict) else sorted(state)[:6]
+        raise StateError(
+            f"expected an arrowstream state (a dict with format={STATE_FORMAT!r}), got {got!r}: "
+            "pass what `state_dict()` returned"
+        )
+    if state.get("version") != STATE_VERSION:
+        raise StateError(
+            f"state format version {state.get('version')!r} is not supported (this arrowstream "
+            f"reads version {STATE_VERSION}): resume with the arrowstream release that saved it"
+        )
+    saved = state.get("dataset")
+    if not isinstance(saved, dict):
+        raise StateError(
+            f"state `dataset` should be a dict, got {type(saved).__name__}: the state is truncated "
+            "or was edited; pass what `state_dict()` returned"
+        )
     if saved.get("fingerprint") != dataset["fingerprint"]:
         raise StateMismatchError(
             "the state was saved from other data: it has "

@@ -213,14 +213,19 @@ def redeal(state: dict[str, Any], parts: int, fresh: Fresh) -> dict[int, Deal]:
     return {e: Deal(streams, recut(pooled, parts)) for e, (streams, pooled) in pools(state, fresh).items()}
 
 
-def own_share(state: dict[str, Any], consumer: Consumer, fresh: Fresh) -> dict[str, Any]:
-    """Return ``consumer``'s own state from a global one.
+def own_share(
+    state: dict[str, Any], consumer: Consumer, fresh: Fresh
+) -> tuple[dict[str, Any], dict[int, Deal]]:
+    """Return ``consumer``'s own state from a global one, and the deals made for it.
 
     With the topology the global state was merged from, that is the
-    consumer's saved state; otherwise its equal share of every row not yet
-    emitted (counters restart at zero; the merged totals stay in the global
-    state's ``stats``). When some consumers had already begun the next epoch,
-    the share of that epoch's rows left travels as ``next_work``.
+    consumer's saved state (and no deal); otherwise its equal share of every
+    row not yet emitted (counters restart at zero; the merged totals stay in
+    the global state's ``stats``), and every consumer's share of each open
+    epoch. When some consumers had already begun the next epoch, the share of
+    that epoch's rows left travels as ``next_work``. Check the state's
+    identity first (:func:`~arrowstream.state.check_identity`): the rows are
+    re-dealt over this pipeline's layout.
 
     Raises
     ------
@@ -233,7 +238,7 @@ def own_share(state: dict[str, Any], consumer: Consumer, fresh: Fresh) -> dict[s
         epoch = int(state["epoch"])
         if len(entries) != count:
             raise ValueError(f"{len(entries)} consumer entries for {count} consumers")
-        deals = redeal(state, consumer.count, fresh)
+        deals = {} if count == consumer.count else redeal(state, consumer.count, fresh)
     except (KeyError, TypeError, ValueError) as exc:
         raise StateError(
             f"global state is malformed ({exc}): pass what `merge_states` returned"
@@ -247,7 +252,7 @@ def own_share(state: dict[str, Any], consumer: Consumer, fresh: Fresh) -> dict[s
             for k in ("position", "work", "stats", "packer", "next_work", "held")
             if k in entry
         }
-        return {**common, **own, "consumer": me}
+        return {**common, **own, "consumer": me}, deals
     mine = deals[epoch].parts[consumer.index]
     first = mine[0] if mine else (0, 0, 0, 0)
     out = {
@@ -264,7 +269,7 @@ def own_share(state: dict[str, Any], consumer: Consumer, fresh: Fresh) -> dict[s
             "num_streams": nxt.num_streams,
             "segments": [list(seg) for seg in nxt.parts[consumer.index]],
         }
-    return out
+    return out, deals
 
 
 def _is_rank(state: Any) -> bool:

@@ -339,3 +339,22 @@ def test_even_batches_hold_after_a_merge_across_an_epoch_end(tmp_path: Path) -> 
         assert all(c == counts[0] for c in counts), counts  # no rank waits for another
         assert tokens + dropped == 3 * per_epoch
     assert mixed  # at least one of the steps had a consumer one epoch ahead (it ran short)
+
+
+def test_a_global_state_from_other_data_is_named_so_before_anything_is_re_dealt(tmp_path: Path) -> None:
+    """Regression: the re-deal ran first, and its error was swallowed or reported as malformed."""
+    from arrowstream import StateMismatchError
+
+    root, _ = _corpus(tmp_path / "a")
+    other = tmp_path / "b"
+    write_parts(other, [{"input_ids": pa.array([[5, 6, 7]] * 10, pa.list_(pa.int32()))}], row_group_size=3)
+    its = [_pipeline(root, shuffle=False).iter(rank=r, world_size=2) for r in range(2)]
+    for it in its:
+        next(it)
+    merged = json.loads(json.dumps(merge_states([it.state_dict() for it in its])))
+    merged["consumers"][0]["position"] = None  # and one entry cannot be re-dealt at all
+    for world in (2, 3):
+        with pytest.raises(StateMismatchError, match="other data"):
+            _pipeline(other, shuffle=False).iter(merged, rank=0, world_size=world)
+    with pytest.raises(StateError, match="malformed|work"):  # the same data: malformed indeed
+        _pipeline(root, shuffle=False).iter(merged, rank=0, world_size=3)
