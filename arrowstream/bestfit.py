@@ -96,6 +96,10 @@ class BestFitPacker(Packer):
     """
 
     name = "best_fit"
+    counters = (
+        *Packer.counters,
+        "long_docs_split", "long_docs_truncated", "long_docs_dropped", "long_tokens_dropped", "truncated_tokens",
+    )
 
     def __init__(
         self,

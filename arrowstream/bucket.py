@@ -110,6 +110,9 @@ class BucketPacker(Packer):
     """
 
     name = "bucket"
+    counters = (
+        *Packer.counters, "long_docs_truncated", "long_docs_dropped", "long_tokens_dropped", "truncated_tokens",
+    )
 
     def __init__(
         self,

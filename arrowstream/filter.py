@@ -53,6 +53,7 @@ class Filter(Stage):
     """
 
     name = "filter"
+    counters = ("filtered", "pruned_rows")
 
     def __init__(self, expr: pc.Expression) -> None:
         if not isinstance(expr, pc.Expression):

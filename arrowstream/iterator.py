@@ -65,6 +65,11 @@ class DatasetIterator:
     ) -> None:
         self.dataset = dataset
         self.consumer = consumer or Consumer(0, 1)
+        # every counter the pipeline can move, so a state has the same keys at every step
+        packer_counters = ("batches",) if dataset.packer is None else dataset.packer.counters
+        self._counters = dict.fromkeys(
+            ["rows", "docs", *(c for s in dataset.stages for c in s.counters), *packer_counters]
+        )
         self._reader = dataset.make_reader()
         self._chunks: Prefetcher[Chunk] | _Inline | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -116,7 +121,7 @@ class DatasetIterator:
             self._check_consumer(state["consumer"])
             self._start_epoch = int(state["position"]["epoch"])
             self._deals[self._start_epoch] = _read_work(state["work"], "work")
-            if "next_work" in state:
+            if state.get("next_work") is not None:
                 nxt = state["next_work"]
                 self._deals[self._start_epoch + 1] = _read_work(nxt, "next_work")
                 if isinstance(nxt, dict) and "target" in nxt:
@@ -192,9 +197,9 @@ class DatasetIterator:
             stats, extra = inner["stats"], inner.get("packer", {})
         else:
             position, stats, extra = self._pos, self._ledger.snapshot(), {}
-        pruned = self.dataset.num_pruned_rows
-        if pruned:  # derived, so it is exact at any position: epochs begun times rows pruned
-            stats["pruned_rows"] = pruned * (position.epoch + 1)
+        stats = {**dict.fromkeys(self._counters, 0), **stats}  # every counter, from the first state on
+        if "pruned_rows" in stats:  # derived, so it is exact at any position: epochs begun times rows pruned
+            stats["pruned_rows"] = self.dataset.num_pruned_rows * (position.epoch + 1)
         num_streams, work = self._work(position.epoch)
         state = {
             "format": STATE_FORMAT,
@@ -213,9 +218,10 @@ class DatasetIterator:
             "consumer": {"index": self.consumer.index, "count": self.consumer.count},
             "stats": stats,
             "packer": extra,
+            # documents a look-ahead packer holds back
+            "held": inner.get("held") if self._run is not None else None,
+            "next_work": None,
         }
-        if self._run is not None and "held" in inner:
-            state["held"] = inner["held"]  # documents a look-ahead packer holds back
         nxt = position.epoch + 1
         if nxt in self._deals:
             streams, segments = self._deals[nxt]

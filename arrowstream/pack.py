@@ -67,6 +67,10 @@ class Packer(ABC):
     """
 
     name = "packer"
+    #: The counters the packer adds to ``stats``, in every state from the first.
+    counters: tuple[str, ...] = (
+        "tokens", "padding_tokens", "batches", "padding_batches", "dropped_docs", "dropped_tokens",
+    )
 
     def __init__(
         self, *, seq_len: int, batch_size: int, drop_last: bool, pad_id: int, even_batches: bool = True

@@ -35,6 +35,8 @@ class Stage(ABC):
     expensive: bool = False
     #: How many pieces of this stage may run at once when ``expensive``.
     num_inflight: int = 1
+    #: The counters this stage adds to ``stats`` (its skip reasons), in every state from the first.
+    counters: tuple[str, ...] = ()
 
     @abstractmethod
     def spec(self) -> dict[str, Any]:

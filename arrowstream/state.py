@@ -1,9 +1,11 @@
 """The checkpoint format: positions as small coordinates, never data.
 
-A state is a JSON-able ``dict`` of the same shape at every step::
+A state is a JSON-able ``dict`` with the same keys at every step (a part
+that is empty now is ``null``; every counter the pipeline can move is there
+from the first state on, at 0)::
 
     {
-      "format": "arrowstream.state", "version": 1,
+      "format": "arrowstream.state", "version": 3,
       "dataset": {"fingerprint": ..., "num_files": ..., "num_shards": ..., "num_rows": ...},
       "options_hash": ..., "options": {...},
       "position": {"epoch": 0, "segment": 0, "seq": 1234, "token_offset": 17,
@@ -12,7 +14,11 @@ A state is a JSON-able ``dict`` of the same shape at every step::
       "consumer": {"index": 0, "count": 1},
       "stats": {"rows": ..., "docs": ..., "tokens": ..., "batches": ..., ...},
       "packer": {},
+      "held": null,       # documents a look-ahead packer holds back, as references
+      "next_work": null,  # the next epoch's share, when a merge re-dealt it
     }
+
+Version 2 states (which left empty parts out) load too.
 
 ``work`` lists the consumer's segments of the epoch (``[stream, start, end]``
 rows of the epoch's streams, read in order); ``position.segment``,
@@ -34,6 +40,7 @@ from typing import Any
 from arrowstream.errors import StateError, StateMismatchError
 
 __all__ = [
+    "READABLE_VERSIONS",
     "STATE_FORMAT",
     "STATE_VERSION",
     "Position",
@@ -43,7 +50,10 @@ __all__ = [
 ]
 
 STATE_FORMAT = "arrowstream.state"
-STATE_VERSION = 2
+STATE_VERSION = 3
+#: Versions this release loads. Version 2 left out empty parts (``held``, ``next_work``,
+#: counters not moved yet); version 3 has the same keys at every step.
+READABLE_VERSIONS = (2, 3)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -128,10 +138,11 @@ def check_identity(
             f"expected an arrowstream state (a dict with format={STATE_FORMAT!r}), got {got!r}: "
             "pass what `state_dict()` returned"
         )
-    if state.get("version") != STATE_VERSION:
+    if state.get("version") not in READABLE_VERSIONS:
         raise StateError(
             f"state format version {state.get('version')!r} is not supported (this arrowstream "
-            f"reads version {STATE_VERSION}): resume with the arrowstream release that saved it"
+            f"reads versions {', '.join(map(str, READABLE_VERSIONS))}): resume with the arrowstream "
+            "release that saved it"
         )
     saved = state.get("dataset")
     if not isinstance(saved, dict):

@@ -165,6 +165,8 @@ def assert_resumes_identically(
         items.append(item)
         states.append(_roundtrip(it.state_dict()))
         assert len(items) <= max_steps, f"stream longer than max_steps={max_steps}"
+    shapes = {_shape(s) for s in states}
+    assert len(shapes) == 1, f"the state's keys change between steps: {sorted(shapes, key=str)}"
     assert len(items) == len(untouched), (
         f"calling state_dict() at every step gave {len(items)} items, not calling it {len(untouched)}"
     )
@@ -192,6 +194,19 @@ def assert_resumes_identically(
             for k, (a, b) in enumerate(zip(expect, again)):
                 assert_items_equal(a, b, where=f"second resume at step {second}, item {second + k}")
     return len(items)
+
+
+def _shape(state: Any, key: str = "") -> Any:
+    """Return the keys of ``state``'s dicts, recursively; a part that may be empty (null) counts as present."""
+    if key in _PARTS:
+        return "part"
+    if isinstance(state, dict):
+        return tuple(sorted((k, _shape(v, k)) for k, v in state.items()))
+    return None
+
+
+#: Keys whose value is a dict at some steps and null at others (the part is empty now).
+_PARTS = ("held", "next_work")
 
 
 def _iterator_factory(source: Any) -> Callable[[], Any]:

@@ -144,6 +144,7 @@ class Tokenize(Stage):
     """
 
     name = "tokenize"
+    counters = ("null", "empty")
     #: The encoder of a text column (``None`` for token ids).
     encoder: Encoder | None
 

@@ -168,7 +168,7 @@ def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[int, list[Segm
 
     entries = state["consumers"]
     ahead = any(int(e["position"]["epoch"]) > epoch for e in entries)
-    dealt = any("next_work" in e for e in entries)
+    dealt = any(e.get("next_work") is not None for e in entries)
     for i, entry in enumerate(entries):
         pos = entry["position"]
         at = int(pos["epoch"])
@@ -179,12 +179,12 @@ def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[int, list[Segm
         if at == epoch:
             add(epoch, streams, left)
             if ahead or dealt:
-                if "next_work" in entry:
+                if entry.get("next_work") is not None:
                     add(epoch + 1, *_segments(entry["next_work"]))
                 else:
                     add(epoch + 1, count, fresh(epoch + 1, Consumer(i, count)))
         else:
-            if "next_work" in entry:
+            if entry.get("next_work") is not None:
                 raise ValueError(f"consumer {i} is one epoch ahead and holds the work of the one after")
             add(epoch + 1, streams, left)
     return out
@@ -247,11 +247,8 @@ def own_share(
     me = {"index": consumer.index, "count": consumer.count}
     if count == consumer.count:
         entry = entries[consumer.index]
-        own = {
-            k: entry[k]
-            for k in ("position", "work", "stats", "packer", "next_work", "held")
-            if k in entry
-        }
+        own = {k: entry[k] for k in ("position", "work", "stats", "packer")}
+        own.update({k: entry.get(k) for k in ("held", "next_work")})  # absent in version 2
         return {**common, **own, "consumer": me}, deals
     mine = deals[epoch].parts[consumer.index]
     first = mine[0] if mine else (0, 0, 0, 0)
@@ -262,6 +259,8 @@ def own_share(
         "consumer": me,
         "stats": {},
         "packer": {},
+        "held": None,
+        "next_work": None,
     }
     if epoch + 1 in deals:
         nxt = deals[epoch + 1]
@@ -325,7 +324,7 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     first = states[0]
     count = first["consumer"]["count"]
     for st in states[1:]:
-        for key in ("dataset", "options_hash"):
+        for key in ("version", "dataset", "options_hash"):
             if st.get(key) != first.get(key):
                 raise StateMismatchError(
                     f"states disagree on `{key}`: they are not from one run; merge the states "
