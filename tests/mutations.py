@@ -126,6 +126,14 @@ MUTANTS = [
         ("tests/test_resume_contract.py",),
     ),
     Mutant(
+        "state-shape-varies",
+        "counters appear in the state on first use, so its keys change between steps",
+        "arrowstream/iterator.py",
+        "stats = {**dict.fromkeys(self._counters, 0), **stats}",
+        "stats = dict(stats)",
+        ("tests/test_resume_contract.py",),
+    ),
+    Mutant(
         "cut-document-resumed-from-wrong-offset",
         "a document cut at a checkpoint resumes one token early and loses its last (EOS kept, same count)",
         "arrowstream/chunk.py",
