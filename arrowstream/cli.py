@@ -33,6 +33,7 @@ from arrowstream.cache import IDS_COLUMN
 from arrowstream.dataset import read_parquet
 from arrowstream.errors import ArrowStreamError
 from arrowstream.manifest import read_manifest
+from arrowstream.plan import Plan
 from arrowstream.sample import sample_tokenizer, write_dataset
 
 __all__ = ["main"]
@@ -214,8 +215,9 @@ def _cache(args: argparse.Namespace) -> int:
         cache=args.cache,
     )
     manifest = ds.manifest
-    reader = ds.make_reader()
-    cache = ds.token_ids().cache  # type: ignore[union-attr]
+    plan = Plan.of(ds)
+    reader = plan.make_reader()
+    cache = plan.token_ids.cache  # type: ignore[union-attr]
     hits = tokens = 0
     t0 = time.perf_counter()
     with tqdm(total=manifest.num_shards, desc="tokenizing", unit="row group", file=sys.stderr) as bar:

@@ -15,41 +15,25 @@ document per row, of varying shape (after ``bucket``).
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Executor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
-from arrowstream.balance import (
-    Sample,
-    batch_target,
-    column_bytes,
-    doc_target,
-    measure_sample,
-)
 from arrowstream.bucket import BucketPacker
-from arrowstream.cache import TokenIds
-from arrowstream.chunk import Chunk
 from arrowstream.errors import ConfigError, SchemaError
-from arrowstream.execute import run_stages
-from arrowstream.filter import Filter, prune_shards
+from arrowstream.filter import Filter
 from arrowstream.iterator import DatasetIterator
 from arrowstream.manifest import Manifest, read_manifest
-from arrowstream.order import Layout
 from arrowstream.pack import Packer
-from arrowstream.strategies import make_packer
-from arrowstream.reader import ShardReader
-from arrowstream.source import iter_stream
+from arrowstream.plan import Plan
 from arrowstream.stage import Stage
-from arrowstream.state import Position, hash_options
+from arrowstream.strategies import make_packer
 from arrowstream.tokenize import Tokenize
-from arrowstream.topology import Consumer, Segment
+from arrowstream.topology import Consumer
 
 if TYPE_CHECKING:
     from arrowstream.pytorch import TorchDataset
@@ -148,7 +132,6 @@ class Dataset:
     fragments: int = 2
     stages: tuple[Stage, ...] = ()
     packer: Packer | None = None
-    _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # -- building -----------------------------------------------------------------
 
@@ -196,7 +179,7 @@ class Dataset:
             raise ConfigError(f"`window` must be a positive int (row groups mixed), got {window!r}")
         if not _is_int(fragments) or fragments < 1:
             raise ConfigError(f"`fragments` must be a positive int, got {fragments!r}")
-        return replace(self, seed=seed, window=window, fragments=fragments, _cache={})
+        return replace(self, seed=seed, window=window, fragments=fragments)
 
     def tokenize(
         self,
@@ -350,7 +333,7 @@ class Dataset:
                 if value is not None
             },
         )
-        return replace(self, packer=packer, _cache={})
+        return replace(self, packer=packer)
 
     def bucket(
         self,
@@ -414,7 +397,7 @@ class Dataset:
             even_batches=even_batches,
             seed=seed,
         )
-        return replace(self, packer=packer, _cache={})
+        return replace(self, packer=packer)
 
     def _add_stage(self, stage: Stage) -> Dataset:
         if self.packer is not None:
@@ -423,7 +406,7 @@ class Dataset:
         for existing in self.stages:
             schema = existing.check(self.manifest, schema)
         stage.check(self.manifest, schema)
-        return replace(self, stages=(*self.stages, stage), _cache={})
+        return replace(self, stages=(*self.stages, stage))
 
     def _tokenize_stage(self) -> Tokenize | None:
         return next((s for s in self.stages if isinstance(s, Tokenize)), None)
@@ -432,42 +415,21 @@ class Dataset:
 
     def options(self) -> dict[str, Any]:
         """Return the JSON-able options that define the output (they enter every state)."""
-        if "options" in self._cache:
-            return copy.deepcopy(self._cache["options"])
         source: dict[str, Any] = {"columns": list(self.read_columns())}
         if self.packer is None:
             source["batch_rows"] = self.batch_rows
         if self.seed is not None:
             source["shuffle"] = {"seed": self.seed, "window": self.window, "fragments": self.fragments}
-        options = {
+        return {
             "source": source,
             "stages": [{"name": s.name, **s.spec()} for s in self.stages],
             "pack": None if self.packer is None else self.packer.spec(),
         }
-        self._cache["options"] = options
-        return copy.deepcopy(options)
 
     @property
     def options_hash(self) -> str:
         """Hash of :meth:`options`."""
-        if "options_hash" not in self._cache:
-            self._cache["options_hash"] = hash_options(self.options())
-        return self._cache["options_hash"]
-
-    def token_ids(self) -> TokenIds | None:
-        """Return how readers attach cached token ids, when ``.tokenize(cache=...)`` is set."""
-        tok = self._tokenize_stage()
-        if tok is None or tok.cache is None:
-            return None
-        others = any(
-            s is not tok and (s.columns() is None or tok.column in (s.columns() or ()))
-            for s in self.stages
-        )
-        return tok.token_ids(keep_text=self.packer is None or others)
-
-    def make_reader(self) -> ShardReader:
-        """Return a reader of the columns this pipeline reads (with cached ids, if any)."""
-        return ShardReader(self.manifest, self.read_columns(), ids=self.token_ids())
+        return Plan.of(self).options_hash
 
     def read_columns(self) -> tuple[str, ...]:
         """Return the columns the pipeline reads.
@@ -498,6 +460,34 @@ class Dataset:
             )
         return tuple(names)
 
+    # -- what reading it implies (worked out once, by its plan) ---------------------
+
+    @property
+    def num_pruned_shards(self) -> int:
+        """Row groups per epoch that filter statistics rule out (never read)."""
+        return Plan.of(self).num_pruned_shards
+
+    @property
+    def num_pruned_rows(self) -> int:
+        """Rows per epoch in row groups that filter statistics rule out."""
+        return Plan.of(self).num_pruned_rows
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Chunks prefetched in a background thread: ``prefetch``, or for ``None`` 2 when ids are read, else 0.
+
+        Examples
+        --------
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> d = tempfile.mkdtemp()
+        >>> pq.write_table(pa.table({"ids": pa.array([[5, 6]], pa.list_(pa.int32()))}), f"{d}/a.parquet")
+        >>> read_parquet(d).prefetch_depth, read_parquet(d).tokenize(None, column="ids", eos_id=0).prefetch_depth
+        (0, 2)
+        >>> read_parquet(d, prefetch=0).tokenize(None, column="ids", eos_id=0).prefetch_depth
+        0
+        """
+        return Plan.of(self).prefetch_depth
+
     # -- iteration ----------------------------------------------------------------
 
     def iter(
@@ -520,7 +510,7 @@ class Dataset:
         consumer = Consumer.of(
             rank=rank, world_size=world_size, worker=worker, num_workers=num_workers
         )
-        return DatasetIterator(self, state, consumer=consumer)
+        return DatasetIterator(Plan.of(self), state, consumer=consumer)
 
     def __iter__(self) -> Iterator[Any]:
         return self.iter()
@@ -545,194 +535,3 @@ class Dataset:
         )
 
         return TorchDataset(self, rank=rank, world_size=world_size, columns=columns)
-
-    def _planned_shards(self) -> np.ndarray:
-        shards = self._cache.get("shards")
-        if shards is None:
-            mask = np.ones(self.manifest.num_shards, dtype=bool)
-            for stage in self.stages:
-                if isinstance(stage, Filter):
-                    mask &= prune_shards(self.manifest, stage.expr)
-            shards = self._cache["shards"] = np.flatnonzero(mask)
-        return shards
-
-    def layout(self, epoch: int, num_streams: int = 1) -> Layout:
-        """Return the order of ``epoch`` cut into ``num_streams`` streams (cached)."""
-        layouts = self._cache.setdefault("layouts", {})
-        key = (epoch, num_streams)
-        if key not in layouts:
-            if len(layouts) >= 4:  # a few at most: they are cheap to rebuild
-                layouts.pop(next(iter(layouts)))
-            layouts[key] = Layout(
-                self._planned_shards(),
-                self.manifest.shard_rows,
-                epoch=epoch,
-                seed=self.seed,
-                window=self.window,
-                num_streams=num_streams,
-                fragments=self.fragments,
-            )
-        return layouts[key]
-
-    def fresh_work(self, epoch: int, consumer: Consumer) -> list[Segment]:
-        """Return ``consumer``'s share of a fresh ``epoch``: its own stream, whole."""
-        rows = self.layout(epoch, consumer.count).stream_rows(consumer.index)
-        return [(consumer.index, 0, rows, 0)]
-
-    def token_rate(self) -> float:
-        """Tokens the stages make per Parquet byte, on a fixed sample (cached; see :mod:`~arrowstream.balance`)."""
-        if "token_rate" not in self._cache:
-            self._cache["token_rate"] = self._sample().token_rate
-        return self._cache["token_rate"]
-
-    def _sample(self) -> Sample:
-        """The stages' output on a fixed sample of rows (cached; see :mod:`~arrowstream.balance`)."""
-        if "sample" not in self._cache:
-            self._cache["sample"] = measure_sample(
-                self.manifest,
-                self.read_columns(),
-                self._planned_shards(),
-                self.stages,
-                self._where,
-                self._read_bytes(),
-            )
-        return self._cache["sample"]
-
-    def _read_bytes(self) -> np.ndarray:
-        """Uncompressed bytes per shard of the columns read (cached; footers read again)."""
-        if "read_bytes" not in self._cache:
-            self._cache["read_bytes"] = column_bytes(self.manifest, self.read_columns())
-        return self._cache["read_bytes"]
-
-    def batch_target(self, epoch: int, parts: list[list[Segment]], num_streams: int) -> int:
-        """Return the batches every consumer emits in ``epoch`` given all consumers' ``parts``."""
-        packer = self.packer
-        assert packer is not None
-        if isinstance(packer, BucketPacker):  # batches of varying tokens: simulated on the sample
-            sample = self._sample()
-            rows = min((sum(hi - lo for _, lo, hi, _ in part) for part in parts), default=0)
-            docs, per_batch = packer.per_batch(
-                sample.lengths,
-                num_docs=rows * sample.docs_per_row,
-                docs_per_read=self.batch_rows * sample.docs_per_row,
-            )
-            if packer.batch_size is not None:
-                return doc_target(parts, sample.docs_per_row, docs)
-        else:
-            per_batch = packer.seq_len * packer.batch_size
-        return batch_target(
-            self.layout(epoch, num_streams),
-            self.manifest.shard_rows,
-            self._read_bytes(),
-            self.token_rate(),
-            parts,
-            per_batch,
-        )
-
-    @property
-    def num_pruned_shards(self) -> int:
-        """Row groups per epoch that filter statistics rule out (never read)."""
-        return self.manifest.num_shards - int(self._planned_shards().size)
-
-    @property
-    def num_pruned_rows(self) -> int:
-        """Rows per epoch in row groups that filter statistics rule out."""
-        return self.manifest.num_rows - int(self.manifest.shard_rows[self._planned_shards()].sum())
-
-    def iter_chunks(
-        self,
-        reader: ShardReader,
-        start: Position,
-        deals: dict[int, tuple[int, list[Segment]]],
-        consumer: Consumer,
-        pool: Executor | None = None,
-    ) -> Iterator[Chunk]:
-        """Yield ``consumer``'s processed chunks from ``start`` on.
-
-        ``deals`` maps an epoch to its layout's stream count and the
-        consumer's work in it, where that is not a fresh share (a resumed
-        epoch, and maybe the next, re-dealt); other epochs are fresh. Token
-        offsets are the packer's business. ``pool`` runs expensive stages a
-        few pieces at once.
-        """
-        epoch, segment, seq = start.epoch, start.segment, start.seq
-        head_skip = start.token_offset
-        num_streams, work = deals.get(epoch) or (consumer.count, self.fresh_work(epoch, consumer))
-        while self.num_epochs is None or epoch < self.num_epochs:
-            layout = self.layout(epoch, num_streams)
-            if layout.num_rows == 0 and self.num_epochs is None:
-                raise ConfigError(
-                    "the filter leaves no row group to read, so an endless stream would never "
-                    "yield: loosen the filter"
-                )
-            docs = 0
-            for k in range(segment, len(work)):
-                stream, lo, hi, skip = work[k]
-                first, skip = (seq, head_skip) if k == segment else (lo, skip)
-                source = iter_stream(
-                    reader,
-                    layout,
-                    stream,
-                    start_seq=first,
-                    end_seq=hi,
-                    batch_rows=self.batch_rows,
-                    segment=k,
-                )
-                for out in run_stages(
-                    self.stages, source, where=self._where, pool=pool, in_flight=self.num_inflight
-                ):
-                    if skip and first < hi:  # tokens of the first document already emitted
-                        out, skip = out.trim_head(first, skip), 0
-                    docs += out.num_docs
-                    yield out
-            fresh = segment == 0 and work and seq == work[0][1]
-            if docs == 0 and fresh and self.num_epochs is None:
-                raise ConfigError(
-                    f"epoch {epoch} kept no document for consumer {consumer.index} of "
-                    f"{consumer.count} (all filtered, null or empty, or fewer rows than "
-                    "consumers), so an endless stream would never yield: check the filter and "
-                    "the data"
-                )
-            epoch += 1
-            num_streams, work = deals.get(epoch) or (consumer.count, self.fresh_work(epoch, consumer))
-            segment = 0
-            seq, head_skip = (work[0][1], work[0][3]) if work else (0, 0)
-
-    @property
-    def prefetch_depth(self) -> int:
-        """Chunks prefetched in a background thread: ``prefetch``, or for ``None`` 2 when ids are read, else 0.
-
-        Examples
-        --------
-        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
-        >>> d = tempfile.mkdtemp()
-        >>> pq.write_table(pa.table({"ids": pa.array([[5, 6]], pa.list_(pa.int32()))}), f"{d}/a.parquet")
-        >>> read_parquet(d).prefetch_depth, read_parquet(d).tokenize(None, column="ids", eos_id=0).prefetch_depth
-        (0, 2)
-        >>> read_parquet(d, prefetch=0).tokenize(None, column="ids", eos_id=0).prefetch_depth
-        0
-        """
-        if self.prefetch is not None:
-            return self.prefetch
-        reads_ids = any(
-            isinstance(s, Tokenize) and (s.tokenizer is None or s.cache is not None) for s in self.stages
-        )
-        return 2 if reads_ids else 0
-
-    @property
-    def num_inflight(self) -> int:
-        """Pieces of expensive stages run at once, so threads in the iterator's pool (1: no pool)."""
-        return max((s.num_inflight for s in self.stages if s.expensive), default=1)
-
-    def _where(self, chunk: Chunk) -> str:
-        m = self.manifest
-        if chunk.mixed:
-            groups = ", ".join(
-                f"{m.paths[int(m.shard_file[s])]!r} row group {int(m.shard_row_group[s])}"
-                for s in chunk.mixed[:4]
-            )
-            more = f" and {len(chunk.mixed) - 4} more" if len(chunk.mixed) > 4 else ""
-            return f"in a shuffle window over {groups}{more}"
-        path = m.paths[int(m.shard_file[chunk.shard])]
-        rows = f"{chunk.row_start}..{chunk.row_start + chunk.seq_end - chunk.seq_start - 1}"
-        return f"in {path!r}, row group {int(m.shard_row_group[chunk.shard])}, rows {rows}"

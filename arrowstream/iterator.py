@@ -13,31 +13,30 @@ from __future__ import annotations
 import functools
 from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from arrowstream.chunk import Chunk, Ledger
 from arrowstream.errors import StateError
 from arrowstream.pack import PackRun
+from arrowstream.plan import Plan
 from arrowstream.prefetch import Prefetcher
-
 from arrowstream.state import STATE_FORMAT, STATE_VERSION, Position, check_identity, check_state
 from arrowstream.topology import Consumer, Deal, Segment, own_share
-
-if TYPE_CHECKING:
-    from arrowstream.dataset import Dataset
 
 __all__ = ["DatasetIterator"]
 
 
 class DatasetIterator:
-    """Iterate a :class:`~arrowstream.dataset.Dataset` with checkpointable state.
+    """Run a pipeline's :class:`~arrowstream.plan.Plan`, with checkpointable state.
+
+    Made by :meth:`Dataset.iter <arrowstream.Dataset.iter>`.
 
     Parameters
     ----------
-    dataset
-        The pipeline description.
+    plan
+        The pipeline's read plan (:meth:`Plan.of(dataset) <arrowstream.plan.Plan.of>`).
     state
         A state from :meth:`state_dict` to resume from, or ``None``.
 
@@ -58,25 +57,25 @@ class DatasetIterator:
 
     def __init__(
         self,
-        dataset: Dataset,
+        plan: Plan,
         state: dict[str, Any] | None = None,
         *,
         consumer: Consumer | None = None,
     ) -> None:
-        self.dataset = dataset
+        self.plan = plan
         self.consumer = consumer or Consumer(0, 1)
         # every counter the pipeline can move, so a state has the same keys at every step
-        packer_counters = ("batches",) if dataset.packer is None else dataset.packer.counters
+        packer_counters = ("batches",) if plan.packer is None else plan.packer.counters
         self._counters = dict.fromkeys(
-            ["rows", "docs", *(c for s in dataset.stages for c in s.counters), *packer_counters]
+            ["rows", "docs", *(c for s in plan.stages for c in s.counters), *packer_counters]
         )
-        self._reader = dataset.make_reader()
+        self._reader = plan.make_reader()
         self._chunks: Prefetcher[Chunk] | _Inline | None = None
         self._pool: ThreadPoolExecutor | None = None
-        if dataset.num_inflight > 1:
+        if plan.num_inflight > 1:
             # no finalizer: an executor's idle threads end once it is garbage-collected, and
             # a shutdown run by the garbage collector inside another pool's submit deadlocks
-            self._pool = ThreadPoolExecutor(dataset.num_inflight, thread_name_prefix="arrowstream-encode")
+            self._pool = ThreadPoolExecutor(plan.num_inflight, thread_name_prefix="arrowstream-encode")
         self._reset(state)
 
     # -- state --------------------------------------------------------------------
@@ -96,7 +95,7 @@ class DatasetIterator:
                 f"expected a state dict (from `state_dict()`, or JSON-loaded), got "
                 f"{type(state).__name__}: load the file with `json.load` first"
             )
-        fresh = self.dataset.fresh_work
+        fresh = self.plan.fresh_work
         # epoch -> (stream count, this consumer's work) where it is not a fresh share
         self._deals: dict[int, tuple[int, list[Segment]]] = {}
         # epoch -> every consumer's parts, for epochs re-dealt by this load (their targets)
@@ -107,16 +106,16 @@ class DatasetIterator:
                 # the data and options first: nothing of another run's state is re-dealt
                 check_identity(
                     state,
-                    dataset=self.dataset.manifest.describe(),
-                    options=self.dataset.options(),
-                    options_hash=self.dataset.options_hash,
+                    dataset=self.plan.manifest.describe(),
+                    options=self.plan.options(),
+                    options_hash=self.plan.options_hash,
                 )
                 state, self._parts = own_share(state, self.consumer, fresh)
             check_state(
                 state,
-                dataset=self.dataset.manifest.describe(),
-                options=self.dataset.options(),
-                options_hash=self.dataset.options_hash,
+                dataset=self.plan.manifest.describe(),
+                options=self.plan.options(),
+                options_hash=self.plan.options_hash,
             )
             self._check_consumer(state["consumer"])
             self._start_epoch = int(state["position"]["epoch"])
@@ -135,16 +134,16 @@ class DatasetIterator:
         if self._chunks is not None:
             self._chunks.close()
         self._run: PackRun | None = None
-        if self.dataset.packer is not None:
+        if self.plan.packer is not None:
             # a plain function, not a bound method: the run must not hold the iterator
             targets = functools.partial(
-                _targets, self.dataset, self.consumer, self._parts, self._known_targets
+                _targets, self.plan, self.consumer, self._parts, self._known_targets
             )
             nxt_epoch = self._start_epoch + 1
             if nxt_epoch in self._deals and nxt_epoch not in self._known_targets:
                 # saved with next_work, so an own-state resume needs no other consumer's parts
                 self._known_targets[nxt_epoch] = targets(nxt_epoch)
-            self._run = self.dataset.packer.start(state, targets=targets)
+            self._run = self.plan.packer.start(state, targets=targets)
             start = self._run.upstream_position()
         elif state is None:
             start = Position(0, 0, 0, 0)
@@ -163,15 +162,15 @@ class DatasetIterator:
         self._pos = start
         self._ledger = Ledger(None if state is None else state["stats"])
         produce = functools.partial(
-            self.dataset.iter_chunks,
+            self.plan.iter_chunks,
             self._reader,
             start,
             dict(self._deals),
             self.consumer,
             self._pool,
         )
-        if self.dataset.prefetch_depth > 0:
-            self._chunks = Prefetcher(produce, depth=self.dataset.prefetch_depth)
+        if self.plan.prefetch_depth > 0:
+            self._chunks = Prefetcher(produce, depth=self.plan.prefetch_depth)
         else:
             self._chunks = _Inline(produce())
 
@@ -199,14 +198,14 @@ class DatasetIterator:
             position, stats, extra = self._pos, self._ledger.snapshot(), {}
         stats = {**dict.fromkeys(self._counters, 0), **stats}  # every counter, from the first state on
         if "pruned_rows" in stats:  # derived, so it is exact at any position: epochs begun times rows pruned
-            stats["pruned_rows"] = self.dataset.num_pruned_rows * (position.epoch + 1)
+            stats["pruned_rows"] = self.plan.num_pruned_rows * (position.epoch + 1)
         num_streams, work = self._work(position.epoch)
         state = {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
-            "dataset": self.dataset.manifest.describe(),
-            "options_hash": self.dataset.options_hash,
-            "options": self.dataset.options(),
+            "dataset": self.plan.manifest.describe(),
+            "options_hash": self.plan.options_hash,
+            "options": self.plan.options(),
             "position": {
                 "epoch": position.epoch,
                 "segment": position.segment,
@@ -241,7 +240,7 @@ class DatasetIterator:
         """Return the layout's stream count and this consumer's segments for ``epoch``."""
         if epoch in self._deals:
             return self._deals[epoch]
-        return self.consumer.count, self.dataset.fresh_work(epoch, self.consumer)
+        return self.consumer.count, self.plan.fresh_work(epoch, self.consumer)
 
     def _where(self, pos: Position) -> dict[str, Any]:
         num_streams, work = self._work(pos.epoch)
@@ -251,8 +250,8 @@ class DatasetIterator:
         stream, _, end, _ = work[pos.segment]
         if pos.seq >= end:
             return {**none, "stream": stream}
-        shard, row = self.dataset.layout(pos.epoch, num_streams).locate(stream, pos.seq)
-        manifest = self.dataset.manifest
+        shard, row = self.plan.layout(pos.epoch, num_streams).locate(stream, pos.seq)
+        manifest = self.plan.manifest
         return {
             "stream": stream,
             "file": manifest.relpaths[int(manifest.shard_file[shard])],
@@ -272,7 +271,7 @@ class DatasetIterator:
 
     def _check_work(self, epoch: int) -> None:
         num_streams, work = self._work(epoch)
-        layout = self.dataset.layout(epoch, num_streams)
+        layout = self.plan.layout(epoch, num_streams)
         bad = [
             seg for seg in work
             if len(seg) != 4 or not 0 <= seg[0] < num_streams
@@ -286,7 +285,7 @@ class DatasetIterator:
 
     def _check_position(self, pos: dict[str, Any]) -> None:
         position = Position(pos["epoch"], pos["segment"], pos["seq"], pos["token_offset"])
-        num_epochs = self.dataset.num_epochs
+        num_epochs = self.plan.num_epochs
         if num_epochs is not None and position.epoch >= num_epochs:
             raise StateError(
                 f"the state is in epoch {position.epoch} but this pipeline runs {num_epochs} "
@@ -347,23 +346,23 @@ class DatasetIterator:
 
 
 def _targets(
-    dataset: Dataset,
+    plan: Plan,
     consumer: Consumer,
     parts: dict[int, Deal],
     known: dict[int, int | None],
     epoch: int,
 ) -> int | None:
     """Batches every consumer emits in ``epoch`` (None: as many as the data gives)."""
-    if dataset.packer is None or not dataset.packer.even_batches or consumer.count == 1:
+    if plan.packer is None or not plan.packer.even_batches or consumer.count == 1:
         return None
-    if dataset.num_epochs is None or epoch >= dataset.num_epochs:
+    if plan.num_epochs is None or epoch >= plan.num_epochs:
         return None
     if epoch in known:
         return known[epoch]
     if epoch in parts:
-        return dataset.batch_target(epoch, parts[epoch].parts, parts[epoch].num_streams)
-    fresh = [dataset.fresh_work(epoch, Consumer(c, consumer.count)) for c in range(consumer.count)]
-    return dataset.batch_target(epoch, fresh, consumer.count)
+        return plan.batch_target(epoch, parts[epoch].parts, parts[epoch].num_streams)
+    fresh = [plan.fresh_work(epoch, Consumer(c, consumer.count)) for c in range(consumer.count)]
+    return plan.batch_target(epoch, fresh, consumer.count)
 
 
 def _read_work(work: Any, key: str) -> tuple[int, list[Segment]]:

@@ -120,9 +120,10 @@ MUTANTS = [
         "layout-cache-ignores-epoch",
         "the description keeps the first epoch's order for every epoch: resumes agree only while "
         "the saving and the resuming iterator share one Dataset",
-        "arrowstream/dataset.py",
-        "        key = (epoch, num_streams)\n",
-        "        key = num_streams\n        if key in layouts:\n            layouts[key].epoch = epoch\n",
+        "arrowstream/plan.py",
+        "        key = (epoch, num_streams)\n        layout = self._layouts.get(key)\n",
+        "        key = num_streams  # type: ignore[assignment]\n        layout = self._layouts.get(key)\n"
+        "        if layout is not None:\n            layout.epoch = epoch\n",
         ("tests/test_resume_contract.py",),
     ),
     Mutant(

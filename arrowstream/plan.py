@@ -1,0 +1,306 @@
+"""The read plan: what a pipeline description implies for reading, worked out once.
+
+A :class:`~arrowstream.Dataset` only describes (files, stages, packer,
+options). A :class:`Plan` holds what iterating it needs: the columns to read
+and the reader, the row groups that filter statistics rule out, each epoch's
+layout, each consumer's fresh share, the even-batches target, the prefetch
+depth, and the producer of processed chunks. The iterator runs a plan and
+never calls back into the description.
+
+A plan is a pure function of its description, so :meth:`Plan.of` builds one
+per description object and process and its iterators share it (its caches
+fill as they are used, from any thread: a value computed twice is the same).
+Nothing of it travels with a pickled description: a DataLoader worker builds
+its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Iterator
+from concurrent.futures import Executor
+from typing import Any, Protocol
+
+import numpy as np
+
+from arrowstream.balance import Sample, batch_target, column_bytes, doc_target, measure_sample
+from arrowstream.bucket import BucketPacker
+from arrowstream.cache import TokenIds
+from arrowstream.chunk import Chunk
+from arrowstream.errors import ConfigError
+from arrowstream.execute import run_stages
+from arrowstream.filter import Filter, prune_shards
+from arrowstream.manifest import Manifest
+from arrowstream.order import Layout
+from arrowstream.pack import Packer
+from arrowstream.reader import ShardReader
+from arrowstream.source import iter_stream
+from arrowstream.stage import Stage
+from arrowstream.state import Position, hash_options
+from arrowstream.tokenize import Tokenize
+from arrowstream.topology import Consumer, Segment
+
+__all__ = ["Description", "Plan"]
+
+
+class Description(Protocol):
+    """What a plan reads off a pipeline description (:class:`~arrowstream.Dataset` has it all)."""
+
+    manifest: Manifest
+    num_epochs: int | None
+    batch_rows: int
+    prefetch: int | None
+    seed: int | None
+    window: int
+    fragments: int
+    stages: tuple[Stage, ...]
+    packer: Packer | None
+
+    def read_columns(self) -> tuple[str, ...]: ...
+
+    def options(self) -> dict[str, Any]: ...
+
+
+#: id(description) -> (weak reference to it, its plan)
+_PLANS: dict[int, tuple[weakref.ref[Any], Plan]] = {}
+
+
+class Plan:
+    """Everything reading a pipeline needs, derived from its description.
+
+    Parameters
+    ----------
+    description
+        The pipeline; the plan keeps its parts, not the description itself.
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, pyarrow.compute as pc
+    >>> from arrowstream import read_parquet
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"n": list(range(8))}), f"{d}/a.parquet", row_group_size=4)
+    >>> plan = Plan.of(read_parquet(d).filter(pc.field("n") >= 4))
+    >>> plan.num_pruned_rows, plan.fresh_work(0, Consumer(0, 1)), plan.prefetch_depth
+    (4, [(0, 0, 4, 0)], 0)
+    """
+
+    def __init__(self, description: Description) -> None:
+        self.manifest = description.manifest
+        self.stages = description.stages
+        self.packer = description.packer
+        self.num_epochs = description.num_epochs
+        self.batch_rows = description.batch_rows
+        self.seed, self.window, self.fragments = description.seed, description.window, description.fragments
+        self.columns = description.read_columns()
+        self._options = description.options()
+        self.options_hash = hash_options(self._options)
+        self.token_ids = _token_ids(self.stages, keep_text_always=self.packer is None)
+        self.prefetch_depth = _prefetch_depth(description.prefetch, self.stages)
+        self.num_inflight = max((s.num_inflight for s in self.stages if s.expensive), default=1)
+        self._shards: np.ndarray | None = None
+        self._layouts: dict[tuple[int, int], Layout] = {}
+        self._sample: Sample | None = None
+        self._read_bytes: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, description: Description) -> Plan:
+        """Return the plan of ``description``, built on first use and shared while it lives."""
+        key = id(description)
+        hit = _PLANS.get(key)
+        if hit is not None and hit[0]() is description:
+            return hit[1]
+        plan = cls(description)
+        _PLANS[key] = (weakref.ref(description, lambda _: _PLANS.pop(key, None)), plan)
+        return plan
+
+    # -- identity and reading -----------------------------------------------------
+
+    def options(self) -> dict[str, Any]:
+        """Return the pipeline's options (a copy: states carry them)."""
+        return copy.deepcopy(self._options)
+
+    def make_reader(self) -> ShardReader:
+        """Return a reader of the columns this pipeline reads (with cached ids, if any)."""
+        return ShardReader(self.manifest, self.columns, ids=self.token_ids)
+
+    # -- epochs and shares ----------------------------------------------------------
+
+    @property
+    def shards(self) -> np.ndarray:
+        """Manifest indices of the shards read every epoch: all but those filter statistics rule out."""
+        if self._shards is None:
+            mask = np.ones(self.manifest.num_shards, dtype=bool)
+            for stage in self.stages:
+                if isinstance(stage, Filter):
+                    mask &= prune_shards(self.manifest, stage.expr)
+            self._shards = np.flatnonzero(mask)
+        return self._shards
+
+    @property
+    def num_pruned_shards(self) -> int:
+        """Row groups per epoch that filter statistics rule out (never read)."""
+        return self.manifest.num_shards - int(self.shards.size)
+
+    @property
+    def num_pruned_rows(self) -> int:
+        """Rows per epoch in row groups that filter statistics rule out."""
+        return self.manifest.num_rows - int(self.manifest.shard_rows[self.shards].sum())
+
+    def layout(self, epoch: int, num_streams: int = 1) -> Layout:
+        """Return the order of ``epoch`` cut into ``num_streams`` streams (a few kept)."""
+        key = (epoch, num_streams)
+        layout = self._layouts.get(key)
+        if layout is None:
+            if len(self._layouts) >= 4:  # a few at most: they are cheap to rebuild
+                self._layouts.pop(next(iter(self._layouts)), None)
+            layout = self._layouts[key] = Layout(
+                self.shards,
+                self.manifest.shard_rows,
+                epoch=epoch,
+                seed=self.seed,
+                window=self.window,
+                num_streams=num_streams,
+                fragments=self.fragments,
+            )
+        return layout
+
+    def fresh_work(self, epoch: int, consumer: Consumer) -> list[Segment]:
+        """Return ``consumer``'s share of a fresh ``epoch``: its own stream, whole."""
+        rows = self.layout(epoch, consumer.count).stream_rows(consumer.index)
+        return [(consumer.index, 0, rows, 0)]
+
+    # -- even batches -----------------------------------------------------------------
+
+    def batch_target(self, epoch: int, parts: list[list[Segment]], num_streams: int) -> int:
+        """Return the batches every consumer emits in ``epoch`` given all consumers' ``parts``."""
+        packer = self.packer
+        assert packer is not None
+        if isinstance(packer, BucketPacker):  # batches of varying tokens: simulated on the sample
+            sample = self.sample()
+            rows = min((sum(hi - lo for _, lo, hi, _ in part) for part in parts), default=0)
+            docs, per_batch = packer.per_batch(
+                sample.lengths,
+                num_docs=rows * sample.docs_per_row,
+                docs_per_read=self.batch_rows * sample.docs_per_row,
+            )
+            if packer.batch_size is not None:
+                return doc_target(parts, sample.docs_per_row, docs)
+        else:
+            per_batch = packer.seq_len * packer.batch_size
+        return batch_target(
+            self.layout(epoch, num_streams),
+            self.manifest.shard_rows,
+            self.read_bytes(),
+            self.sample().token_rate,
+            parts,
+            per_batch,
+        )
+
+    def sample(self) -> Sample:
+        """Return the stages' output on a fixed sample of rows (see :mod:`~arrowstream.balance`)."""
+        if self._sample is None:
+            self._sample = measure_sample(
+                self.manifest, self.columns, self.shards, self.stages, self.where, self.read_bytes()
+            )
+        return self._sample
+
+    def read_bytes(self) -> np.ndarray:
+        """Return the uncompressed bytes per shard of the columns read."""
+        if self._read_bytes is None:
+            self._read_bytes = column_bytes(self.manifest, self.columns)
+        return self._read_bytes
+
+    # -- running ------------------------------------------------------------------------
+
+    def iter_chunks(
+        self,
+        reader: ShardReader,
+        start: Position,
+        deals: dict[int, tuple[int, list[Segment]]],
+        consumer: Consumer,
+        pool: Executor | None = None,
+    ) -> Iterator[Chunk]:
+        """Yield ``consumer``'s processed chunks from ``start`` on.
+
+        ``deals`` maps an epoch to its layout's stream count and the
+        consumer's work in it, where that is not a fresh share (a resumed
+        epoch, and maybe the next, re-dealt); other epochs are fresh. Token
+        offsets are the packer's business. ``pool`` runs expensive stages a
+        few pieces at once.
+        """
+        epoch, segment, seq = start.epoch, start.segment, start.seq
+        head_skip = start.token_offset
+        num_streams, work = deals.get(epoch) or (consumer.count, self.fresh_work(epoch, consumer))
+        while self.num_epochs is None or epoch < self.num_epochs:
+            layout = self.layout(epoch, num_streams)
+            if layout.num_rows == 0 and self.num_epochs is None:
+                raise ConfigError(
+                    "the filter leaves no row group to read, so an endless stream would never "
+                    "yield: loosen the filter"
+                )
+            docs = 0
+            for k in range(segment, len(work)):
+                stream, lo, hi, skip = work[k]
+                first, skip = (seq, head_skip) if k == segment else (lo, skip)
+                source = iter_stream(
+                    reader,
+                    layout,
+                    stream,
+                    start_seq=first,
+                    end_seq=hi,
+                    batch_rows=self.batch_rows,
+                    segment=k,
+                )
+                for out in run_stages(
+                    self.stages, source, where=self.where, pool=pool, in_flight=self.num_inflight
+                ):
+                    if skip and first < hi:  # tokens of the first document already emitted
+                        out, skip = out.trim_head(first, skip), 0
+                    docs += out.num_docs
+                    yield out
+            fresh = segment == 0 and work and seq == work[0][1]
+            if docs == 0 and fresh and self.num_epochs is None:
+                raise ConfigError(
+                    f"epoch {epoch} kept no document for consumer {consumer.index} of "
+                    f"{consumer.count} (all filtered, null or empty, or fewer rows than "
+                    "consumers), so an endless stream would never yield: check the filter and "
+                    "the data"
+                )
+            epoch += 1
+            num_streams, work = deals.get(epoch) or (consumer.count, self.fresh_work(epoch, consumer))
+            segment = 0
+            seq, head_skip = (work[0][1], work[0][3]) if work else (0, 0)
+
+    def where(self, chunk: Chunk) -> str:
+        """Name the file, row group and rows of ``chunk``, for error messages."""
+        m = self.manifest
+        if chunk.mixed:
+            groups = ", ".join(
+                f"{m.paths[int(m.shard_file[s])]!r} row group {int(m.shard_row_group[s])}"
+                for s in chunk.mixed[:4]
+            )
+            more = f" and {len(chunk.mixed) - 4} more" if len(chunk.mixed) > 4 else ""
+            return f"in a shuffle window over {groups}{more}"
+        path = m.paths[int(m.shard_file[chunk.shard])]
+        rows = f"{chunk.row_start}..{chunk.row_start + chunk.seq_end - chunk.seq_start - 1}"
+        return f"in {path!r}, row group {int(m.shard_row_group[chunk.shard])}, rows {rows}"
+
+
+def _token_ids(stages: tuple[Stage, ...], *, keep_text_always: bool) -> TokenIds | None:
+    """Return how readers attach cached token ids, when ``.tokenize(cache=...)`` is set."""
+    tok = next((s for s in stages if isinstance(s, Tokenize)), None)
+    if tok is None or tok.cache is None:
+        return None
+    others = any(
+        s is not tok and (s.columns() is None or tok.column in (s.columns() or ())) for s in stages
+    )
+    return tok.token_ids(keep_text=keep_text_always or others)
+
+
+def _prefetch_depth(prefetch: int | None, stages: tuple[Stage, ...]) -> int:
+    """``prefetch``, or for ``None`` 2 when the pipeline reads token ids (reading is the work), else 0."""
+    if prefetch is not None:
+        return prefetch
+    reads_ids = any(isinstance(s, Tokenize) and (s.tokenizer is None or s.cache is not None) for s in stages)
+    return 2 if reads_ids else 0
