@@ -23,6 +23,8 @@ from arrowstream.errors import (
 )
 from arrowstream.iterator import DatasetIterator
 from arrowstream.manifest import Manifest, Shard, read_manifest
+from arrowstream.pack import Packer
+from arrowstream.stage import Stage
 from arrowstream.topology import merge_states
 
 __all__ = [
@@ -36,10 +38,12 @@ __all__ = [
     "Encoder",
     "EncoderFallbackWarning",
     "Manifest",
+    "Packer",
     "PerformanceWarning",
     "SchemaError",
     "Shard",
     "ShardError",
+    "Stage",
     "StateError",
     "StateMismatchError",
     "analyze",

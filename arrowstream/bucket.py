@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from arrowstream.batch import assemble_padded_batch
+from arrowstream.batch import PADDED_KEYS, assemble_padded_batch
 from arrowstream.chunk import Chunk, Ledger
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.pack import Packer, PackRun
@@ -110,6 +110,7 @@ class BucketPacker(Packer):
     """
 
     name = "bucket"
+    batch_keys = PADDED_KEYS
     counters = (
         *Packer.counters, "long_docs_truncated", "long_docs_dropped", "long_tokens_dropped", "truncated_tokens",
     )
@@ -264,8 +265,10 @@ class BucketPacker(Packer):
 
     def per_batch(
         self, lengths: np.ndarray, *, num_docs: float, docs_per_read: float = 1.0
-    ) -> tuple[float, float]:
-        """Return the documents and tokens read per batch in an epoch of ``num_docs`` documents.
+    ) -> tuple[float | None, float]:
+        """Return the documents per batch (with ``batch_size``; ``None`` with ``max_tokens``) and the tokens read per batch.
+
+        For an epoch of ``num_docs`` documents.
 
         Used for even batches. The simulation draws documents from a sample's
         ``lengths`` (with a fixed seed, so every consumer gets the same
@@ -282,13 +285,13 @@ class BucketPacker(Packer):
         (3.3333333333333335, 13.333333333333334)
         >>> docs, tokens = BucketPacker(max_tokens=64, window=8).per_batch(
         ...     np.array([4, 8, 16]), num_docs=1000)
-        >>> round(docs, 2), round(tokens, 2)  # 16 pads most batches: under 64 tokens each
-        (4.91, 47.88)
+        >>> docs, round(tokens, 2)  # 16 pads most batches: under 64 tokens each
+        (None, 47.88)
         """
         lengths = np.asarray(lengths, dtype=np.int64)
         n = round(num_docs)
         if lengths.size == 0 or n <= 0:
-            return math.inf, math.inf
+            return (math.inf if self.batch_size is not None else None), math.inf
         step = max(1, round(docs_per_read))
         window = min(-(-self.window // step) * step, n)
         size = min(n, 4 * window)
@@ -311,10 +314,11 @@ class BucketPacker(Packer):
             if final and formed:
                 last = self.fill([pool[i] for i in formed[-1]])
         if batches == 0:
-            return math.inf, math.inf
+            return (math.inf if self.batch_size is not None else None), math.inf
         scale = n / size
         total = (batches - 1 + last) * scale + (1 - last)  # the steady part scaled; the end once
-        return n / total, float(drawn.sum()) * scale / total
+        docs = n / total if self.batch_size is not None else None  # token budgets: counted in tokens
+        return docs, float(drawn.sum()) * scale / total
 
 
 class _BucketRun(LookaheadRun):

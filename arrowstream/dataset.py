@@ -399,6 +399,39 @@ class Dataset:
         )
         return replace(self, packer=packer)
 
+    def pipe(self, stage: Stage) -> Dataset:
+        """Add a row stage of your own (a :class:`~arrowstream.Stage`) after the current ones.
+
+        The stage's ``spec()`` enters the pipeline's options (so a state
+        refuses a pipeline with another stage), its ``counters`` (skip reasons)
+        enter ``stats``, and it runs like the built-in stages: through
+        :func:`~arrowstream.testing.assert_resumes_identically` too.
+
+        Examples
+        --------
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> from arrowstream import Stage
+        >>> class KeepEven(Stage):
+        ...     name, counters = "keep_even", ("odd",)
+        ...     def spec(self):
+        ...         return {}
+        ...     def columns(self):
+        ...         return {"n"}
+        ...     def run(self, piece):
+        ...         return piece.with_rows(piece.batch.column("n").to_numpy() % 2 == 0, "odd")
+        >>> d = tempfile.mkdtemp()
+        >>> pq.write_table(pa.table({"n": list(range(6))}), f"{d}/a.parquet")
+        >>> it = read_parquet(d).pipe(KeepEven()).iter()
+        >>> [b.column("n").to_pylist() for b in it], it.stats["odd"]
+        ([[0, 2, 4]], 3)
+        """
+        if not isinstance(stage, Stage):
+            raise ConfigError(
+                f"`pipe` takes an arrowstream.Stage (subclass it: `spec` and `run`), got "
+                f"{type(stage).__name__!r}"
+            )
+        return self._add_stage(stage)
+
     def _add_stage(self, stage: Stage) -> Dataset:
         if self.packer is not None:
             raise ConfigError(f"cannot add `{stage.name}` after `.pack`: pack is the last step")

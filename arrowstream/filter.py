@@ -84,6 +84,9 @@ class Filter(Stage):
             ) from exc
         return schema
 
+    def prune(self, manifest: Manifest) -> np.ndarray:
+        return prune_shards(manifest, self.expr)
+
     def run(self, piece: Chunk) -> Chunk:
         assert piece.batch is not None
         tagged = piece.batch.append_column(_SEQ, pa.array(piece.seq, type=pa.int64()))

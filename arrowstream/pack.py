@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from arrowstream.batch import assemble_batch
+from arrowstream.batch import BATCH_KEYS, assemble_batch
 from arrowstream.chunk import Chunk, Ledger
 from arrowstream.errors import ConfigError
 from arrowstream.state import Position
@@ -67,6 +67,8 @@ class Packer(ABC):
     """
 
     name = "packer"
+    #: The arrays and counts of every batch (see :mod:`arrowstream.batch`).
+    batch_keys: tuple[str, ...] = BATCH_KEYS
     #: The counters the packer adds to ``stats``, in every state from the first.
     counters: tuple[str, ...] = (
         "tokens", "padding_tokens", "batches", "padding_batches", "dropped_docs", "dropped_tokens",
@@ -89,6 +91,14 @@ class Packer(ABC):
         self.drop_last = bool(drop_last)
         self.pad_id = int(pad_id)
         self.even_batches = bool(even_batches)
+
+    def per_batch(self, lengths: np.ndarray, *, num_docs: float, docs_per_read: float = 1.0) -> tuple[float | None, float]:
+        """Return the documents per batch, when batches are counted in documents (else ``None``), and the tokens read per batch.
+
+        Used for even batches, from a sample's document ``lengths``: here every
+        batch holds ``seq_len * batch_size`` tokens, whatever the documents.
+        """
+        return None, float(self.seq_len * self.batch_size)
 
     def spec(self) -> dict[str, Any]:
         """Return the JSON-able options that define the packer's output."""

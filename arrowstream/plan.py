@@ -25,12 +25,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from arrowstream.balance import Sample, batch_target, column_bytes, doc_target, measure_sample
-from arrowstream.bucket import BucketPacker
 from arrowstream.cache import TokenIds
 from arrowstream.chunk import Chunk
 from arrowstream.errors import ConfigError
 from arrowstream.execute import run_stages
-from arrowstream.filter import Filter, prune_shards
 from arrowstream.manifest import Manifest
 from arrowstream.order import Layout
 from arrowstream.pack import Packer
@@ -38,7 +36,6 @@ from arrowstream.reader import ShardReader
 from arrowstream.source import iter_stream
 from arrowstream.stage import Stage
 from arrowstream.state import Position, hash_options
-from arrowstream.tokenize import Tokenize
 from arrowstream.topology import Consumer, Segment
 
 __all__ = ["Description", "Plan"]
@@ -132,8 +129,9 @@ class Plan:
         if self._shards is None:
             mask = np.ones(self.manifest.num_shards, dtype=bool)
             for stage in self.stages:
-                if isinstance(stage, Filter):
-                    mask &= prune_shards(self.manifest, stage.expr)
+                ruled_out = stage.prune(self.manifest)
+                if ruled_out is not None:
+                    mask &= ruled_out
             self._shards = np.flatnonzero(mask)
         return self._shards
 
@@ -176,23 +174,20 @@ class Plan:
         """Return the batches every consumer emits in ``epoch`` given all consumers' ``parts``."""
         packer = self.packer
         assert packer is not None
-        if isinstance(packer, BucketPacker):  # batches of varying tokens: simulated on the sample
-            sample = self.sample()
-            rows = min((sum(hi - lo for _, lo, hi, _ in part) for part in parts), default=0)
-            docs, per_batch = packer.per_batch(
-                sample.lengths,
-                num_docs=rows * sample.docs_per_row,
-                docs_per_read=self.batch_rows * sample.docs_per_row,
-            )
-            if packer.batch_size is not None:
-                return doc_target(parts, sample.docs_per_row, docs)
-        else:
-            per_batch = packer.seq_len * packer.batch_size
+        sample = self.sample()
+        rows = min((sum(hi - lo for _, lo, hi, _ in part) for part in parts), default=0)
+        docs, per_batch = packer.per_batch(
+            sample.lengths,
+            num_docs=rows * sample.docs_per_row,
+            docs_per_read=self.batch_rows * sample.docs_per_row,
+        )
+        if docs is not None:  # batches of a fixed number of documents
+            return doc_target(parts, sample.docs_per_row, docs)
         return batch_target(
             self.layout(epoch, num_streams),
             self.manifest.shard_rows,
             self.read_bytes(),
-            self.sample().token_rate,
+            sample.token_rate,
             parts,
             per_batch,
         )
@@ -288,19 +283,19 @@ class Plan:
 
 
 def _token_ids(stages: tuple[Stage, ...], *, keep_text_always: bool) -> TokenIds | None:
-    """Return how readers attach cached token ids, when ``.tokenize(cache=...)`` is set."""
-    tok = next((s for s in stages if isinstance(s, Tokenize)), None)
-    if tok is None or tok.cache is None:
-        return None
-    others = any(
-        s is not tok and (s.columns() is None or tok.column in (s.columns() or ())) for s in stages
-    )
-    return tok.token_ids(keep_text=keep_text_always or others)
+    """Return how readers attach cached token ids, when a stage keeps a token cache."""
+    for stage in stages:
+        used = stage.columns() or set()
+        # the text is still needed by the output, or by another stage reading any of its columns
+        others = any(s is not stage and (s.columns() is None or used & s.columns()) for s in stages)
+        ids = stage.cached_ids(keep_text=keep_text_always or others)
+        if ids is not None:
+            return ids
+    return None
 
 
 def _prefetch_depth(prefetch: int | None, stages: tuple[Stage, ...]) -> int:
     """``prefetch``, or for ``None`` 2 when the pipeline reads token ids (reading is the work), else 0."""
     if prefetch is not None:
         return prefetch
-    reads_ids = any(isinstance(s, Tokenize) and (s.tokenizer is None or s.cache is not None) for s in stages)
-    return 2 if reads_ids else 0
+    return 2 if any(s.reads_token_ids for s in stages) else 0

@@ -43,8 +43,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
         "the PyTorch adapter needs torch: pip install 'arrowstream[torch]'"
     ) from exc
 
-from arrowstream.batch import BATCH_KEYS, PADDED_KEYS
-from arrowstream.bucket import BucketPacker
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 
@@ -109,7 +107,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         if isinstance(columns, str):
             columns = [columns]
         if columns is not None:
-            keys = PADDED_KEYS if isinstance(dataset.packer, BucketPacker) else BATCH_KEYS
+            keys = dataset.packer.batch_keys
             unknown = [c for c in columns if c not in keys]
             if unknown or not columns:
                 raise ConfigError(

@@ -18,8 +18,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
+from arrowstream.cache import TokenIds
 from arrowstream.chunk import Chunk
 from arrowstream.manifest import Manifest
 
@@ -37,6 +39,9 @@ class Stage(ABC):
     num_inflight: int = 1
     #: The counters this stage adds to ``stats`` (its skip reasons), in every state from the first.
     counters: tuple[str, ...] = ()
+    #: Whether the stage reads token ids rather than making them (then reading is the work,
+    #: and prefetching in a background thread pays).
+    reads_token_ids: bool = False
 
     @abstractmethod
     def spec(self) -> dict[str, Any]:
@@ -49,6 +54,21 @@ class Stage(ABC):
     def check(self, manifest: Manifest, schema: pa.Schema) -> pa.Schema:
         """Validate against the incoming schema; return the outgoing schema."""
         return schema
+
+    def prune(self, manifest: Manifest) -> np.ndarray | None:
+        """Return a mask over ``manifest``'s shards, false where this stage provably keeps no row.
+
+        ``None`` (the default): the stage cannot tell, every shard is read.
+        """
+        return None
+
+    def cached_ids(self, *, keep_text: bool) -> TokenIds | None:
+        """Return how a reader attaches this stage's cached token ids (``None``: no token cache).
+
+        ``keep_text``: another stage, or the output, still needs the column
+        the ids come from.
+        """
+        return None
 
     def split(self, chunk: Chunk, *, warm: int = 0) -> Iterable[Chunk]:
         """Cut ``chunk`` into pieces that :meth:`run` handles one at a time.

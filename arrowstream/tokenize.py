@@ -310,7 +310,12 @@ class Tokenize(Stage):
             return schema.set(schema.get_field_index("input_ids"), ids)
         return schema.append(ids)
 
-    def token_ids(self, *, keep_text: bool) -> TokenIds | None:
+    @property
+    def reads_token_ids(self) -> bool:  # type: ignore[override]
+        """True for a pre-tokenized column or a token cache: the ids are read, not made."""
+        return self.tokenizer is None or self.cache is not None
+
+    def cached_ids(self, *, keep_text: bool) -> TokenIds | None:
         """Return what a reader needs to attach cached ids to each row group (``None``: no cache)."""
         if self.cache is None:
             return None

@@ -1,0 +1,58 @@
+"""A stage of the user's own joins the pipeline through ``Dataset.pipe`` like the built-in ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tokenizers import Tokenizer
+
+from arrowstream import ConfigError, Stage, StateMismatchError, read_parquet
+from arrowstream.chunk import Chunk
+from arrowstream.testing import assert_resumes_identically
+
+
+class DropMultiples(Stage):
+    """Drop rows whose ``id`` is a multiple of ``k`` (counted as ``multiple``)."""
+
+    name = "drop_multiples"
+    counters = ("multiple",)
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def spec(self) -> dict[str, Any]:
+        return {"k": self.k}
+
+    def columns(self) -> set[str]:
+        return {"id"}
+
+    def run(self, piece: Chunk) -> Chunk:
+        assert piece.batch is not None
+        return piece.with_rows(piece.batch.column("id").to_numpy() % self.k != 0, "multiple")
+
+
+def test_a_piped_stage_filters_counts_and_resumes(text_dir: Callable[..., Path], tokenizer: Tokenizer) -> None:
+    root = text_dir()
+    ds = read_parquet(root, num_epochs=2, batch_rows=4).pipe(DropMultiples(3))
+    ids = [i for b in ds for i in b.column("id").to_pylist()]
+    assert ids == [i for _ in range(2) for i in range(60) if i % 3]
+    it = ds.iter()
+    assert next(it).column("id").to_pylist() == [1, 2]  # rows 0..3 read: 0 and 3 dropped, counted
+    assert it.stats["multiple"] == 2 and it.stats["rows"] == 4
+    assert assert_resumes_identically(ds, min_epochs=2) > 10
+    packed = ds.tokenize(tokenizer).pack(seq_len=16, batch_size=2)
+    assert assert_resumes_identically(packed, min_epochs=2) > 5
+    state = packed.iter().state_dict()
+    assert state["options"]["stages"][0] == {"name": "drop_multiples", "k": 3}
+    assert state["stats"]["multiple"] == 0  # there from the first state on
+    other = read_parquet(root, num_epochs=2, batch_rows=4).pipe(DropMultiples(4)).tokenize(tokenizer)
+    with pytest.raises(StateMismatchError, match="stages.0.k"):
+        other.pack(seq_len=16, batch_size=2).iter(state)
+
+
+def test_pipe_takes_only_stages(text_dir: Callable[..., Path]) -> None:
+    with pytest.raises(ConfigError, match="arrowstream.Stage"):
+        read_parquet(text_dir()).pipe(lambda chunk: chunk)  # type: ignore[arg-type]
