@@ -26,11 +26,9 @@ rows (exact from the footers) times the sample's documents per row
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from arrowstream.chunk import Chunk
 from arrowstream.execute import run_stages
@@ -44,7 +42,6 @@ __all__ = [
     "EVEN_BATCHES_SLACK",
     "Sample",
     "batch_target",
-    "column_bytes",
     "doc_target",
     "measure_sample",
 ]
@@ -55,33 +52,6 @@ EVEN_BATCHES_SLACK = 0.01
 
 _SAMPLE_ROWS = 1024
 _SAMPLE_SHARDS = 8
-
-
-def column_bytes(manifest: Manifest, columns: Sequence[str]) -> np.ndarray:
-    """Return, per shard, the uncompressed bytes of ``columns`` (footers read again, in threads)."""
-    wanted = set(columns)
-
-    def per_file(path: str) -> list[int]:
-        with manifest.filesystem.open_input_file(path) as handle:
-            meta = pq.ParquetFile(handle).metadata
-        out = []
-        for i in range(meta.num_row_groups):
-            rg = meta.row_group(i)
-            out.append(
-                sum(
-                    rg.column(j).total_uncompressed_size
-                    for j in range(rg.num_columns)
-                    if rg.column(j).path_in_schema.split(".")[0] in wanted
-                )
-            )
-        return out
-
-    with ThreadPoolExecutor(max_workers=min(16, manifest.num_files)) as pool:
-        sizes = list(pool.map(per_file, manifest.paths))
-    return np.array(
-        [sizes[int(f)][int(rg)] for f, rg in zip(manifest.shard_file, manifest.shard_row_group)],
-        dtype=np.float64,
-    )
 
 
 @dataclass(frozen=True, slots=True)

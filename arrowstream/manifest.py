@@ -69,6 +69,7 @@ class _FileInfo:
     row_counts: tuple[int, ...]
     row_bytes: tuple[int, ...]
     schema: pa.Schema
+    column_bytes: tuple[dict[str, int], ...]  # per row group: uncompressed bytes per top-level column
     footer: str  # digest of the Parquet footer (sizes, offsets, statistics of every column chunk)
 
 
@@ -160,6 +161,27 @@ class Manifest:
     def num_files(self) -> int:
         """Files holding at least one non-empty row group."""
         return len(self._files)
+
+    def column_bytes(self, columns: Sequence[str]) -> np.ndarray:
+        """Return, per shard, the uncompressed bytes of ``columns`` as the footers state them (no read).
+
+        Examples
+        --------
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> d = tempfile.mkdtemp()
+        >>> pq.write_table(pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]}), f"{d}/t.parquet", row_group_size=2)
+        >>> m = read_manifest(d)
+        >>> (m.column_bytes(["a", "b"]) == m.column_bytes(["a"]) + m.column_bytes(["b"])).all()
+        np.True_
+        """
+        wanted = set(columns)
+        per_file = [
+            [sum(n for name, n in rg.items() if name in wanted) for rg in f.column_bytes] for f in self._files
+        ]
+        return np.array(
+            [per_file[int(f)][int(rg)] for f, rg in zip(self.shard_file, self.shard_row_group)],
+            dtype=np.float64,
+        )
 
     @property
     def file_sizes(self) -> tuple[int, ...]:
@@ -460,7 +482,17 @@ def _read_footer(fs: pafs.FileSystem, root: str, path: str, size: int) -> _FileI
         ) from exc
     counts = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
     nbytes = tuple(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    return _FileInfo(path, _relpath(path, root), size, counts, nbytes, schema, _footer_digest(meta))
+    by_column = tuple(_column_bytes(meta.row_group(i)) for i in range(meta.num_row_groups))
+    return _FileInfo(path, _relpath(path, root), size, counts, nbytes, schema, by_column, _footer_digest(meta))
+
+
+def _column_bytes(rg: pq.RowGroupMetaData) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for j in range(rg.num_columns):
+        chunk = rg.column(j)
+        name = chunk.path_in_schema.split(".")[0]  # a nested column's leaves add up
+        out[name] = out.get(name, 0) + chunk.total_uncompressed_size
+    return out
 
 
 def _footer_digest(meta: pq.FileMetaData) -> str:

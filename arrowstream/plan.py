@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from arrowstream.balance import Sample, batch_target, column_bytes, doc_target, measure_sample
+from arrowstream.balance import Sample, batch_target, doc_target, measure_sample
 from arrowstream.cache import TokenIds
 from arrowstream.chunk import Chunk
 from arrowstream.errors import ConfigError
@@ -203,7 +203,7 @@ class Plan:
     def read_bytes(self) -> np.ndarray:
         """Return the uncompressed bytes per shard of the columns read."""
         if self._read_bytes is None:
-            self._read_bytes = column_bytes(self.manifest, self.columns)
+            self._read_bytes = self.manifest.column_bytes(self.columns)
         return self._read_bytes
 
     # -- running ------------------------------------------------------------------------

@@ -182,3 +182,17 @@ def test_normalize_type_maps_large_and_view_types() -> None:
     assert normalize_type(pa.large_string()) == pa.string()
     assert normalize_type(pa.large_list(pa.int32())) == pa.list_(pa.int32())
     assert normalize_type(pa.int64()) == pa.int64()
+
+
+def test_column_sizes_come_from_the_one_footer_pass(tmp_path: Path) -> None:
+    """The even-batches estimate needs per-column sizes: kept from the footers, never read again."""
+    import shutil
+
+    root = tmp_path / "d"
+    write_parts(root, [{"a": list(range(10)), "text": ["x" * (i + 1) for i in range(10)]}], row_group_size=4)
+    m = read_manifest(root)
+    meta = pq.ParquetFile(root / "part-000.parquet").metadata
+    want = [meta.row_group(i).column(1).total_uncompressed_size for i in range(meta.num_row_groups)]
+    shutil.rmtree(root)  # nothing is read from here on
+    assert m.column_bytes(["text"]).tolist() == want
+    assert (m.column_bytes(["a", "text"]) > m.column_bytes(["text"])).all()
