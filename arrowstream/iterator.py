@@ -22,7 +22,7 @@ from arrowstream.errors import StateError
 from arrowstream.pack import PackRun
 from arrowstream.plan import Plan
 from arrowstream.prefetch import Prefetcher
-from arrowstream.state import STATE_FORMAT, STATE_VERSION, Position, check_identity, check_state
+from arrowstream.state import STATE_FORMAT, STATE_VERSION, Position, Work, check_identity, check_state
 from arrowstream.topology import Consumer, Deal, Segment, own_share
 
 __all__ = ["DatasetIterator"]
@@ -118,13 +118,14 @@ class DatasetIterator:
                 options_hash=self.plan.options_hash,
             )
             self._check_consumer(state["consumer"])
-            self._start_epoch = int(state["position"]["epoch"])
-            self._deals[self._start_epoch] = _read_work(state["work"], "work")
+            self._start_epoch = Position.from_dict(state["position"]).epoch
+            work = Work.from_dict(state["work"])
+            self._deals[self._start_epoch] = (work.num_streams, list(work.segments))
             if state.get("next_work") is not None:
-                nxt = state["next_work"]
-                self._deals[self._start_epoch + 1] = _read_work(nxt, "next_work")
-                if isinstance(nxt, dict) and "target" in nxt:
-                    self._known_targets[self._start_epoch + 1] = nxt["target"]
+                nxt = Work.from_dict(state["next_work"], field="next_work")
+                self._deals[self._start_epoch + 1] = (nxt.num_streams, list(nxt.segments))
+                if "target" in state["next_work"]:
+                    self._known_targets[self._start_epoch + 1] = nxt.target
             for epoch in sorted(self._deals):
                 self._check_work(epoch)
             self._check_position(state["position"])
@@ -148,14 +149,13 @@ class DatasetIterator:
         elif state is None:
             start = Position(0, 0, 0, 0)
         else:
-            pos = state["position"]
-            if pos["token_offset"]:
+            start = Position.from_dict(state["position"])
+            if start.token_offset:
                 raise StateError(
-                    f"state position has token_offset {pos['token_offset']}, but an unpacked "
+                    f"state position has token_offset {start.token_offset}, but an unpacked "
                     "pipeline only stops between documents: the state was edited or comes from "
                     "a packed pipeline"
                 )
-            start = Position(int(pos["epoch"]), int(pos["segment"]), int(pos["seq"]), 0)
         first_work = self._deals[self._start_epoch][1]
         if state is None and first_work:
             start = Position(0, 0, first_work[0][1], 0)
@@ -191,8 +191,7 @@ class DatasetIterator:
         """Return the position after the last item yielded, as a small JSON-able dict."""
         if self._run is not None:
             inner = self._run.state_dict()
-            pos = inner["position"]
-            position = Position(pos["epoch"], pos["segment"], pos["seq"], pos["token_offset"])
+            position = Position.from_dict(inner["position"])
             stats, extra = inner["stats"], inner.get("packer", {})
         else:
             position, stats, extra = self._pos, self._ledger.snapshot(), {}
@@ -206,14 +205,8 @@ class DatasetIterator:
             "dataset": self.plan.manifest.describe(),
             "options_hash": self.plan.options_hash,
             "options": self.plan.options(),
-            "position": {
-                "epoch": position.epoch,
-                "segment": position.segment,
-                "seq": position.seq,
-                "token_offset": position.token_offset,
-                **self._where(position),
-            },
-            "work": {"num_streams": num_streams, "segments": [list(seg) for seg in work]},
+            "position": {**position.to_dict(), **self._where(position)},
+            "work": Work(num_streams, tuple(work)).to_dict(),
             "consumer": {"index": self.consumer.index, "count": self.consumer.count},
             "stats": stats,
             "packer": extra,
@@ -224,11 +217,9 @@ class DatasetIterator:
         nxt = position.epoch + 1
         if nxt in self._deals:
             streams, segments = self._deals[nxt]
-            state["next_work"] = {
-                "num_streams": streams,
-                "segments": [list(seg) for seg in segments],
-                "target": self._known_targets.get(nxt),
-            }
+            state["next_work"] = Work(streams, tuple(segments), self._known_targets.get(nxt)).to_dict(
+                with_target=True
+            )
         return state
 
     @property
@@ -284,7 +275,7 @@ class DatasetIterator:
             )
 
     def _check_position(self, pos: dict[str, Any]) -> None:
-        position = Position(pos["epoch"], pos["segment"], pos["seq"], pos["token_offset"])
+        position = Position.from_dict(pos)
         num_epochs = self.plan.num_epochs
         if num_epochs is not None and position.epoch >= num_epochs:
             raise StateError(
@@ -363,17 +354,6 @@ def _targets(
         return plan.batch_target(epoch, parts[epoch].parts, parts[epoch].num_streams)
     fresh = [plan.fresh_work(epoch, Consumer(c, consumer.count)) for c in range(consumer.count)]
     return plan.batch_target(epoch, fresh, consumer.count)
-
-
-def _read_work(work: Any, key: str) -> tuple[int, list[Segment]]:
-    try:
-        streams = int(work["num_streams"])
-        segments: list[Segment] = [tuple(int(v) for v in seg) for seg in work["segments"]]  # type: ignore[misc]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StateError(f"state `{key}` is malformed ({exc}): the state was edited") from exc
-    if streams < 1:
-        raise StateError(f"state `{key}.num_streams` must be >= 1, got {streams}: the state was edited")
-    return streams, segments
 
 
 class _Inline:

@@ -164,10 +164,7 @@ class _ConcatRun(PackRun):
             self.pos = Position(0, 0, 0, 0)
             self.ledger = Ledger()
         else:
-            pos = state["position"]
-            self.pos = Position(
-                int(pos["epoch"]), int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"])
-            )
+            self.pos = Position.from_dict(state["position"])
             self.ledger = Ledger(state["stats"])
         self._ended = False
         saved = (state or {}).get("packer") or {}
@@ -311,12 +308,7 @@ class _ConcatRun(PackRun):
             partial = head
         stats = self.ledger.snapshot(partial, pos.seq)
         return {
-            "position": {
-                "epoch": pos.epoch,
-                "segment": pos.segment,
-                "seq": pos.seq,
-                "token_offset": pos.token_offset,
-            },
+            "position": pos.to_dict(),
             "stats": stats,
             "packer": {"epoch": self.epoch, "epoch_batches": self.emitted, "target": self.target},
         }

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arrowstream.errors import ConfigError, StateError, StateMismatchError
+from arrowstream.state import Held, Position, Segment, Work
 
 __all__ = [
     "Consumer",
@@ -41,9 +42,6 @@ __all__ = [
     "remaining",
 ]
 
-#: ``(stream, start, end, skip)``: rows ``start..end-1`` of a stream, in its order,
-#: the first ``skip`` tokens of row ``start`` already emitted.
-Segment = tuple[int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +137,8 @@ class Deal:
 
 
 def _segments(work: dict[str, Any]) -> tuple[int, list[Segment]]:
-    return int(work["num_streams"]), [tuple(int(v) for v in seg) for seg in work["segments"]]  # type: ignore[misc]
+    share = Work.from_dict(work)
+    return share.num_streams, list(share.segments)
 
 
 def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[int, list[Segment]]]:
@@ -197,15 +196,12 @@ def _left(entry: dict[str, Any], work: list[Segment]) -> list[Segment]:
     one row each (from the first token not emitted), then the rows from its
     read mark on.
     """
-    pos = entry["position"]
-    held = entry.get("held")
-    if not held:
-        return remaining(work, int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"]))
-    out: list[Segment] = []
-    for segment, seq, skip in held["docs"]:
-        out.append((work[int(segment)][0], int(seq), int(seq) + 1, int(skip)))
-    read_segment, read_seq = (int(v) for v in held["read"])
-    return out + remaining(work, read_segment, read_seq, 0)
+    pos = Position.from_dict(entry["position"])
+    if not entry.get("held"):
+        return remaining(work, pos.segment, pos.seq, pos.token_offset)
+    held = Held.from_dict(entry["held"])
+    out: list[Segment] = [(work[segment][0], seq, seq + 1, skip) for segment, seq, skip in held.docs]
+    return out + remaining(work, held.read[0], held.read[1], 0)
 
 
 def redeal(state: dict[str, Any], parts: int, fresh: Fresh) -> dict[int, Deal]:
@@ -254,8 +250,8 @@ def own_share(
     first = mine[0] if mine else (0, 0, 0, 0)
     out = {
         **common,
-        "position": {"epoch": epoch, "segment": 0, "seq": first[1], "token_offset": first[3]},
-        "work": {"num_streams": deals[epoch].num_streams, "segments": [list(seg) for seg in mine]},
+        "position": Position(epoch, 0, first[1], first[3]).to_dict(),
+        "work": Work(deals[epoch].num_streams, tuple(mine)).to_dict(),
         "consumer": me,
         "stats": {},
         "packer": {},
@@ -264,10 +260,7 @@ def own_share(
     }
     if epoch + 1 in deals:
         nxt = deals[epoch + 1]
-        out["next_work"] = {
-            "num_streams": nxt.num_streams,
-            "segments": [list(seg) for seg in nxt.parts[consumer.index]],
-        }
+        out["next_work"] = Work(nxt.num_streams, tuple(nxt.parts[consumer.index])).to_dict()
     return out, deals
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from arrowstream.chunk import Chunk, Ledger
 from arrowstream.errors import StateError
 from arrowstream.pack import PackRun
-from arrowstream.state import Position
+from arrowstream.state import Held, Position
 
 __all__ = ["Doc", "DocumentSource", "Key", "LookaheadRun", "Window"]
 
@@ -234,11 +234,9 @@ class LookaheadRun(PackRun):
         """Reset the strategy's per-epoch counters."""
 
     def _load_position(self, state: dict[str, Any]) -> Position:
-        pos = state["position"]
-        self.loaded = Position(
-            int(pos["epoch"]), int(pos["segment"]), int(pos["seq"]), int(pos["token_offset"])
-        )
-        self._loaded_held = state.get("held")
+        self.loaded = Position.from_dict(state["position"])
+        held = state.get("held")
+        self._loaded_held = None if held is None else Held.from_dict(held).to_dict()
         return self.loaded
 
     def upstream_position(self) -> Position:
@@ -260,16 +258,11 @@ class LookaheadRun(PackRun):
         if self.loaded is None:
             docs = self._held_docs()
             if docs:
-                rows = [[k[0], k[1], self.store[k].skip + first] for k, first in sorted(docs.items())]
-                held = {"read": list(self.src.read[1:]), "docs": rows}
+                rows = tuple((k[0], k[1], self.store[k].skip + first) for k, first in sorted(docs.items()))
+                held = Held((self.src.read[1], self.src.read[2]), rows).to_dict()
         return {
-            **({"held": held} if held else {}),
-            "position": {
-                "epoch": pos.epoch,
-                "segment": pos.segment,
-                "seq": pos.seq,
-                "token_offset": pos.token_offset,
-            },
+            "held": held or None,
+            "position": pos.to_dict(),
             "stats": self.ledger.snapshot(),
             "packer": {
                 "epoch": self.epoch,
