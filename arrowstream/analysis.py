@@ -40,6 +40,7 @@ from tokenizers import Tokenizer
 
 from arrowstream.bestfit import BestFitPacker
 from arrowstream.bucket import BucketPacker
+from arrowstream.checks import check_int
 from arrowstream.dataset import read_parquet
 from arrowstream.encoders import Encoder
 from arrowstream.errors import ConfigError, SchemaError
@@ -198,10 +199,8 @@ def analyze(
     (3, 4.0)
     """
     for key, value in (("seq_len", seq_len), ("batch_size", batch_size), ("window", window)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"`{key}` must be a positive int, got {value!r}")
-    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 1):
-        raise ConfigError(f"`sample` must be a positive int (documents to tokenize), got {sample!r}")
+        check_int(key, value)
+    check_int("sample", sample, none_ok=True, hint="documents to tokenize")
     tok = None if tokenizer is None else load_tokenizer(tokenizer)
     columns = [column] + ([by] if by not in (None, "file", column) else [])
     ds = read_parquet(source, columns=columns)

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from arrowstream.batch import assemble_batch
+from arrowstream.checks import check_int
 from arrowstream.chunk import Chunk, Ledger
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.pack import Packer, PackRun
@@ -131,10 +132,8 @@ class BestFitPacker(Packer):
             ("max_open", max_open),
             ("shuffle_batches", shuffle_batches),
         ):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ConfigError(f"`{key}` must be a positive int, got {value!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ConfigError(f"`seed` must be an int >= 0, got {seed!r}")
+            check_int(key, value)
+        check_int("seed", seed, low=0)
         if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not 0 < fill <= 1:
             raise ConfigError(f"`fill` must be a number in (0, 1], got {fill!r}")
         if long_docs not in LONG_DOCS:

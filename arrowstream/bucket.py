@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from arrowstream.batch import PADDED_KEYS, assemble_padded_batch
+from arrowstream.checks import check_int
 from arrowstream.chunk import Chunk, Ledger
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.pack import Packer, PackRun
@@ -55,9 +56,7 @@ LONG_DOCS = ("truncate", "drop")
 
 
 def _check_int(key: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ConfigError(f"`{key}` must be an int >= {low}, got {value!r}")
-    return int(value)
+    return check_int(key, value, low=low)  # type: ignore[return-value]
 
 
 class BucketPacker(Packer):

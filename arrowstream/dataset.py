@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
 from arrowstream.bucket import BucketPacker
+from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.filter import Filter
 from arrowstream.iterator import DatasetIterator
@@ -88,12 +89,9 @@ def read_parquet(
     >>> [b.num_rows for b in ds]
     [2]
     """
-    if num_epochs is not None and (not _is_int(num_epochs) or num_epochs < 1):
-        raise ConfigError(f"`num_epochs` must be a positive int or None, got {num_epochs!r}")
-    if not _is_int(batch_rows) or batch_rows < 1:
-        raise ConfigError(f"`batch_rows` must be a positive int, got {batch_rows!r}")
-    if prefetch is not None and (not _is_int(prefetch) or prefetch < 0):
-        raise ConfigError(f"`prefetch` must be an int >= 0 or None, got {prefetch!r}")
+    num_epochs = check_int("num_epochs", num_epochs, none_ok=True)
+    batch_rows = check_int("batch_rows", batch_rows)  # type: ignore[assignment]
+    prefetch = check_int("prefetch", prefetch, low=0, none_ok=True)
     manifest = read_manifest(source, columns=columns, filesystem=filesystem)
     return Dataset(
         manifest=manifest,
@@ -102,10 +100,6 @@ def read_parquet(
         batch_rows=batch_rows,
         prefetch=prefetch,
     )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 _PACK_OR_BUCKET = (
@@ -173,12 +167,9 @@ class Dataset:
             raise ConfigError("the pipeline is already shuffled: call `.shuffle` once")
         if self.stages or self.packer is not None:
             raise ConfigError("call `.shuffle` right after `read_parquet`, before other steps")
-        if not _is_int(seed) or seed < 0:
-            raise ConfigError(f"`seed` must be an int >= 0, got {seed!r}")
-        if not _is_int(window) or window < 1:
-            raise ConfigError(f"`window` must be a positive int (row groups mixed), got {window!r}")
-        if not _is_int(fragments) or fragments < 1:
-            raise ConfigError(f"`fragments` must be a positive int, got {fragments!r}")
+        seed = check_int("seed", seed, low=0)  # type: ignore[assignment]
+        window = check_int("window", window, hint="row groups mixed")  # type: ignore[assignment]
+        fragments = check_int("fragments", fragments)  # type: ignore[assignment]
         return replace(self, seed=seed, window=window, fragments=fragments)
 
     def tokenize(

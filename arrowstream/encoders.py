@@ -60,6 +60,7 @@ import tokenizers
 from tokenizers import Tokenizer
 
 from arrowstream.bytelevel import ByteLevelBPE, Unconvertible, to_bytelevel_bpe
+from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError, EncoderFallbackWarning
 from arrowstream.probes import added_token_probes, probe_texts, token_texts
 
@@ -188,8 +189,7 @@ class Encoder:
     ) -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"`backend` must be one of {BACKENDS!r}, got {backend!r}")
-        if isinstance(sample_bytes, bool) or not isinstance(sample_bytes, int) or sample_bytes < 0:
-            raise ConfigError(f"`sample_bytes` must be an int >= 0, got {sample_bytes!r}")
+        check_int("sample_bytes", sample_bytes, low=0)
         self.tokenizer = load_tokenizer(tokenizer)
         self.add_special_tokens = bool(add_special_tokens)
         self.requested = backend

@@ -22,7 +22,14 @@ from arrowstream.errors import StateError
 from arrowstream.pack import PackRun
 from arrowstream.plan import Plan
 from arrowstream.prefetch import Prefetcher
-from arrowstream.state import STATE_FORMAT, STATE_VERSION, Position, Work, check_identity, check_state
+from arrowstream.state import (
+    STATE_FORMAT,
+    STATE_VERSION,
+    Position,
+    Work,
+    check_identity,
+    check_state,
+)
 from arrowstream.topology import Consumer, Deal, Segment, own_share
 
 __all__ = ["DatasetIterator"]

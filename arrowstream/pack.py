@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from arrowstream.batch import BATCH_KEYS, assemble_batch
+from arrowstream.checks import check_int
 from arrowstream.chunk import Chunk, Ledger
 from arrowstream.errors import ConfigError
 from arrowstream.state import Position
@@ -77,9 +78,8 @@ class Packer(ABC):
     def __init__(
         self, *, seq_len: int, batch_size: int, drop_last: bool, pad_id: int, even_batches: bool = True
     ) -> None:
-        for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ConfigError(f"`{key}` must be a positive int, got {value!r}")
+        check_int("seq_len", seq_len)
+        check_int("batch_size", batch_size)
         if (
             isinstance(pad_id, bool)
             or not isinstance(pad_id, (int, np.integer))

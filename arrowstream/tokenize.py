@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
 from arrowstream.cache import IDS_COLUMN, TokenCache, TokenIds
+from arrowstream.checks import check_int
 from arrowstream.chunk import Chunk, tokens_to_arrow
 from arrowstream.encoders import BACKENDS, Encoder, load_tokenizer, tokenizer_hash
 from arrowstream.errors import ConfigError, SchemaError
@@ -186,14 +187,9 @@ class Tokenize(Stage):
         self.column = column
         self.add_eos = bool(add_eos)
         self.add_special_tokens = bool(add_special_tokens)
-        for key, value in (("slice_bytes", slice_bytes), ("first_slice_bytes", first_slice_bytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"`{key}` must be a positive int, got {value!r}")
-        self.slice_bytes = slice_bytes
-        self.first_slice_bytes = min(first_slice_bytes, slice_bytes)
-        if isinstance(num_inflight, bool) or not isinstance(num_inflight, int) or num_inflight < 1:
-            raise ConfigError(f"`num_inflight` must be a positive int, got {num_inflight!r}")
-        self.num_inflight = num_inflight
+        self.slice_bytes = check_int("slice_bytes", slice_bytes)
+        self.first_slice_bytes = min(check_int("first_slice_bytes", first_slice_bytes), self.slice_bytes)  # type: ignore[type-var]
+        self.num_inflight = check_int("num_inflight", num_inflight)
         self.expensive = self.tokenizer is not None
         if eos_id is None and self.tokenizer is not None:
             eos_id = find_eos_id(self.tokenizer)

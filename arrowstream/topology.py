@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError, StateError, StateMismatchError
 from arrowstream.state import Held, Position, Segment, Work
 
@@ -66,8 +67,7 @@ class Consumer:
             ("rank", rank, 0),
             ("worker", worker, 0),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"`{key}` must be an int >= {low}, got {value!r}")
+            check_int(key, value, low=low)
         if rank >= world_size:
             raise ConfigError(f"`rank` must be below `world_size` ({world_size}), got {rank}")
         if worker >= num_workers:

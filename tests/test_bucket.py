@@ -360,5 +360,5 @@ def test_options_are_checked(tmp_path: Path) -> None:
         base.bucket(max_tokens=64, max_len=65, pad_to_multiple_of=32)
     with pytest.raises(ConfigError, match="`pad_to_multiple_of` \\(128\\) is larger than `max_tokens`"):
         base.bucket(max_tokens=64, pad_to_multiple_of=128)
-    with pytest.raises(ConfigError, match="`batch_size` must be an int >= 1, got 0"):
+    with pytest.raises(ConfigError, match="`batch_size` must be a positive int, got 0"):
         base.bucket(batch_size=0)
