@@ -43,7 +43,6 @@ from tokenizers import Tokenizer
 
 import arrowstream
 from bench_core import (
-    EOS_TOKEN,
     Checks,
     CheckFailed,
     corpus_dir,

@@ -1,41 +1,61 @@
 #!/usr/bin/env python
-"""arrowstream against the raw encoder and Hugging Face ``datasets`` streaming, side by side.
+"""arrowstream against the raw encoders and Hugging Face ``datasets`` streaming, like for like.
 
 One corpus, one byte-level BPE tokenizer, one packing shape. Every run is a
-fresh child process (so peak RSS is its own), runs alternate across configs,
-and figures are medians of ``--repeats``:
+fresh child process (``peers_child.py``: its own peak RSS, its own empty
+encoder caches), runs alternate across contestants, and figures are medians
+of ``--repeats``. Each pipeline is compared with the raw speed of the *same*
+encoder, and with ``datasets`` using the same encoder:
 
-- ``raw``: the tokenizer's fastest batch method (``encode_batch_fast``,
-  1,000 texts per call) over the corpus's texts already in memory: the
-  ceiling. Reading the Parquet into memory is not timed.
-- ``arrowstream <strategy>, workers=k``: ``read_parquet(...).tokenize(tok)
-  .pack(seq_len, batch_size, strategy)`` (``bucket``: ``.bucket(max_tokens=
-  seq_len * batch_size, max_len=seq_len)``, longer documents truncated), iterated directly (k=0) or through
-  ``DataLoader(ds.to_torch(), batch_size=None, num_workers=k)`` (with
-  ``even_batches=False``, so that every token comes out with workers too).
-- ``datasets, workers=k``: ``load_dataset("parquet", streaming=True)``, a
-  batched ``map`` that tokenizes with the same tokenizer (EOS appended), a
-  batched ``map`` that concatenates each 1,000-document map batch and cuts it
-  into rows of ``seq_len`` (the ``run_clm`` recipe, with numpy), torch format,
-  ``DataLoader(batch_size, num_workers=k)``.
+- raw encoders (texts already in memory; reading them is not timed), see
+  :mod:`contestants`: ``tokenizers`` (``encode_batch_fast``, 1,000 texts per
+  call), ``tiktoken-batch`` (``Encoding.encode_batch``, 2 threads) and
+  ``tiktoken-joined`` (1,000 texts joined into one ``encode_to_numpy`` call,
+  2 calls at a time: the call arrowstream's tiktoken backend makes). The
+  tiktoken encoding is arrowstream's own conversion of the ``tokenizer.json``.
+  A pipeline's ``vs raw`` divides by the faster raw method of its encoder.
+- ``arrowstream <strategy>, <backend>, workers=k``: ``read_parquet(...)
+  .tokenize(tok, backend=...).pack(seq_len, batch_size, strategy)``
+  (``bucket``: ``.bucket(max_tokens=seq_len * batch_size, max_len=seq_len)``),
+  iterated through ``ds.to_torch()`` (k=0) or ``DataLoader(ds.to_torch(),
+  batch_size=None, num_workers=k)``. ``default`` is ``backend="auto"``, which
+  proves tiktoken exact and encodes with it; ``tokenizers`` forces the
+  tokenizer's own encoder. ``even_batches`` is the library's default
+  (``True``) unless the name says ``even_batches=False``; it matters only with
+  several consumers (k > 0), where it may drop or pad a little at the end.
+- ``datasets, <encoder>, workers=k``: ``load_dataset("parquet",
+  streaming=True)``, a batched ``map`` that tokenizes (``tokenizers``:
+  ``encode_batch_fast``; ``tiktoken``: the map batch as two joined halves on
+  two threads, as ``tiktoken-joined``) and appends EOS, a batched ``map``
+  that concatenates each 1,000-document batch and cuts it into rows of
+  ``seq_len`` (the ``run_clm`` recipe, with numpy), torch format,
+  ``DataLoader(batch_size, num_workers=k)``. Its usual encoder is the
+  tokenizer's own (``tokenizers``).
 
-Figures: tokens/s over the whole epoch (first batch included), time to first
-batch (both from after ``import torch``, which a training process has done
-before it loads data; importing the loader library counts), peak RSS of the main process (``VmHWM``), and the peak memory of the
-whole process tree, DataLoader workers included: the sum of the processes'
-proportional set sizes (PSS: pages shared after a fork counted once in all),
-sampled every 50 ms; and that peak minus the same measure of an idle process
-that imported torch and the loader (``above idle``: the loader's working
-memory). arrowstream without workers is iterated through ``ds.to_torch()``,
-so torch is loaded on both sides, as in training. Resume latency at 10 %, 50 % and 90 % of the epoch: for
-arrowstream, ``ds.iter(state)`` plus the first batch; for ``datasets``, its
-own ``state_dict``/``load_state_dict`` plus the first example; and skipping
-(``.skip(n)``) to the same point.
+Clocks: a pipeline's clock starts after ``import torch`` (a training process
+has loaded it) and before importing the loader library (arrowstream, or
+``datasets``, ``tokenizers`` and tiktoken): both import inside their clock.
+Figures: tokens/s over the whole epoch (first batch included; real tokens,
+never padding), time to first batch, peak RSS of the main process
+(``VmHWM``), peak PSS of the whole process tree (DataLoader workers included,
+sampled every 50 ms) and that peak minus the same measure of an idle process
+that imported torch and the loader (``above idle``). Resume latency at 10 %,
+50 % and 90 % of the epoch (torch imported before the clock on both sides):
+arrowstream ``ds.iter(state)`` plus the first batch; ``datasets``'
+``load_state_dict`` plus the first example; and ``.skip(n)``.
 
-Check: arrowstream emits exactly the raw encoder's tokens plus one EOS per
-document. Output: the tables as text, in Markdown (``--markdown``), and JSON
-with versions and machine facts (``--json``). ``--smoke`` runs a tiny corpus once. Needs ``datasets``
-(``pip install 'arrowstream[bench]'``). Exit status 0 when the checks pass.
+Checks, on whole streams (every pipeline hashes its real ids in order with
+SHA-256 and counts each id): the three raw encoders give the same stream;
+arrowstream ``concat`` without workers gives exactly the raw stream (the
+encoder's ids plus one EOS per document, in order) with either backend; with
+workers and ``even_batches=False`` the same ids in another order; with the
+default ``even_batches`` no id more than the raw stream has, and an even
+number of batches; ``best_fit`` every id; ``bucket`` the raw count minus the
+tokens it truncates; ``datasets`` gives the same stream with either encoder.
+Output: tables as text, in Markdown (``--markdown``), and JSON with versions
+and machine facts (``--json``). ``--smoke`` runs a tiny corpus once. Needs
+``datasets`` (``pip install 'arrowstream[bench]'``). Exit status 0 when the
+checks pass.
 """
 
 from __future__ import annotations
@@ -49,123 +69,56 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_core import Checks, corpus_dir, fmt_table, log, machine_facts, md_table, median, tokenizer_file
+import numpy as np
+from bench_core import (
+    Checks,
+    corpus_dir,
+    fmt_table,
+    loadavg,
+    log,
+    machine_facts,
+    md_table,
+    median,
+    tiktoken_file,
+    tokenizer_file,
+)
+from contestants import RAW_METHODS, arrowstream_dataset, datasets_pipeline
+from peers_child import RESULT
 
-RESULT = "BENCH_PEERS_RESULT "
-
-
-def _peak_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _texts(corpus: Path) -> list[str]:
-    import pyarrow.parquet as pq
-
-    return [t for f in sorted(corpus.glob("*.parquet")) for t in pq.read_table(f, columns=["text"]).column("text").to_pylist() if t]
-
-
-def _hf_dataset(corpus: Path, tok_path: Path, seq_len: int) -> Any:
-    import numpy as np
-    from datasets import load_dataset
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tok_path))
-    eos = tok.token_to_id("<|endoftext|>")
-
-    def tokenize(batch: dict) -> dict:
-        return {"input_ids": [e.ids + [eos] for e in tok.encode_batch_fast(batch["text"])]}
-
-    def group(batch: dict) -> dict:
-        flat = np.concatenate([np.asarray(x, dtype=np.int32) for x in batch["input_ids"]])
-        n = flat.size // seq_len * seq_len
-        return {"input_ids": flat[:n].reshape(-1, seq_len)}
-
-    files = [str(p) for p in sorted(corpus.glob("*.parquet"))]
-    ds = load_dataset("parquet", data_files=files, streaming=True, split="train")
-    ds = ds.map(tokenize, batched=True, batch_size=1000, remove_columns=["id", "text", "source"])
-    return ds.map(group, batched=True, batch_size=1000).with_format("torch")
+CHILD = Path(__file__).with_name("peers_child.py")
+ENCODER = {"tokenizers": "tokenizers", "default": "tiktoken"}  # arrowstream backend name -> encoder
 
 
-def _ours(corpus: Path, tok_path: Path, seq_len: int, batch_size: int, strategy: str) -> Any:
-    import arrowstream
-
-    # even_batches=False: with DataLoader workers every token still comes out, so the check is exact
-    ds = arrowstream.read_parquet(corpus).tokenize(str(tok_path))
-    if strategy == "bucket":  # one document per row, at most batch_size * seq_len tokens with padding
-        return ds.bucket(max_tokens=seq_len * batch_size, max_len=seq_len, even_batches=False)
-    return ds.pack(seq_len=seq_len, batch_size=batch_size, strategy=strategy, even_batches=False)
+# -- contestants ------------------------------------------------------------------------
 
 
-def child(args: argparse.Namespace) -> dict[str, Any]:
-    corpus, tok_path = Path(args.corpus), Path(args.tokenizer)
-    L, B = args.seq_len, args.batch_size
-    kind, workers = args.child, args.workers
-    if kind == "raw":
-        from tokenizers import Tokenizer
+def contestants(strategies: list[str]) -> list[dict[str, Any]]:
+    """Return every contestant of one round, each a child spec (without the shared keys) with its name."""
+    out: list[dict[str, Any]] = [
+        {"name": f"raw {m}", "kind": "raw", "method": m, "encoder": m.split("-")[0]} for m in RAW_METHODS
+    ]
 
-        tok = Tokenizer.from_file(str(tok_path))
-        texts = _texts(corpus)
-        t0 = time.perf_counter()
-        n = sum(len(e.ids) for a in range(0, len(texts), 1000) for e in tok.encode_batch_fast(texts[a : a + 1000]))
-        wall = time.perf_counter() - t0
-        return {"tokens": n, "docs": len(texts), "wall_s": wall, "tok_per_s": n / wall, "peak_mb": _peak_mb()}
-    import torch  # a training process has it loaded before it loads data, whichever loader it uses
+    def ours(strategy: str, backend: str, workers: int, even: bool | None = None) -> dict[str, Any]:
+        name = f"arrowstream {strategy}, {backend}, workers={workers}"
+        if even is False:
+            name += ", even_batches=False"
+        return {"name": name, "kind": "arrowstream", "strategy": strategy, "encoder": ENCODER[backend],
+                "backend": "auto" if backend == "default" else backend, "workers": workers, "even_batches": even}
 
-    t0 = time.perf_counter()
-
-    if kind.startswith("idle"):  # the libraries loaded, nothing read: the memory floor of each side
-        import arrowstream  # noqa: F401
-
-        if kind == "idle-datasets":
-            import datasets  # noqa: F401
-        time.sleep(0.5)
-        return {"peak_mb": _peak_mb()}
-    if kind == "datasets":
-        ds = _hf_dataset(corpus, tok_path, L)
-        loader = torch.utils.data.DataLoader(ds, batch_size=B, num_workers=workers)
-        count = lambda b: int(b["input_ids"].numel())  # noqa: E731
-    else:
-        ds = _ours(corpus, tok_path, L, B, kind)
-        if workers:
-            loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=workers)
-            count = lambda b: int(b["num_tokens"])  # noqa: E731
-        else:
-            loader = ds.to_torch()  # tensors, as a training loop takes them
-            count = lambda b: int(b["num_tokens"])  # noqa: E731
-    first = None
-    cut = 0
-    tokens = batches = 0
-    for b in loader:
-        if first is None:
-            first = time.perf_counter() - t0
-        tokens += count(b)
-        batches += 1
-    wall = time.perf_counter() - t0
-    if kind == "bucket" and not workers:
-        cut = loader.state_dict()["stats"].get("truncated_tokens", 0)
-    return {"tokens": tokens, "batches": batches, "wall_s": wall, "first_batch_s": first,
-            "tok_per_s": tokens / wall, "peak_mb": _peak_mb(), "truncated_tokens": cut}
+    if "concat" in strategies:
+        out += [ours("concat", "tokenizers", 0), ours("concat", "tokenizers", 2)]
+        out += [ours("concat", "default", 0), ours("concat", "default", 2), ours("concat", "default", 2, False)]
+    for strategy in strategies:
+        if strategy != "concat":
+            out += [ours(strategy, "default", 0), ours(strategy, "default", 2)]
+    for encoder in ("tokenizers", "tiktoken"):
+        out += [{"name": f"datasets, {encoder}, workers={w}", "kind": "datasets", "encoder": encoder, "workers": w}
+                for w in (0, 2)]
+    out += [{"name": f"idle {side}", "kind": "idle", "side": side} for side in ("arrowstream", "datasets")]
+    return out
 
 
-def child_resume(args: argparse.Namespace) -> dict[str, Any]:
-    corpus, tok_path = Path(args.corpus), Path(args.tokenizer)
-    state = json.loads(Path(args.state).read_text()) if args.state else None
-    t0 = time.perf_counter()
-    if args.child == "resume-ours":
-        it = _ours(corpus, tok_path, args.seq_len, args.batch_size, "concat").iter(state)
-        next(it)
-    elif args.child == "resume-datasets":
-        ds = _hf_dataset(corpus, tok_path, args.seq_len)
-        ds.load_state_dict(state)
-        next(iter(ds))
-    else:  # skip
-        ds = _hf_dataset(corpus, tok_path, args.seq_len).skip(args.skip)
-        next(iter(ds))
-    return {"resume_s": time.perf_counter() - t0}
+# -- child processes -------------------------------------------------------------------
 
 
 def _tree(pid: int) -> list[int]:
@@ -195,10 +148,10 @@ def _pss_mb(pids: list[int]) -> float:
     return total / 1024
 
 
-def run_child(script_args: list[str]) -> dict[str, Any]:
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one measurement in a fresh process; sample the memory of its process tree every 50 ms."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "true"}
-    proc = subprocess.Popen([sys.executable, __file__, *script_args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(CHILD), json.dumps(spec)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     peak = 0.0
     while proc.poll() is None:
@@ -206,19 +159,170 @@ def run_child(script_args: list[str]) -> dict[str, Any]:
         time.sleep(0.05)
     out, err = proc.communicate()
     if proc.returncode != 0:
-        raise RuntimeError(f"child {script_args} failed:\n{err[-3000:]}")
+        raise RuntimeError(f"child {spec.get('kind')} failed:\n{err[-3000:]}")
     line = next(ln for ln in out.splitlines() if ln.startswith(RESULT))
-    return {**json.loads(line[len(RESULT):]), "tree_pss_mb": peak}
+    return {**json.loads(line[len(RESULT):]), "tree_pss_mb": peak, "loadavg_end": loadavg()}
 
 
-def save_states(
-    corpus: Path, tok_path: Path, seq_len: int, batch_size: int, total_batches: int, out: Path, points: tuple
-) -> dict:
-    """Save arrowstream and datasets states at 10/50/90 % of the epoch; return their paths and offsets."""
-    ds = _ours(corpus, tok_path, seq_len, batch_size, "concat")
-    it = ds.iter()
-    hf_iter_ds = _hf_dataset(corpus, tok_path, seq_len)
-    hf_it = iter(hf_iter_ds)
+def run_rounds(configs: list[dict[str, Any]], shared: dict[str, Any], repeats: int) -> dict[str, list[dict[str, Any]]]:
+    """Run every contestant once per round, ``repeats`` rounds; the raw encoders digest in the first."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for r in range(repeats):
+        for c in configs:
+            spec = {**shared, **{k: v for k, v in c.items() if k != "name"}, "digest": r == 0}
+            res = run_child(spec)
+            runs.setdefault(c["name"], []).append(res)
+            rate = f"{res['tok_per_s'] / 1e6:.3f} M tok/s" if "tok_per_s" in res else f"{res['tree_pss_mb']:.0f} MB PSS"
+            log(f"  run {r + 1}/{repeats}: {c['name']:<62} {rate}  (load {res['loadavg_end']})")
+    return runs
+
+
+# -- checks ----------------------------------------------------------------------------
+
+
+def check_streams(checks: Checks, runs: dict[str, list[dict[str, Any]]], configs: list[dict[str, Any]],
+                  seq_len: int) -> dict[str, Any]:
+    """Compare whole streams (hash in order, histogram of ids, counts) with the raw encoders'; return the reference."""
+    raw = {name: rs[0]["digest"] for name, rs in runs.items() if name.startswith("raw")}
+    ref = raw["raw tokenizers"]
+    for name, d in raw.items():
+        checks(d["sha256"] == ref["sha256"] and d["tokens"] == ref["tokens"],
+               f"{name}: the same stream as raw tokenizers (ids + one EOS per document)",
+               f"{d['tokens']:,} tokens, sha256 {d['sha256'][:12]}")
+    want = np.array(ref["histogram"])
+    for c in configs:
+        if c["kind"] in ("arrowstream", "datasets"):
+            check_pipeline(checks, c, runs[c["name"]], runs, ref, want, seq_len)
+    return ref
+
+
+def check_pipeline(checks: Checks, c: dict[str, Any], rs: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]],
+                   ref: dict[str, Any], want: np.ndarray, seq_len: int) -> None:
+    """Check one pipeline's streams against the raw stream (``want``: its histogram of ids)."""
+    name, ordered = c["name"], c["workers"] == 0  # with workers, the loader interleaves their batches
+    digests = [r["digest"] for r in rs]
+    hist, tokens = np.array(digests[0]["histogram"]), digests[0]["tokens"]
+    key = "sha256" if ordered else "histogram"
+    checks(all(d[key] == digests[0][key] for d in digests), f"{name}: every run gives the same stream",
+           f"{len(rs)} run(s)")
+    if c["kind"] == "datasets":
+        twin = runs[f"datasets, tokenizers, workers={c['workers']}"][0]["digest"]
+        checks(twin[key] == digests[0][key] and tokens % seq_len == 0 and tokens <= ref["tokens"],
+               f"{name}: the same {'stream' if ordered else 'ids'} as datasets with tokenizers, whole rows, "
+               "at most the raw stream (each map batch's remainder is dropped)", f"{tokens:,} of {ref['tokens']:,} tokens")
+    elif c["strategy"] == "concat" and ordered:
+        checks(digests[0]["sha256"] == ref["sha256"] and tokens == ref["tokens"],
+               f"{name}: exactly the raw encoders' stream, in order", f"{tokens:,} tokens")
+        checks(rs[0]["backend"] == c["encoder"], f"{name}: encoded with the expected backend", rs[0]["backend"])
+    elif c["strategy"] == "bucket" and ordered:
+        cut = rs[0]["stats"].get("truncated_tokens", 0)
+        checks(bool(np.all(hist <= want)) and tokens + cut == ref["tokens"],
+               f"{name}: the raw stream's ids minus the tokens truncated to seq_len", f"{tokens:,} + {cut:,} truncated")
+    elif ordered or c["even_batches"] is False:
+        checks(bool(np.array_equal(hist, want)) and tokens == ref["tokens"], f"{name}: every id of the raw stream, once",
+               f"{tokens:,} tokens")
+    else:  # workers with the default even_batches: the end of a consumer's share may be dropped
+        batches = rs[0]["batches"]
+        checks(bool(np.all(hist <= want)) and batches % c["workers"] == 0,
+               f"{name}: no id beyond the raw stream's, the same number of batches from each worker",
+               f"{tokens:,} of {ref['tokens']:,} tokens ({tokens / ref['tokens']:.2%}), {batches} batches")
+
+
+# -- tables ----------------------------------------------------------------------------
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]], configs: list[dict[str, Any]], idle: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Return the medians of each contestant and its like-for-like ratios."""
+    encoder = {c["name"]: c["encoder"] for c in configs if "encoder" in c}
+    table: dict[str, dict[str, Any]] = {}
+    for name, rs in runs.items():
+        table[name] = {
+            "encoder": encoder[name],
+            "tok_per_s": median([x["tok_per_s"] for x in rs]),
+            "first_batch_s": median([x["first_batch_s"] for x in rs]) if "first_batch_s" in rs[0] else None,
+            "peak_mb": max(x["peak_mb"] for x in rs),
+            "tree_pss_mb": max(x["tree_pss_mb"] for x in rs),
+            "working_mb": None if name.startswith("raw") else max(x["tree_pss_mb"] for x in rs)
+            - idle["arrowstream" if name.startswith("arrowstream") else "datasets"],
+            "tokens": rs[0]["tokens"],
+        }
+    raw_ref = {
+        enc: max((n for n in table if n.startswith("raw") and table[n]["encoder"] == enc),
+                 key=lambda n: table[n]["tok_per_s"])
+        for enc in ("tokenizers", "tiktoken")
+    }
+    for name, t in table.items():
+        workers = 2 if "workers=2" in name else 0
+        t["raw_reference"] = raw_ref[t["encoder"]]
+        t["vs_raw"] = t["tok_per_s"] / table[raw_ref[t["encoder"]]]["tok_per_s"]
+        t["vs_datasets_same_encoder"] = t["vs_datasets_tokenizers"] = None
+        if name.startswith("arrowstream"):
+            t["vs_datasets_same_encoder"] = t["tok_per_s"] / table[f"datasets, {t['encoder']}, workers={workers}"]["tok_per_s"]
+            t["vs_datasets_tokenizers"] = t["tok_per_s"] / table[f"datasets, tokenizers, workers={workers}"]["tok_per_s"]
+    return table
+
+
+def table_rows(table: dict[str, dict[str, Any]], expected: int) -> list[list[str]]:
+    def f(x: float | None, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+
+    return [[
+        name, t["encoder"], f"{t['tok_per_s'] / 1e6:.3f}",
+        "(reference)" if name == t["raw_reference"] else f"{t['vs_raw']:.2f}",
+        f(t["vs_datasets_same_encoder"], ".2f"), f(t["vs_datasets_tokenizers"], ".2f"),
+        "-" if name.startswith("raw") else f"{t['tokens'] / expected:.2%}", f(t["first_batch_s"], ".2f"),
+        f"{t['peak_mb']:.0f}", f"{t['tree_pss_mb']:.0f}", f(t["working_mb"], ".0f"),
+    ] for name, t in table.items()]
+
+
+#: The like-for-like comparisons: (label, numerator, denominator); ``{w}`` is the workers, ``raw`` the encoder's fastest.
+HEADLINE = (
+    ("arrowstream (tokenizers) / raw tokenizers", "arrowstream concat, tokenizers, workers={w}", "raw:tokenizers"),
+    ("arrowstream (default: tiktoken) / raw tiktoken", "arrowstream concat, default, workers={w}", "raw:tiktoken"),
+    ("datasets (tokenizers) / raw tokenizers", "datasets, tokenizers, workers={w}", "raw:tokenizers"),
+    ("datasets (tiktoken) / raw tiktoken", "datasets, tiktoken, workers={w}", "raw:tiktoken"),
+    ("arrowstream / datasets, both tokenizers", "arrowstream concat, tokenizers, workers={w}", "datasets, tokenizers, workers={w}"),
+    ("arrowstream / datasets, both tiktoken", "arrowstream concat, default, workers={w}", "datasets, tiktoken, workers={w}"),
+    ("arrowstream default / datasets usual (tiktoken / tokenizers)", "arrowstream concat, default, workers={w}",
+     "datasets, tokenizers, workers={w}"),
+)
+
+
+def headline(runs: dict[str, list[dict[str, Any]]], table: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Return each like-for-like ratio per workers: ratio of the medians, and the median of per-round ratios."""
+    raw = {t["encoder"]: t["raw_reference"] for t in table.values()}
+    out: dict[str, dict[str, Any]] = {}
+    for label, top, bottom in HEADLINE:
+        for w in (0, 2):
+            a, b = top.format(w=w), raw[bottom[4:]] if bottom.startswith("raw:") else bottom.format(w=w)
+            rounds = [x["tok_per_s"] / y["tok_per_s"] for x, y in zip(runs[a], runs[b])]
+            out.setdefault(label, {})[f"workers={w}"] = {
+                "of_medians": table[a]["tok_per_s"] / table[b]["tok_per_s"], "per_round": rounds,
+                "median_per_round": median(rounds), "numerator": a, "denominator": b,
+            }
+    return out
+
+
+def headline_rows(ratios: dict[str, dict[str, Any]]) -> list[list[str]]:
+    return [[label, *(f"{r[w]['of_medians']:.2f} ({r[w]['median_per_round']:.2f})" for w in ("workers=0", "workers=2"))]
+            for label, r in ratios.items()]
+
+
+HEADER = ["pipeline", "encoder", "M tok/s", "vs raw, same encoder", "vs datasets, same encoder",
+          "vs datasets with tokenizers", "tokens out", "first batch s", "peak RSS MB (main)",
+          "peak PSS MB (all processes)", "above idle MB"]
+
+
+# -- resume ----------------------------------------------------------------------------
+
+
+def save_states(shared: dict[str, Any], total_batches: int, out: Path, points: tuple[float, ...]) -> dict[str, Any]:
+    """Save arrowstream and datasets states at the given fractions of the epoch; return their paths and offsets."""
+    corpus, tok, L, B = Path(shared["corpus"]), Path(shared["tokenizer"]), shared["seq_len"], shared["batch_size"]
+    it = arrowstream_dataset(corpus, tok, seq_len=L, batch_size=B, strategy="concat", backend="auto",
+                             even_batches=None).iter()
+    hf = datasets_pipeline(corpus, tok, Path(shared["tiktoken"]), seq_len=L, encoder="tokenizers")
+    hf_it = iter(hf)
     saved: dict[str, Any] = {}
     done = hf_done = 0
     for point in points:
@@ -226,19 +330,37 @@ def save_states(
         while done < target:
             next(it)
             done += 1
-        while hf_done < target * batch_size:  # datasets yields rows; batches are formed by the loader
+        while hf_done < target * B:  # datasets yields rows; batches are formed by the loader
             next(hf_it)
             hf_done += 1
-        ours_path = out / f"ours-{point}.json"
+        ours_path, hf_path = out / f"ours-{point}.json", out / f"datasets-{point}.json"
         ours_path.write_text(json.dumps(it.state_dict()))
-        hf_path = out / f"datasets-{point}.json"
-        hf_path.write_text(json.dumps(hf_iter_ds.state_dict(), default=int))
+        hf_path.write_text(json.dumps(hf.state_dict(), default=int))
         saved[str(point)] = {"ours": str(ours_path), "datasets": str(hf_path), "rows": hf_done}
     it.close()
     return saved
 
 
-def main(argv: list[str] | None = None) -> int:
+def measure_resume(shared: dict[str, Any], saved: dict[str, Any], points: tuple[float, ...], repeats: int) -> dict[str, dict[str, float]]:
+    """Time resuming at each point in fresh processes, alternating the three ways; return medians."""
+    resume: dict[str, dict[str, float]] = {}
+    for point in points:
+        s = saved[str(point)]
+        ways = {"arrowstream": {"kind": "resume-arrowstream", "state": s["ours"]},
+                "datasets state_dict": {"kind": "resume-datasets", "state": s["datasets"]},
+                "datasets skip": {"kind": "skip", "skip": s["rows"]}}
+        got: dict[str, list[float]] = {k: [] for k in ways}
+        for _ in range(repeats):
+            for way, spec in ways.items():
+                got[way].append(run_child({**shared, **spec})["resume_s"])
+        resume[f"{round(point * 100)}%"] = {k: median(v) for k, v in got.items()}
+    return resume
+
+
+# -- main ------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/arrowstream-bench"))
     p.add_argument("--mb", type=float, default=None, help="MB of text [85 (about 20 M tokens); smoke 2]")
@@ -252,107 +374,53 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--markdown", type=Path, default=None, help="write the tables in Markdown to this file")
     p.add_argument("--smoke", action="store_true")
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--corpus", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--tokenizer", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--state", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--skip", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.child:
-        fn = child_resume if args.child.startswith(("resume", "skip")) else child
-        print(RESULT + json.dumps(fn(args)))
-        return 0
-    mb = args.mb if args.mb is not None else (2.0 if args.smoke else 85.0)
-    vocab = args.vocab_size or (4096 if args.smoke else 32000)
-    repeats = args.repeats or (1 if args.smoke else 3)
-    strategies = (args.strategies or ("concat" if args.smoke else "concat,best_fit,bucket")).split(",")
-    points = tuple(float(x) for x in (args.points or ("0.5" if args.smoke else "0.1,0.5,0.9")).split(","))
+    args.mb = args.mb if args.mb is not None else (2.0 if args.smoke else 85.0)
+    args.vocab_size = args.vocab_size or (4096 if args.smoke else 32000)
+    args.repeats = args.repeats or (1 if args.smoke else 3)
+    args.strategies = (args.strategies or ("concat" if args.smoke else "concat,best_fit,bucket")).split(",")
+    if "concat" not in args.strategies:
+        p.error("--strategies must include concat (the reference of the stream checks and of resume)")
+    args.points = tuple(float(x) for x in (args.points or ("0.5" if args.smoke else "0.1,0.5,0.9")).split(","))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     L, B = args.seq_len, args.batch_size
     checks = Checks()
     facts = machine_facts()
     log("machine: " + json.dumps(facts))
-    corpus, cinfo = corpus_dir(args.workdir, mb, seed=0, rows_per_group=args.rows_per_group, mb_per_file=64.0)
-    tok_path, tinfo = tokenizer_file(args.workdir, vocab)
-    base = ["--corpus", str(corpus), "--tokenizer", str(tok_path), "--seq-len", str(L), "--batch-size", str(B)]
-    configs = [("raw", 0)]
-    for strategy in strategies:
-        configs += [(strategy, 0), (strategy, 2)]
-    configs += [("datasets", 0), ("datasets", 2), ("idle-ours", 0), ("idle-datasets", 0)]
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for r in range(repeats):
-        for kind, workers in configs:
-            if kind == "raw":
-                name = "raw encoder"
-            elif kind.startswith("idle") or kind == "datasets":
-                name = kind if kind.startswith("idle") else f"datasets, workers={workers}"
-            else:
-                name = f"arrowstream {kind}, workers={workers}"
-            log(f"  run {r + 1}/{repeats}: {name}")
-            runs.setdefault(name, []).append(run_child(["--child", kind, "--workers", str(workers), *base]))
-    raw = runs["raw encoder"][0]
-    expected = raw["tokens"] + raw["docs"]
-    for name, rs in runs.items():
-        if name.startswith("arrowstream bucket, workers=0"):
-            got = rs[0]["tokens"] + rs[0]["truncated_tokens"]
-            checks(got == expected, f"{name}: the raw encoder's tokens plus one EOS per document, "
-                   "with the tokens cut from documents longer than seq_len", f"{got} vs {expected}")
-        elif name.startswith("arrowstream bucket"):
-            want = runs["arrowstream bucket, workers=0"][0]["tokens"]
-            checks(rs[0]["tokens"] == want, f"{name}: the same tokens as without workers", f"{rs[0]['tokens']} vs {want}")
-        elif name.startswith("arrowstream"):
-            checks(rs[0]["tokens"] == expected, f"{name}: the raw encoder's tokens plus one EOS per document",
-                   f"{rs[0]['tokens']} vs {expected}")
-    idle = {side: median([x["tree_pss_mb"] for x in runs.pop(f"idle-{side}")]) for side in ("ours", "datasets")}
-    table = {
-        name: {
-            "tok_per_s": median([x["tok_per_s"] for x in rs]),
-            "first_batch_s": median([x["first_batch_s"] for x in rs]) if "first_batch_s" in rs[0] else None,
-            "peak_mb": max(x["peak_mb"] for x in rs),
-            "tree_pss_mb": max(x["tree_pss_mb"] for x in rs),
-            "working_mb": None if name == "raw encoder" else max(x["tree_pss_mb"] for x in rs)
-            - idle["ours" if name.startswith("arrowstream") else "datasets"],
-            "tokens": rs[0]["tokens"],
-        }
-        for name, rs in runs.items()
-    }
-    ceiling = table["raw encoder"]["tok_per_s"]
-    hf = {w: table[f"datasets, workers={w}"] for w in (0, 2)}
-    rows = []
-    for name, t in table.items():
-        workers = 2 if name.endswith("workers=2") else 0
-        vs_hf = t["tok_per_s"] / hf[workers]["tok_per_s"] if name.startswith("arrowstream") else None
-        rows.append([
-            name, f"{t['tok_per_s'] / 1e6:.3f}", f"{t['tok_per_s'] / ceiling:.2f}",
-            "-" if vs_hf is None else f"{vs_hf:.2f}",
-            "-" if t["first_batch_s"] is None else f"{t['first_batch_s']:.2f}",
-            f"{t['peak_mb']:.0f}", f"{t['tree_pss_mb']:.0f}",
-            "-" if t["working_mb"] is None else f"{t['working_mb']:.0f}",
-        ])
-    header = ["pipeline", "M tok/s", "vs raw", "vs datasets", "first batch s", "peak RSS MB (main)",
-              "peak PSS MB (all processes)", "above idle MB"]
-    log(f"\n{cinfo['key']}: {expected:,} tokens, seq_len={L}, batch_size={B}, medians of {repeats}:\n")
-    log(fmt_table(header, rows))
-    markdown = [md_table(header, rows)]
-    log(f"\nidle (torch and the loader imported, nothing read), PSS: arrowstream {idle['ours']:.0f} MB, "
+    corpus, cinfo = corpus_dir(args.workdir, args.mb, seed=0, rows_per_group=args.rows_per_group, mb_per_file=64.0)
+    tok_path, tinfo = tokenizer_file(args.workdir, args.vocab_size)
+    shared = {"corpus": str(corpus), "tokenizer": str(tok_path), "tiktoken": str(tiktoken_file(args.workdir, tok_path)),
+              "seq_len": L, "batch_size": B, "eos_id": tinfo["eos_id"], "vocab_size": tinfo["vocab_size"]}
+    configs = contestants(args.strategies)
+    runs = run_rounds(configs, shared, args.repeats)
+    ref = check_streams(checks, runs, configs, L)
+    expected = ref["tokens"]
+    idle = {side: median([x["tree_pss_mb"] for x in runs.pop(f"idle {side}")]) for side in ("arrowstream", "datasets")}
+    table = summarize(runs, configs, idle)
+    rows = table_rows(table, expected)
+    log(f"\n{cinfo['key']}: {expected:,} tokens with EOS, seq_len={L}, batch_size={B}, medians of {args.repeats}:\n")
+    log(fmt_table(HEADER, rows))
+    markdown = [md_table(HEADER, rows)]
+    ratios = headline(runs, table)
+    hrows = headline_rows(ratios)
+    hheader = ["like for like (concat)", "workers=0", "workers=2"]
+    log("\nratios of the medians (median of the per-round ratios):\n")
+    log(fmt_table(hheader, hrows))
+    markdown.append(md_table(hheader, hrows))
+    log(f"\nidle (torch and the loader imported, nothing read), PSS: arrowstream {idle['arrowstream']:.0f} MB, "
         f"datasets {idle['datasets']:.0f} MB; 'above idle' is the peak PSS of all processes minus it")
 
-    total_batches = runs["arrowstream concat, workers=0"][0]["batches"]
+    total_batches = runs["arrowstream concat, default, workers=0"][0]["batches"]
     states_dir = args.workdir / "peer-states"
     states_dir.mkdir(parents=True, exist_ok=True)
-    saved = save_states(corpus, tok_path, L, B, total_batches, states_dir, points)
-    resume: dict[str, dict[str, float]] = {}
-    for point in points:
-        s = saved[str(point)]
-        got: dict[str, list[float]] = {"arrowstream": [], "datasets state_dict": [], "datasets skip": []}
-        for _ in range(repeats):
-            got["arrowstream"].append(run_child(["--child", "resume-ours", "--state", s["ours"], *base])["resume_s"])
-            got["datasets state_dict"].append(
-                run_child(["--child", "resume-datasets", "--state", s["datasets"], *base])["resume_s"])
-            got["datasets skip"].append(run_child(["--child", "skip", "--skip", str(s["rows"]), *base])["resume_s"])
-        resume[f"{round(point * 100)}%"] = {k: median(v) for k, v in got.items()}
+    saved = save_states(shared, total_batches, states_dir, args.points)
+    resume = measure_resume(shared, saved, args.points, args.repeats)
     rrows = [[k, *(f"{resume[p][k]:.2f}" for p in resume)] for k in ("arrowstream", "datasets state_dict", "datasets skip")]
-    log("\nresume latency, seconds (new process: open, load the state, first batch or example):\n")
+    log("\nresume latency, seconds (new process, torch loaded: open, load the state, first batch or example):\n")
     log(fmt_table(["", *resume], rrows))
     markdown.append(md_table(["resume, seconds", *resume], rrows))
     if args.markdown:
@@ -360,16 +428,22 @@ def main(argv: list[str] | None = None) -> int:
         log(f"\nwrote the tables in Markdown to {args.markdown}")
     failed = [c for c in checks.items if not c["passed"]]
     log(f"\ncorrectness checks: {len(checks.items) - len(failed)} passed, {len(failed)} failed")
+    log(f"load average at the start {facts['loadavg_start']}, at the end {loadavg()}")
     if args.json:
         import datasets
+        import tiktoken
         import tokenizers
         import torch
 
+        for rs in runs.values():  # the histograms were for the checks; keep the hashes
+            for r in rs:
+                r.get("digest", {}).pop("histogram", None)
         args.json.write_text(json.dumps({
             "machine": facts, "versions": {"datasets": datasets.__version__, "torch": torch.__version__,
-                                           "tokenizers": tokenizers.__version__},
-            "corpus": cinfo, "tokenizer": tinfo, "seq_len": L, "batch_size": B, "repeats": repeats,
-            "runs": runs, "table": table, "idle_pss_mb": idle, "resume": resume, "checks": checks.items,
+                                           "tokenizers": tokenizers.__version__, "tiktoken": tiktoken.__version__},
+            "corpus": cinfo, "tokenizer": tinfo, "seq_len": L, "batch_size": B, "repeats": args.repeats,
+            "expected_tokens": expected, "stream_sha256": ref["sha256"], "runs": runs, "table": table, "headline": ratios,
+            "idle_pss_mb": idle, "resume": resume, "checks": checks.items,
         }, indent=1, default=str))
     return 1 if failed else 0
 

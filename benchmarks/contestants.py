@@ -1,0 +1,258 @@
+"""What each contestant of the benchmarks runs: raw encoders, the pipelines, and stream digests.
+
+``bench_peers.py`` runs every contestant in a fresh process whose clock starts
+after ``import torch``; the import of the loader library (arrowstream,
+``datasets``, tiktoken) must fall inside that clock on every side alike. So
+this module imports only the standard library and numpy (which ``import torch``
+loads anyway) at module level, and each function imports the library it
+measures. ``bench_core.py`` and ``bench_cache.py`` reuse the raw encoders and
+the digest, so that every script measures the same raw calls.
+
+Raw encoders (texts already in memory, a fresh encoder object per pass):
+
+- ``tokenizers``: ``Tokenizer.encode_batch_fast`` on slices of 1,000 texts
+  (its own Rust thread pool);
+- ``tiktoken-batch``: tiktoken's batch API, ``Encoding.encode_batch(slice,
+  num_threads=2, allowed_special="all")`` on slices of 1,000 texts;
+- ``tiktoken-joined``: what arrowstream's tiktoken backend does: each slice
+  of 1,000 texts joined by a separator that the encoding knows as a special
+  token, one ``encode_to_numpy`` call per slice, two slices at a time from two
+  threads, and the document boundaries found in the ids.
+
+The tiktoken encoding is the one :func:`arrowstream.bytelevel.to_bytelevel_bpe`
+converts from the ``tokenizer.json``, written once to a JSON file by
+``bench_core.tiktoken_file`` and loaded from there (as a tiktoken user loads a
+``.tiktoken`` file).
+
+Determinism: every function here gives the same ids for the same texts;
+:class:`StreamDigest` fingerprints a token stream in order (SHA-256) and
+regardless of order (a histogram of ids), so streams are compared whole.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: A noncharacter that joins texts for one tiktoken call (arrowstream's encoder uses the same).
+SEPARATOR = "\ufdd0"
+#: Texts per raw encoder call.
+SLICE = 1000
+#: Threads of the raw tiktoken encoders: the machine's two cores.
+THREADS = 2
+#: The raw encoders, by name.
+RAW_METHODS = ("tokenizers", "tiktoken-batch", "tiktoken-joined")
+
+
+class StreamDigest:
+    """Fingerprint a token stream: SHA-256 of the int32 ids in order, and a histogram of the ids.
+
+    Parameters
+    ----------
+    vocab_size
+        Number of ids (the histogram's length).
+
+    Examples
+    --------
+    >>> d = StreamDigest(4)
+    >>> d.update(np.array([1, 2, 1]))
+    >>> d.result()["tokens"], d.result()["histogram"]
+    (3, [0, 2, 1, 0])
+    """
+
+    def __init__(self, vocab_size: int) -> None:
+        self.sha = hashlib.sha256()
+        self.histogram = np.zeros(vocab_size, dtype=np.int64)
+        self.tokens = 0
+
+    def update(self, ids: np.ndarray) -> None:
+        """Add the next ids of the stream."""
+        ids = np.ascontiguousarray(ids, dtype=np.int32).ravel()
+        self.sha.update(ids.data)
+        self.histogram += np.bincount(ids, minlength=self.histogram.size)
+        self.tokens += ids.size
+
+    def result(self) -> dict[str, Any]:
+        """Return the token count, the ordered hash and the histogram, as JSON-able data."""
+        return {"tokens": self.tokens, "sha256": self.sha.hexdigest(), "histogram": self.histogram.tolist()}
+
+
+# -- texts and encoders -------------------------------------------------------------------
+
+
+def read_texts(corpus: Path) -> list[str]:
+    """Return the non-empty texts of the corpus's Parquet files, in file and row order."""
+    import pyarrow.parquet as pq
+
+    return [
+        t
+        for path in sorted(Path(corpus).glob("*.parquet"))
+        for t in pq.read_table(path, columns=["text"]).column("text").to_pylist()
+        if t
+    ]
+
+
+def write_tiktoken(spec: Any, path: Path) -> None:
+    """Write a converted tokenizer (an :class:`arrowstream.bytelevel.ByteLevelBPE`) as JSON.
+
+    Only a tokenizer whose ids are tiktoken's ranks and that adds no tokens
+    around a document is written: the raw passes then need no id mapping.
+    """
+    if spec.rank_to_id is not None or spec.prefix or spec.suffix:
+        raise ValueError("the benchmark tokenizer should need no id mapping and add no BOS/EOS of its own")
+    data = {
+        "pattern": spec.pattern,
+        "specials": {**spec.specials, SEPARATOR: spec.separator_value},
+        "ranks": [[base64.b64encode(token).decode(), rank] for token, rank in spec.ranks.items()],
+    }
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    tmp.rename(path)
+
+
+def load_tiktoken(path: Path) -> Any:
+    """Build the tiktoken ``Encoding`` written by :func:`write_tiktoken` (the separator is a special token)."""
+    import tiktoken
+
+    data = json.loads(Path(path).read_text())
+    ranks = {base64.b64decode(token): rank for token, rank in data["ranks"]}
+    return tiktoken.Encoding("bench", pat_str=data["pattern"], mergeable_ranks=ranks, special_tokens=data["specials"])
+
+
+def encode_joined(encoding: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Encode ``texts`` in one call, joined by the separator; return the ids and the separators' positions."""
+    ids = encoding.encode_to_numpy(SEPARATOR.join(texts), allowed_special="all", disallowed_special=())
+    return ids, np.flatnonzero(ids == encoding.encode_single_token(SEPARATOR))
+
+
+def docs_with_eos(ids: np.ndarray, seps: np.ndarray, eos: int) -> list[np.ndarray]:
+    """Split joined ids into one int32 array per text, each ending with ``eos``."""
+    out = ids.astype(np.int32)
+    out[seps] = eos
+    return np.split(np.append(out, np.int32(eos)), seps + 1)
+
+
+def stream_of_joined(ids: np.ndarray, seps: np.ndarray, eos: int) -> np.ndarray:
+    """Return the stream of joined ids with EOS after every text: separators become EOS, one EOS at the end."""
+    out = np.append(ids.astype(np.int32), np.int32(eos))
+    out[seps] = eos
+    return out
+
+
+def raw_encoder(method: str, tok_path: Path, tiktoken_path: Path) -> Any:
+    """Build a fresh encoder for ``method`` (its caches empty)."""
+    if method == "tokenizers":
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(tok_path))
+    return load_tiktoken(tiktoken_path)
+
+
+def raw_count(method: str, encoder: Any, texts: list[str]) -> int:
+    """Encode every text with ``method``; return the number of tokens (no EOS)."""
+    slices = [texts[a : a + SLICE] for a in range(0, len(texts), SLICE)]
+    if method == "tokenizers":
+        return sum(len(e.ids) for s in slices for e in encoder.encode_batch_fast(s))
+    if method == "tiktoken-batch":
+        return sum(len(ids) for s in slices for ids in encoder.encode_batch(s, num_threads=THREADS, allowed_special="all"))
+    if method == "tiktoken-joined":
+        with ThreadPoolExecutor(THREADS) as pool:
+            return sum(ids.size - seps.size for ids, seps in pool.map(lambda s: encode_joined(encoder, s), slices))
+    raise ValueError(f"unknown raw method {method!r}")
+
+
+def raw_digest(method: str, encoder: Any, texts: list[str], eos: int, vocab_size: int) -> dict[str, Any]:
+    """Digest the stream ``method`` encodes: every text's ids and one EOS, in order (untimed)."""
+    digest = StreamDigest(vocab_size)
+    for a in range(0, len(texts), SLICE):
+        chunk = texts[a : a + SLICE]
+        if method == "tokenizers":
+            for e in encoder.encode_batch_fast(chunk):
+                digest.update(np.array([*e.ids, eos], dtype=np.int32))
+        elif method == "tiktoken-batch":
+            for ids in encoder.encode_batch(chunk, num_threads=THREADS, allowed_special="all"):
+                digest.update(np.array([*ids, eos], dtype=np.int32))
+        else:
+            digest.update(stream_of_joined(*encode_joined(encoder, chunk), eos))
+    return digest.result()
+
+
+# -- pipelines ----------------------------------------------------------------------------
+
+
+def arrowstream_dataset(
+    corpus: Path, tok_path: Path, *, seq_len: int, batch_size: int, strategy: str, backend: str,
+    even_batches: bool | None,
+) -> Any:
+    """Build ``read_parquet(corpus).tokenize(tok_path, backend=...).pack(...)`` (or ``.bucket``).
+
+    ``even_batches=None`` leaves the library's default (``True``).
+    """
+    import arrowstream
+
+    options = {} if even_batches is None else {"even_batches": even_batches}
+    ds = arrowstream.read_parquet(corpus).tokenize(str(tok_path), backend=backend)
+    if strategy == "bucket":  # one document per row, at most batch_size * seq_len tokens with padding
+        return ds.bucket(max_tokens=seq_len * batch_size, max_len=seq_len, **options)
+    return ds.pack(seq_len=seq_len, batch_size=batch_size, strategy=strategy, **options)
+
+
+def datasets_pipeline(corpus: Path, tok_path: Path, tiktoken_path: Path, *, seq_len: int, encoder: str) -> Any:
+    """Build the Hugging Face ``datasets`` streaming pipeline (the ``run_clm`` recipe, numpy grouping).
+
+    ``encoder="tokenizers"``: the batched map calls ``encode_batch_fast`` and
+    appends EOS to each id list. ``encoder="tiktoken"``: it encodes the map
+    batch as two joined halves on two threads (``tiktoken-joined``, a pool per
+    process, so forked workers make their own) and appends EOS.
+    """
+    from datasets import load_dataset
+
+    if encoder == "tokenizers":
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tok_path))
+        eos = tok.token_to_id("<|endoftext|>")
+
+        def tokenize(batch: dict) -> dict:
+            return {"input_ids": [e.ids + [eos] for e in tok.encode_batch_fast(batch["text"])]}
+    else:
+        encoding = load_tiktoken(tiktoken_path)
+        eos = encoding.encode_single_token("<|endoftext|>")
+        pools: dict[int, ThreadPoolExecutor] = {}
+
+        def tokenize(batch: dict) -> dict:
+            pool = pools.get(os.getpid()) or pools.setdefault(os.getpid(), ThreadPoolExecutor(THREADS))
+            texts = batch["text"]
+            half = (len(texts) + 1) // 2
+            halves = [h for h in (texts[:half], texts[half:]) if h]
+            parts = pool.map(lambda h: docs_with_eos(*encode_joined(encoding, h), eos), halves)
+            return {"input_ids": [doc for part in parts for doc in part]}
+
+    def group(batch: dict) -> dict:
+        flat = np.concatenate([np.asarray(x, dtype=np.int32) for x in batch["input_ids"]])
+        n = flat.size // seq_len * seq_len
+        return {"input_ids": flat[:n].reshape(-1, seq_len)}
+
+    files = [str(p) for p in sorted(Path(corpus).glob("*.parquet"))]
+    ds = load_dataset("parquet", data_files=files, streaming=True, split="train")
+    ds = ds.map(tokenize, batched=True, batch_size=1000, remove_columns=["id", "text", "source"])
+    return ds.map(group, batched=True, batch_size=1000).with_format("torch")
+
+
+def real_ids(batch: dict[str, Any]) -> np.ndarray:
+    """Return a batch's real (not padding) ids in row order, as numpy: packed, bucketed or ``datasets``."""
+    # Masks are applied in numpy: torch's indexing starts its intra-op threads, whose
+    # spin-waiting took CPU from the encoder threads (measured: a third of the pipeline's speed).
+    ids, mask = _numpy(batch["input_ids"]), batch.get("segment_ids", batch.get("attention_mask"))
+    return ids.ravel() if mask is None else ids[_numpy(mask) > 0]
+
+
+def _numpy(array: Any) -> np.ndarray:
+    return array.numpy() if hasattr(array, "numpy") else np.asarray(array)

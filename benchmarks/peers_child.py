@@ -1,0 +1,146 @@
+#!/usr/bin/env python
+"""The timed side of ``bench_peers.py``: one contestant in one fresh process.
+
+``bench_peers.py`` starts ``python peers_child.py SPEC`` (``SPEC`` a JSON
+object) and reads the line that starts with :data:`RESULT`. Module level
+imports only the standard library and :mod:`contestants` (numpy): the
+libraries measured are imported inside the clock, after ``import torch``,
+for every pipeline and resume alike. The raw encoders' clock covers the
+encoding only (texts in memory, encoder built), as a ceiling should.
+
+Spec keys: ``kind`` (``raw``, ``arrowstream``, ``datasets``, ``idle``,
+``resume-arrowstream``, ``resume-datasets``, ``skip``), ``corpus``,
+``tokenizer``, ``tiktoken``, ``seq_len``, ``batch_size``, ``eos_id``,
+``vocab_size``, and per kind ``method``, ``digest``, ``strategy``,
+``backend``, ``even_batches``, ``encoder``, ``workers``, ``side``, ``state``,
+``skip``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from contestants import (
+    StreamDigest,
+    arrowstream_dataset,
+    datasets_pipeline,
+    raw_count,
+    raw_digest,
+    raw_encoder,
+    read_texts,
+    real_ids,
+)
+
+RESULT = "BENCH_PEERS_RESULT "
+
+
+def peak_mb() -> float:
+    """Return this process's peak resident set (``VmHWM``) in MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_raw(spec: dict[str, Any]) -> dict[str, Any]:
+    """Time one raw encoder over the corpus's texts in memory; digest its stream in a second, untimed pass."""
+    texts = read_texts(Path(spec["corpus"]))
+    method = spec["method"]
+    encoder = raw_encoder(method, spec["tokenizer"], spec["tiktoken"])
+    t0 = time.perf_counter()
+    n = raw_count(method, encoder, texts)
+    wall = time.perf_counter() - t0
+    out = {"tokens": n, "docs": len(texts), "wall_s": wall, "tok_per_s": n / wall, "peak_mb": peak_mb()}
+    if spec.get("digest"):
+        fresh = raw_encoder(method, spec["tokenizer"], spec["tiktoken"])
+        out["digest"] = raw_digest(method, fresh, texts, spec["eos_id"], spec["vocab_size"])
+    return out
+
+
+def build_loader(spec: dict[str, Any], torch: Any) -> tuple[Any, Any]:
+    """Build the contestant's dataset and the loader a training loop iterates."""
+    corpus, tok, L, B, workers = Path(spec["corpus"]), Path(spec["tokenizer"]), spec["seq_len"], spec["batch_size"], spec["workers"]
+    if spec["kind"] == "datasets":
+        ds = datasets_pipeline(corpus, tok, Path(spec["tiktoken"]), seq_len=L, encoder=spec["encoder"])
+        return ds, torch.utils.data.DataLoader(ds, batch_size=B, num_workers=workers)
+    ds = arrowstream_dataset(corpus, tok, seq_len=L, batch_size=B, strategy=spec["strategy"],
+                             backend=spec["backend"], even_batches=spec["even_batches"])
+    if workers:
+        return ds, torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=workers)
+    return ds, ds.to_torch()  # tensors, as a training loop takes them
+
+
+def run_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
+    """Iterate one pipeline over a whole epoch; time it from after ``import torch``."""
+    import torch  # a training process has it loaded before it loads data, whichever loader it uses
+
+    t0 = time.perf_counter()
+    if spec["kind"] == "idle":  # the libraries loaded, nothing read: the memory floor of each side
+        if spec["side"] == "arrowstream":
+            import arrowstream  # noqa: F401
+        else:
+            import datasets  # noqa: F401
+            import tiktoken  # noqa: F401
+            import tokenizers  # noqa: F401
+        time.sleep(0.5)
+        return {"peak_mb": peak_mb()}
+    ds, loader = build_loader(spec, torch)
+    digest = StreamDigest(spec["vocab_size"])
+    first = None
+    batches = 0
+    for b in loader:
+        if first is None:
+            first = time.perf_counter() - t0
+        digest.update(real_ids(b))
+        batches += 1
+    wall = time.perf_counter() - t0
+    out = {"tokens": digest.tokens, "batches": batches, "wall_s": wall, "first_batch_s": first,
+           "tok_per_s": digest.tokens / wall, "peak_mb": peak_mb(), "digest": digest.result()}
+    if spec["kind"] == "arrowstream" and not spec["workers"]:
+        out["stats"] = loader.state_dict()["stats"]
+        out["backend"] = next(s.backend for s in ds.stages if hasattr(s, "backend"))
+    return out
+
+
+def run_resume(spec: dict[str, Any]) -> dict[str, Any]:
+    """Time opening the dataset, loading a saved state (or skipping) and the first batch or example."""
+    import torch  # noqa: F401 - loaded before the clock on both sides, as in training
+
+    state = json.loads(Path(spec["state"]).read_text()) if spec.get("state") else None
+    corpus, tok, L = Path(spec["corpus"]), Path(spec["tokenizer"]), spec["seq_len"]
+    t0 = time.perf_counter()
+    if spec["kind"] == "resume-arrowstream":
+        ds = arrowstream_dataset(corpus, tok, seq_len=L, batch_size=spec["batch_size"], strategy="concat",
+                                 backend="auto", even_batches=None)
+        it = ds.iter(state)
+        next(it)
+    else:
+        ds = datasets_pipeline(corpus, tok, Path(spec["tiktoken"]), seq_len=L, encoder="tokenizers")
+        if spec["kind"] == "resume-datasets":
+            ds.load_state_dict(state)
+        else:
+            ds = ds.skip(spec["skip"])
+        next(iter(ds))
+    return {"resume_s": time.perf_counter() - t0}
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(argv[0])
+    kind = spec["kind"]
+    if kind == "raw":
+        out = run_raw(spec)
+    elif kind in ("arrowstream", "datasets", "idle"):
+        out = run_pipeline(spec)
+    else:
+        out = run_resume(spec)
+    print(RESULT + json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
