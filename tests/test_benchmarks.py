@@ -117,3 +117,16 @@ def test_transfer_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["checks_passed"] and set(result["us_per_batch"]) == {"one storage", "tensor per array"}
+
+
+def test_versions_benchmark_smoke_run_compares_a_checkout_with_itself(tmp_path: Path) -> None:
+    out = tmp_path / "versions.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_versions.py"), "--smoke", "--before", str(ROOT),
+         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {"text tok_per_s", "cache tok_per_s", "resume resume_s"} <= set(report)
+    assert all(report[k]["ratio"] > 0 for k in ("text tok_per_s", "cache tok_per_s"))
