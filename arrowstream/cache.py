@@ -30,7 +30,6 @@ import os
 import tempfile
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +39,7 @@ import pyarrow.parquet as pq
 from arrowstream.errors import CacheError, CacheWarning
 from arrowstream.manifest import Manifest
 
-__all__ = ["CACHE_FORMAT", "IDS_COLUMN", "TokenCache", "TokenIds"]
-
-#: The column through which cached ids travel from the reader to the tokenize stage.
-IDS_COLUMN = "__arrowstream_ids"
+__all__ = ["CACHE_FORMAT", "TokenCache"]
 
 #: Version of the cache layout; a change makes older caches foreign. 2: entries name
 #: their source file's footer digest too.
@@ -185,21 +181,6 @@ class TokenCache:
     def _identity(self, manifest: Manifest, shard: int) -> dict[str, Any]:
         fi = int(manifest.shard_file[shard])
         return {**manifest.file_identity(fi), "row_group": int(manifest.shard_row_group[shard])}
-
-
-@dataclass(frozen=True, slots=True)
-class TokenIds:
-    """What a reader needs to give every row group its cached ids.
-
-    ``cache`` holds them, ``column`` is the text column, ``encode`` tokenizes
-    a text array on a miss, and ``keep_text`` says whether a later stage still
-    needs the text (otherwise it is read only to fill a miss).
-    """
-
-    cache: TokenCache
-    column: str
-    encode: Encode
-    keep_text: bool
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

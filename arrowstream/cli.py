@@ -29,11 +29,11 @@ from tqdm import tqdm
 
 from arrowstream import __version__
 from arrowstream.analysis import analyze
-from arrowstream.cache import IDS_COLUMN
 from arrowstream.dataset import read_parquet
 from arrowstream.errors import ArrowStreamError
 from arrowstream.manifest import read_manifest
 from arrowstream.plan import Plan
+from arrowstream.reader import IDS_COLUMN
 from arrowstream.sample import sample_tokenizer, write_dataset
 
 __all__ = ["main"]

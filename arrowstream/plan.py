@@ -25,14 +25,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from arrowstream.balance import Sample, batch_target, doc_target, measure_sample
-from arrowstream.cache import TokenIds
 from arrowstream.chunk import Chunk
 from arrowstream.errors import ConfigError
 from arrowstream.execute import run_stages
 from arrowstream.manifest import Manifest
 from arrowstream.order import Layout
 from arrowstream.pack import Packer
-from arrowstream.reader import ShardReader
+from arrowstream.reader import ShardReader, TokenIds
 from arrowstream.source import iter_stream
 from arrowstream.stage import Stage
 from arrowstream.state import Position, hash_options

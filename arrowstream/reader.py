@@ -10,19 +10,53 @@ cheap to create and never pickled.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from arrowstream.cache import IDS_COLUMN, TokenIds
 from arrowstream.errors import SchemaError, ShardError
 from arrowstream.manifest import Manifest
 
-__all__ = ["ShardReader"]
+__all__ = ["IDS_COLUMN", "IdsStore", "ShardReader", "TokenIds"]
 
 _OPEN_FILES = 4
+
+#: The column through which cached ids travel from the reader to the tokenize stage.
+IDS_COLUMN = "__arrowstream_ids"
+
+
+class IdsStore(Protocol):
+    """Where a row group's token ids are kept (:class:`~arrowstream.cache.TokenCache` is one)."""
+
+    def ids(
+        self,
+        manifest: Manifest,
+        shard: int,
+        texts: Callable[[], pa.Array],
+        encode: Callable[[pa.Array], pa.Array],
+    ) -> pa.Array:
+        """Return ``shard``'s ids: kept, or encoded from ``texts()``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TokenIds:
+    """What a reader needs to give every row group its cached ids.
+
+    ``cache`` holds them, ``column`` is the text column, ``encode`` tokenizes
+    a text array on a miss (``list<int32>`` ids per text, no EOS), and
+    ``keep_text`` says whether a later stage still needs the text (otherwise
+    it is read only to fill a miss).
+    """
+
+    cache: IdsStore
+    column: str
+    encode: Callable[[pa.Array], pa.Array]
+    keep_text: bool
 
 
 class ShardReader:
@@ -63,7 +97,7 @@ class ShardReader:
         """Return every row of shard ``shard`` for the selected columns.
 
         With a token cache (``ids``), the row group's ids come along as
-        :data:`~arrowstream.cache.IDS_COLUMN`: from the cache, or tokenized
+        :data:`IDS_COLUMN`: from the cache, or tokenized
         now and kept.
         """
         table = self._read(shard, self.columns)

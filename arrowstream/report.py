@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from arrowstream.analysis import Analysis
+#: An :class:`~arrowstream.analysis.Analysis`, read by attribute only: this module
+#: formats it and so does not import it (the analysis imports this module).
+Analysis = Any
 
 __all__ = ["plot_analysis", "render_analysis", "text_histogram"]
 

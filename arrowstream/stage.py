@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from arrowstream.cache import TokenIds
 from arrowstream.chunk import Chunk
 from arrowstream.manifest import Manifest
+from arrowstream.reader import TokenIds
 
 __all__ = ["Stage"]
 

@@ -30,12 +30,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
-from arrowstream.cache import IDS_COLUMN, TokenCache, TokenIds
+from arrowstream.cache import TokenCache
 from arrowstream.checks import check_int
 from arrowstream.chunk import Chunk, tokens_to_arrow
 from arrowstream.encoders import BACKENDS, Encoder, load_tokenizer, tokenizer_hash
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.manifest import Manifest
+from arrowstream.reader import IDS_COLUMN, TokenIds
 from arrowstream.stage import Stage
 
 __all__ = ["Tokenize", "check_tokenizer", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
