@@ -7,8 +7,8 @@ and iterate. Every iterator has ``state_dict()`` / ``load_state_dict()``.
 
 from typing import TYPE_CHECKING, Any
 
-from arrowstream.dataset import Dataset, read_parquet
-from arrowstream.encoders import Encoder
+from arrowstream.pipeline.dataset import Dataset, read_parquet
+from arrowstream.tokenize.encoders import Encoder
 from arrowstream.errors import (
     ArrowStreamError,
     CacheError,
@@ -21,11 +21,11 @@ from arrowstream.errors import (
     StateError,
     StateMismatchError,
 )
-from arrowstream.iterator import DatasetIterator
-from arrowstream.manifest import Manifest, Shard, read_manifest
+from arrowstream.pipeline.iterator import DatasetIterator
+from arrowstream.io.manifest import Manifest, Shard, read_manifest
 from arrowstream.pack import Packer
-from arrowstream.stage import Stage
-from arrowstream.topology import merge_states
+from arrowstream.core.stage import Stage
+from arrowstream.distributed.topology import merge_states
 
 __all__ = [
     "Analysis",

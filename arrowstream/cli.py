@@ -29,12 +29,12 @@ from tqdm import tqdm
 
 from arrowstream import __version__
 from arrowstream.analysis import analyze
-from arrowstream.dataset import read_parquet
+from arrowstream.pipeline.dataset import read_parquet
 from arrowstream.errors import ArrowStreamError
-from arrowstream.manifest import read_manifest
-from arrowstream.plan import Plan
-from arrowstream.reader import IDS_COLUMN
-from arrowstream.sample import sample_tokenizer, write_dataset
+from arrowstream.io.manifest import read_manifest
+from arrowstream.pipeline.plan import Plan
+from arrowstream.io.reader import IDS_COLUMN
+from arrowstream.testing.data import sample_tokenizer, write_dataset
 
 __all__ = ["main"]
 

@@ -21,10 +21,10 @@ import pyarrow.acero as acero
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from arrowstream.chunk import Chunk
+from arrowstream.io.chunk import Chunk
 from arrowstream.errors import ConfigError, SchemaError
-from arrowstream.manifest import Manifest
-from arrowstream.stage import Stage
+from arrowstream.io.manifest import Manifest
+from arrowstream.core.stage import Stage
 
 __all__ = ["Filter", "matching", "prune_shards"]
 
@@ -43,7 +43,7 @@ class Filter(Stage):
     Examples
     --------
     >>> import numpy as np, pyarrow as pa, pyarrow.compute as pc
-    >>> from arrowstream.chunk import Chunk
+    >>> from arrowstream.io.chunk import Chunk
     >>> batch = pa.record_batch({"n": [1, 5, 9]})
     >>> chunk = Chunk(epoch=0, shard=0, seq_start=0, seq_end=3, row_start=0,
     ...               seq=np.arange(3), batch=batch)

@@ -42,7 +42,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without transfor
     ) from exc
 
 from arrowstream.errors import ConfigError, StateError
-from arrowstream.topology import merge_states
+from arrowstream.distributed.topology import merge_states
 
 if TYPE_CHECKING:
     from transformers import TrainerControl, TrainerState, TrainingArguments

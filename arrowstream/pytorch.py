@@ -47,8 +47,8 @@ from arrowstream.errors import ConfigError, StateError
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 
 if TYPE_CHECKING:
-    from arrowstream.dataset import Dataset
-    from arrowstream.iterator import DatasetIterator
+    from arrowstream.pipeline.dataset import Dataset
+    from arrowstream.pipeline.iterator import DatasetIterator
 
 __all__ = ["STATE_KEY", "StatefulLoader", "TorchDataset", "one_storage"]
 
@@ -73,8 +73,8 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         :class:`StatefulLoader`).
     columns
         The keys to keep in each batch (``None``: all of
-        :data:`~arrowstream.batch.BATCH_KEYS`, or of
-        :data:`~arrowstream.batch.PADDED_KEYS` after ``.bucket``). Arrays
+        :data:`~arrowstream.pack.assemble.BATCH_KEYS`, or of
+        :data:`~arrowstream.pack.assemble.PADDED_KEYS` after ``.bucket``). Arrays
         become tensors; ``max_seqlen`` and the counts stay Python ints.
 
     Examples

@@ -26,7 +26,7 @@ rows of the epoch's streams, read in order); ``position.segment``,
 ``position.token_offset`` (tokens of that document already emitted) are
 authoritative; ``stream``, ``file``, ``row_group`` and ``row`` name the same
 place for people and are checked on load. A *global* state from
-:func:`~arrowstream.topology.merge_states` holds every consumer's state
+:func:`~arrowstream.distributed.topology.merge_states` holds every consumer's state
 instead. See ``docs/state-format.md``.
 """
 

@@ -55,7 +55,7 @@ from contestants import (
 )
 
 import arrowstream
-from arrowstream.plan import Plan
+from arrowstream.pipeline.plan import Plan
 
 BAR = 10.0
 RESULT = "BENCH_CACHE_RESULT "

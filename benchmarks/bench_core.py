@@ -62,7 +62,7 @@ from contestants import raw_count, raw_encoder, write_tiktoken
 from tokenizers import Tokenizer
 
 import arrowstream
-from arrowstream.bytelevel import to_bytelevel_bpe
+from arrowstream.tokenize.bytelevel import to_bytelevel_bpe
 
 # -- constants ----------------------------------------------------------------------
 
@@ -239,9 +239,7 @@ def corpus_dir(
     workdir: Path, size_mb: float, *, seed: int, rows_per_group: int, mb_per_file: float
 ) -> tuple[Path, dict[str, Any]]:
     """Return the directory of a cached corpus of ``size_mb`` MB of text, writing it if missing."""
-    from arrowstream import (
-        sample,  # lazy: it imports polars, which children do not need
-    )
+    from arrowstream.testing import data as sample  # lazy: it imports polars, which children do not need
 
     num_files = max(2, math.ceil(size_mb / mb_per_file))
     target = int(round(size_mb * BYTES_PER_MB))
@@ -297,7 +295,7 @@ def tokenizer_file(workdir: Path, vocab_size: int) -> tuple[Path, dict[str, Any]
     if path.is_file():
         info["cached"] = True
     else:
-        from arrowstream import sample
+        from arrowstream.testing import data as sample
 
         log(f"  training tokenizer (vocab {vocab_size}, {TOKENIZER_DOCS} texts) ...")
         t0 = time.perf_counter()

@@ -7,7 +7,7 @@ for the raw passes):
 - **raw tokenizers**: ``encode_batch`` and ``encode_batch_fast`` in slices of
   1000 texts (the tokenizer's own thread pool, both cores); the faster of the
   two is the *tokenizers ceiling*;
-- **raw tiktoken**: :meth:`arrowstream.encoders.Encoder.encode` (the tiktoken
+- **raw tiktoken**: :meth:`arrowstream.tokenize.encoders.Encoder.encode` (the tiktoken
   backend, ids mapped to the tokenizer's and flattened into numpy) on slices
   of 1000 texts, from one thread and from two threads;
 - **pipeline**: ``read_parquet(dir).tokenize(...).pack(seq_len, batch_size)``
@@ -60,7 +60,7 @@ from bench_core import (
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import arrowstream
-from arrowstream.encoders import Encoder
+from arrowstream.tokenize.encoders import Encoder
 
 BAR_RAW = 2.5  # raw tiktoken (2 threads) / tokenizers ceiling
 BAR_PIPELINE = 2.0  # auto pipeline / tokenizers ceiling

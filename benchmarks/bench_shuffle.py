@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import arrowstream
-from arrowstream.order import permutation
-from arrowstream.quality import shuffle_report
+from arrowstream.io.layout import permutation
+from arrowstream.analysis.quality import shuffle_report
 
 
 def write_corpus(root: Path, files: int, groups: int, rows: int) -> int:

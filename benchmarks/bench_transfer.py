@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from arrowstream.pytorch import one_storage
-from arrowstream.sample import sample_tokenizer, write_dataset
+from arrowstream.testing.data import sample_tokenizer, write_dataset
 from bench_core import Checks, fmt_table, log, machine_facts, median
 
 

@@ -19,7 +19,7 @@ Raw encoders (texts already in memory, a fresh encoder object per pass):
   token, one ``encode_to_numpy`` call per slice, two slices at a time from two
   threads, and the document boundaries found in the ids.
 
-The tiktoken encoding is the one :func:`arrowstream.bytelevel.to_bytelevel_bpe`
+The tiktoken encoding is the one :func:`arrowstream.tokenize.bytelevel.to_bytelevel_bpe`
 converts from the ``tokenizer.json``, written once to a JSON file by
 ``bench_core.tiktoken_file`` and loaded from there (as a tiktoken user loads a
 ``.tiktoken`` file).
@@ -100,7 +100,7 @@ def read_texts(corpus: Path) -> list[str]:
 
 
 def write_tiktoken(spec: Any, path: Path) -> None:
-    """Write a converted tokenizer (an :class:`arrowstream.bytelevel.ByteLevelBPE`) as JSON.
+    """Write a converted tokenizer (an :class:`arrowstream.tokenize.bytelevel.ByteLevelBPE`) as JSON.
 
     Only a tokenizer whose ids are tiktoken's ranks and that adds no tokens
     around a document is written: the raw passes then need no id mapping.

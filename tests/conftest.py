@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from arrowstream.sample import make_texts, sample_tokenizer
+from arrowstream.testing.data import make_texts, sample_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -138,7 +138,7 @@ class EncodedBy:
 @pytest.fixture
 def encoded_by(monkeypatch: pytest.MonkeyPatch) -> EncodedBy:
     """Count the texts each backend encodes for pipelines (not for the built-in checks)."""
-    from arrowstream import encoders
+    from arrowstream.tokenize import encoders
 
     counts = EncodedBy()
     fast_encode, reference = encoders._Fast.encode, encoders.Encoder._reference

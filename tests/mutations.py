@@ -49,7 +49,7 @@ MUTANTS = [
     Mutant(
         "resume-reads-before-position",
         "a resume reads (and discards) every row group before its position",
-        "arrowstream/source.py",
+        "arrowstream/io/source.py",
         "    for window in windows[layout.find_window(stream, start_seq) :]:\n",
         "    for skipped in windows[: layout.find_window(stream, start_seq)]:\n"
         "        _read_piece(reader, int(skipped.shards[0]), 0, 1)\n"
@@ -59,7 +59,7 @@ MUTANTS = [
     Mutant(
         "consumer-reads-other-shares",
         "every consumer also reads the first row group of every other consumer's stream",
-        "arrowstream/source.py",
+        "arrowstream/io/source.py",
         "    windows = layout.windows(stream)\n",
         "    for other in range(layout.num_streams):\n"
         "        if other != stream and layout.windows(other):\n"
@@ -70,7 +70,7 @@ MUTANTS = [
     Mutant(
         "shard-order-ignores-epoch",
         "the shard permutation is the same every epoch (the window permutation still varies)",
-        "arrowstream/order.py",
+        "arrowstream/io/layout.py",
         "perm = permutation(self.unit_shard.size, seed, epoch, 0)",
         "perm = permutation(self.unit_shard.size, seed, 0, 0)",
         ("tests/test_shuffle.py",),
@@ -78,7 +78,7 @@ MUTANTS = [
     Mutant(
         "best-fit-not-decreasing",
         "best fit places documents in arrival order instead of longest first",
-        "arrowstream/bestfit.py",
+        "arrowstream/pack/bestfit.py",
         "for piece in sorted(pieces, key=lambda p: -p[2]):",
         "for piece in pieces:",
         ("tests/test_bestfit.py",),
@@ -86,7 +86,7 @@ MUTANTS = [
     Mutant(
         "best-fit-is-next-fit",
         "a document goes into the newest row or a new one (next fit), not the tightest",
-        "arrowstream/bestfit.py",
+        "arrowstream/pack/bestfit.py",
         "            at = bisect_left(free, (n, -1))\n",
         "            newest = [k for k, f in enumerate(free) if f[1] == len(self.open) - 1 and f[0] >= n]\n"
         "            at = newest[0] if newest else len(free)\n",
@@ -95,7 +95,7 @@ MUTANTS = [
     Mutant(
         "tiktoken-never-emits",
         "past the document sample the encoder still returns `tokenizers`' ids",
-        "arrowstream/encoders.py",
+        "arrowstream/tokenize/encoders.py",
         "        if not self._sample_left:\n            return fast.encode(texts, self._reference)\n",
         "        if not self._sample_left:\n            return self._reference(texts)\n",
         ("tests/test_encoders.py", "tests/test_resume_contract.py"),
@@ -103,7 +103,7 @@ MUTANTS = [
     Mutant(
         "cache-identity-without-footer",
         "a token cache entry is matched by path, size and row counts only",
-        "arrowstream/manifest.py",
+        "arrowstream/io/manifest.py",
         '"row_counts": list(f.row_counts), "footer": f.footer}',
         '"row_counts": list(f.row_counts)}',
         ("tests/test_cache.py",),
@@ -111,7 +111,7 @@ MUTANTS = [
     Mutant(
         "state-dict-has-side-effects",
         "saving a best-fit state reorders the open rows, so saving changes what comes next",
-        "arrowstream/bestfit.py",
+        "arrowstream/pack/bestfit.py",
         "    def _packer_state(self) -> dict[str, Any]:\n",
         "    def _packer_state(self) -> dict[str, Any]:\n        self.open.reverse()\n",
         ("tests/test_bestfit.py",),
@@ -120,7 +120,7 @@ MUTANTS = [
         "layout-cache-ignores-epoch",
         "the description keeps the first epoch's order for every epoch: resumes agree only while "
         "the saving and the resuming iterator share one Dataset",
-        "arrowstream/plan.py",
+        "arrowstream/pipeline/plan.py",
         "        key = (epoch, num_streams)\n        layout = self._layouts.get(key)\n",
         "        key = num_streams  # type: ignore[assignment]\n        layout = self._layouts.get(key)\n"
         "        if layout is not None:\n            layout.epoch = epoch\n",
@@ -129,15 +129,24 @@ MUTANTS = [
     Mutant(
         "state-shape-varies",
         "counters appear in the state on first use, so its keys change between steps",
-        "arrowstream/iterator.py",
+        "arrowstream/pipeline/iterator.py",
         "stats = {**dict.fromkeys(self._counters, 0), **stats}",
         "stats = dict(stats)",
         ("tests/test_resume_contract.py",),
     ),
     Mutant(
+        "reader-imports-the-pipeline",
+        "the reader reaches up into the pipeline layer (inside a function, so nothing breaks at import)",
+        "arrowstream/io/reader.py",
+        "    def close(self) -> None:\n",
+        "    def _plan(self) -> None:\n        from arrowstream.pipeline import plan  # noqa: F401\n\n"
+        "    def close(self) -> None:\n",
+        ("tests/test_layers.py",),
+    ),
+    Mutant(
         "cut-document-resumed-from-wrong-offset",
         "a document cut at a checkpoint resumes one token early and loses its last (EOS kept, same count)",
-        "arrowstream/chunk.py",
+        "arrowstream/io/chunk.py",
         "tokens=self.tokens[skip:], offsets=offsets",
         "tokens=np.concatenate([self.tokens[skip - 1 : length - 2], self.tokens[length - 1 :]]), offsets=offsets",
         ("tests/test_topology.py::test_elastic_resume_emits_the_rest_exactly_once",),

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from arrowstream import ConfigError, SchemaError, analyze, read_parquet
 from arrowstream.analysis import quantiles_from_counts
-from arrowstream.sample import make_texts
+from arrowstream.testing.data import make_texts
 
 from .conftest import write_parts
 

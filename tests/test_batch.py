@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrowstream.batch import assemble_batch
+from arrowstream.pack.assemble import assemble_batch
 
 
 def _reference(src, segs, batch_size, seq_len, pad_id):

@@ -18,7 +18,7 @@ from arrowstream import (
     StateMismatchError,
     read_parquet,
 )
-from arrowstream.batch import PADDED_KEYS
+from arrowstream.pack.assemble import PADDED_KEYS
 from arrowstream.testing import assert_resumes_identically
 
 from .conftest import BASE, stop_merge_resume, write_parts

@@ -42,7 +42,7 @@ def test_errors_print_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
 def test_stream_saves_and_resumes(
     tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from arrowstream.sample import write_dataset
+    from arrowstream.testing.data import write_dataset
 
     write_dataset(tmp_path / "data", num_files=2, docs_per_file=50, rows_per_group=20)
     common = ["stream", str(tmp_path / "data"), "--tokenizer", str(tokenizer_path),

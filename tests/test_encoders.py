@@ -26,11 +26,11 @@ from tokenizers import (
 )
 
 from arrowstream import ConfigError, read_parquet
-from arrowstream import encoders as encoders_module
-from arrowstream.bytelevel import GPT2_PATTERN, byte_symbols, to_bytelevel_bpe
-from arrowstream.encoders import Encoder, probe_texts
+from arrowstream.tokenize import encoders as encoders_module
+from arrowstream.tokenize.bytelevel import GPT2_PATTERN, byte_symbols, to_bytelevel_bpe
+from arrowstream.tokenize.encoders import Encoder, probe_texts
 from arrowstream.errors import EncoderFallbackWarning
-from arrowstream.sample import make_texts, train_tokenizer, write_dataset
+from arrowstream.testing.data import make_texts, train_tokenizer, write_dataset
 from arrowstream.testing import assert_resumes_identically
 from arrowstream.tokenize import Tokenize
 

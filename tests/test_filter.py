@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 import pytest
 
 from arrowstream import ConfigError, SchemaError, read_parquet
-from arrowstream.reader import ShardReader
+from arrowstream.io.reader import ShardReader
 
 from .conftest import write_parts
 

@@ -14,7 +14,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from arrowstream import SchemaError, ShardError, read_manifest, read_parquet
-from arrowstream.manifest import normalize_type
+from arrowstream.io.manifest import normalize_type
 
 from .conftest import write_parts
 
@@ -77,7 +77,7 @@ def test_files_from_pyarrow_and_polars_read_alike(tmp_path: Path) -> None:
 
 
 def test_sample_writers_produce_the_same_stream(tmp_path: Path) -> None:
-    from arrowstream.sample import sample_tokenizer, write_dataset
+    from arrowstream.testing.data import sample_tokenizer, write_dataset
 
     tok = sample_tokenizer(vocab_size=1024)
     out = []

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from arrowstream import ConfigError, SchemaError, read_parquet
-from arrowstream.sample import sample_tokenizer
+from arrowstream.testing.data import sample_tokenizer
 from arrowstream.testing import (
     assert_batch_consistent,
     assert_items_equal,
@@ -102,7 +102,7 @@ def test_output_does_not_depend_on_row_groups_files_or_read_batch_size(
 
 
 def test_same_inputs_give_the_same_bytes(tmp_path: Path, tokenizer: Tokenizer) -> None:
-    from arrowstream.sample import write_dataset
+    from arrowstream.testing.data import write_dataset
 
     write_dataset(tmp_path, num_files=2, docs_per_file=40, rows_per_group=15, seed=3)
     runs = []
@@ -241,7 +241,7 @@ def test_first_batch_waits_for_one_tokenizer_slice_only(
 
 
 def test_output_does_not_depend_on_encoder_threads_or_prefetch(tmp_path: Path, tokenizer: Tokenizer) -> None:
-    from arrowstream.sample import write_dataset
+    from arrowstream.testing.data import write_dataset
 
     write_dataset(tmp_path, num_files=2, docs_per_file=60, rows_per_group=25, seed=4)
     outs = set()

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from arrowstream import plan as plan_module
+from arrowstream.pipeline import plan as plan_module
 from arrowstream import read_parquet
-from arrowstream.plan import Plan
+from arrowstream.pipeline.plan import Plan
 
 from .conftest import heavy_tail, write_named_docs
 

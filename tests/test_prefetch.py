@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from arrowstream.prefetch import Prefetcher
+from arrowstream.io.prefetch import Prefetcher
 
 from .conftest import write_parts
 
 SCRIPT = """
 import sys, arrowstream
-from arrowstream.sample import sample_tokenizer
+from arrowstream.testing.data import sample_tokenizer
 ds = arrowstream.read_parquet(sys.argv[1]).tokenize(sample_tokenizer(1024)).pack(seq_len=64, batch_size=2)
 iterators = [ds.iter() for _ in range(3)]
 for it in iterators:
@@ -24,7 +24,7 @@ for it in iterators:
 
 def test_exit_with_live_iterators_does_not_abort(tmp_path: Path) -> None:
     """Regression: a producer thread releasing pyarrow files during finalization aborted Python."""
-    from arrowstream.sample import make_texts
+    from arrowstream.testing.data import make_texts
 
     write_parts(tmp_path / "d", [{"text": make_texts(400, seed=1)}], row_group_size=50)
     codes = [

@@ -13,7 +13,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from arrowstream import ConfigError, merge_states, read_parquet
-from arrowstream.batch import BATCH_KEYS
+from arrowstream.pack.assemble import BATCH_KEYS
 from arrowstream.pytorch import StatefulLoader
 
 from .conftest import named_docs, write_parts

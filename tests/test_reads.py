@@ -17,7 +17,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from arrowstream import Dataset, read_parquet
-from arrowstream.reader import ShardReader
+from arrowstream.io.reader import ShardReader
 
 from .conftest import write_parts
 

@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from arrowstream import Dataset, read_parquet
-from arrowstream.encoders import Encoder
+from arrowstream.tokenize.encoders import Encoder
 from arrowstream.testing import assert_items_equal, assert_resumes_identically
 
 from .conftest import EncodedBy, write_parts

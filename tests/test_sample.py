@@ -1,4 +1,4 @@
-"""Tests of arrowstream.sample: seeded text, Parquet files and tokenizer."""
+"""Tests of arrowstream.testing.data: seeded text, Parquet files and tokenizer."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from arrowstream import sample
-from arrowstream.sample import (
+from arrowstream.testing import data as sample
+from arrowstream.testing.data import (
     SCHEMA,
     SOURCES,
     make_texts,

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from arrowstream import ConfigError, read_parquet
-from arrowstream.order import Layout, permutation
+from arrowstream.io.layout import Layout, permutation
 from arrowstream.testing import assert_resumes_identically
 
 from .conftest import write_parts

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from arrowstream import ConfigError, Stage, StateMismatchError, read_parquet
-from arrowstream.chunk import Chunk
+from arrowstream.io.chunk import Chunk
 from arrowstream.testing import assert_resumes_identically
 
 

@@ -112,7 +112,7 @@ def record(name: str, case: dict[str, Any]) -> list[dict[str, Any]]:
 
 def write_corpus() -> None:
     """Write the corpus (two files, row groups of 7) and the tokenizer."""
-    from arrowstream.sample import make_texts, sample_tokenizer
+    from arrowstream.testing.data import make_texts, sample_tokenizer
 
     rng = np.random.default_rng(20261124)
     n = 60

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from arrowstream.chunk import Chunk, Ledger
+from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.errors import StateError
 from arrowstream.pack import PackRun
 from arrowstream.state import Held, Position

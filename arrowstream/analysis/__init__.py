@@ -14,7 +14,7 @@
    intervals. Token lengths take 4 bytes per document analysed.
 
 The token lengths, in the order a run reads them, then go through the real
-packing code (:mod:`arrowstream.simulate`) to predict each strategy's
+packing code (:mod:`arrowstream.analysis.simulate`) to predict each strategy's
 padding, batches and cut documents.
 
 The result, :class:`Analysis`, holds polars DataFrames, prints as a report
@@ -38,16 +38,16 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from tokenizers import Tokenizer
 
-from arrowstream.bestfit import BestFitPacker
-from arrowstream.bucket import BucketPacker
+from arrowstream.pack.bestfit import BestFitPacker
+from arrowstream.pack.bucket import BucketPacker
 from arrowstream.checks import check_int
-from arrowstream.dataset import read_parquet
-from arrowstream.encoders import Encoder
+from arrowstream.pipeline.dataset import read_parquet
+from arrowstream.tokenize.encoders import Encoder
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.pack import ConcatPacker
-from arrowstream.reader import ShardReader
-from arrowstream.report import plot_analysis, render_analysis
-from arrowstream.simulate import Prediction, simulate_packer, simulate_padded
+from arrowstream.io.reader import ShardReader
+from arrowstream.analysis.report import plot_analysis, render_analysis
+from arrowstream.analysis.simulate import Prediction, simulate_packer, simulate_padded
 from arrowstream.tokenize import find_eos_id, load_tokenizer
 
 __all__ = ["QUANTILES", "Analysis", "analyze", "quantiles_from_counts"]
@@ -167,7 +167,7 @@ def analyze(
         A text column, or a column of token ids (then tokens need no tokenizer).
     tokenizer
         A ``tokenizers.Tokenizer``, the path of a ``tokenizer.json`` or an
-        :class:`~arrowstream.encoders.Encoder`, for token lengths (encoded by
+        :class:`~arrowstream.tokenize.encoders.Encoder`, for token lengths (encoded by
         the fastest backend proven to give the tokenizer's ids); ``None`` measures characters and bytes only (unless
         ``column`` holds token ids).
     seq_len, batch_size

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from arrowstream.bestfit import BestFitPacker
+from arrowstream.pack.bestfit import BestFitPacker
 from arrowstream.errors import ConfigError
 from arrowstream.pack import ConcatPacker, Packer
 

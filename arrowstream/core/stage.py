@@ -1,10 +1,10 @@
 """The small core every row stage implements.
 
-A stage maps one :class:`~arrowstream.chunk.Chunk` to zero or more chunks that
+A stage maps one :class:`~arrowstream.io.chunk.Chunk` to zero or more chunks that
 together cover the same sequence range, so positions stay exact. It does so in
 two steps: :meth:`Stage.split` cuts a chunk into pieces (cheap, in order) and
 :meth:`Stage.run` does the work on one piece; an ``expensive`` stage's pieces
-run concurrently in the iterator's thread pool (see :mod:`arrowstream.execute`),
+run concurrently in the iterator's thread pool (see :mod:`arrowstream.core.execute`),
 so ``run`` must not depend on other pieces. Stages are
 immutable descriptions: :meth:`Stage.spec` gives the JSON-able options that
 enter the pipeline's options hash, :meth:`Stage.check` validates them against
@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from arrowstream.chunk import Chunk
-from arrowstream.manifest import Manifest
-from arrowstream.reader import TokenIds
+from arrowstream.io.chunk import Chunk
+from arrowstream.io.manifest import Manifest
+from arrowstream.io.reader import TokenIds
 
 __all__ = ["Stage"]
 

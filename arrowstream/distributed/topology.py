@@ -2,7 +2,7 @@
 
 A *consumer* is one iterator among ``count`` (rank x DataLoader worker). A
 fresh epoch is laid out with one stream per consumer (equal rows, see
-:mod:`arrowstream.order`) and consumer ``i`` reads stream ``i``. A consumer's
+:mod:`arrowstream.io.layout`) and consumer ``i`` reads stream ``i``. A consumer's
 *work* is a list of segments ``(stream, start, end, skip)``: rows
 ``start..end-1`` of one of the epoch's streams, read in order, where the first
 ``skip`` tokens of row ``start`` were already emitted by another consumer. A

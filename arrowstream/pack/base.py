@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from arrowstream.batch import BATCH_KEYS, assemble_batch
+from arrowstream.pack.assemble import BATCH_KEYS, assemble_batch
 from arrowstream.checks import check_int
-from arrowstream.chunk import Chunk, Ledger
+from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.errors import ConfigError
 from arrowstream.state import Position
 
@@ -68,7 +68,7 @@ class Packer(ABC):
     """
 
     name = "packer"
-    #: The arrays and counts of every batch (see :mod:`arrowstream.batch`).
+    #: The arrays and counts of every batch (see :mod:`arrowstream.pack.assemble`).
     batch_keys: tuple[str, ...] = BATCH_KEYS
     #: The counters the packer adds to ``stats``, in every state from the first.
     counters: tuple[str, ...] = (
@@ -129,7 +129,7 @@ class ConcatPacker(Packer):
     Examples
     --------
     >>> import numpy as np
-    >>> from arrowstream.chunk import Chunk
+    >>> from arrowstream.io.chunk import Chunk
     >>> chunk = Chunk(epoch=0, shard=0, seq_start=0, seq_end=2, row_start=0,
     ...               seq=np.arange(2), tokens=np.arange(1, 8, dtype=np.int32),
     ...               offsets=np.array([0, 4, 7]))

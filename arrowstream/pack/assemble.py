@@ -22,7 +22,7 @@ every segment and of every row's padding tail over the flattened
 ints: ``num_tokens``, ``num_padding_tokens``, ``num_docs`` (segments) and
 ``num_cut_docs`` (segments that are only a piece of their document).
 
-Length bucketing (:mod:`arrowstream.bucket`) puts one whole document per row
+Length bucketing (:mod:`arrowstream.pack.bucket`) puts one whole document per row
 instead: :func:`assemble_padded_batch` right-pads the rows to the batch's
 longest and adds an ``attention_mask`` (see :data:`PADDED_KEYS`).
 """

@@ -2,7 +2,7 @@
 
 ``read_parquet(...)`` gives a :class:`Dataset`; ``.filter``, ``.tokenize`` and
 ``.pack`` each return a new one. Nothing is read until you iterate: ``iter(ds)``
-or ``ds.iter()`` returns a :class:`~arrowstream.iterator.DatasetIterator`,
+or ``ds.iter()`` returns a :class:`~arrowstream.pipeline.iterator.DatasetIterator`,
 which holds the state. Options are validated against the schema when each step
 is added, so mistakes surface before any data is read.
 
@@ -23,18 +23,18 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
-from arrowstream.bucket import BucketPacker
+from arrowstream.pack.bucket import BucketPacker
 from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.filter import Filter
-from arrowstream.iterator import DatasetIterator
-from arrowstream.manifest import Manifest, read_manifest
+from arrowstream.pipeline.iterator import DatasetIterator
+from arrowstream.io.manifest import Manifest, read_manifest
 from arrowstream.pack import Packer
-from arrowstream.plan import Plan
-from arrowstream.stage import Stage
-from arrowstream.strategies import make_packer
+from arrowstream.pipeline.plan import Plan
+from arrowstream.core.stage import Stage
+from arrowstream.pack.strategies import make_packer
 from arrowstream.tokenize import Tokenize
-from arrowstream.topology import Consumer
+from arrowstream.distributed.topology import Consumer
 
 if TYPE_CHECKING:
     from arrowstream.pytorch import TorchDataset
@@ -200,7 +200,7 @@ class Dataset:
         (see ``docs/encoders.md``). ``cache`` names a token cache directory:
         each row group's ids are read from it, or tokenized once and kept
         there (``cache_write=False``: read only), so later epochs and runs
-        skip tokenizing (see :mod:`arrowstream.cache`). Neither changes the
+        skip tokenizing (see :mod:`arrowstream.tokenize.cache`). Neither changes the
         output.
 
         Examples
@@ -257,7 +257,7 @@ class Dataset:
         row, 0 on padding), all ``[batch_size, seq_len]``; ``cu_seqlens`` and
         ``max_seqlen`` for variable-length attention; and the counts
         ``num_tokens``, ``num_padding_tokens``, ``num_docs``,
-        ``num_cut_docs`` (see :mod:`arrowstream.batch`). Batches never span
+        ``num_cut_docs`` (see :mod:`arrowstream.pack.assemble`). Batches never span
         epochs; the last one of an epoch is padded, or dropped and counted in
         ``stats["dropped_tokens"]`` with ``drop_last=True``. ``pad_id``
         defaults to the EOS id (0 without one).
@@ -271,7 +271,7 @@ class Dataset:
         documents longer than ``seq_len`` are handled by ``long_docs``
         (``"split"``, ``"truncate"``, ``"drop"``); closed rows are shuffled
         in blocks of ``shuffle_batches`` batches (4) seeded by ``seed`` (0).
-        See :mod:`arrowstream.bestfit`.
+        See :mod:`arrowstream.pack.bestfit`.
 
         With several consumers (ranks x workers) and finite epochs,
         ``even_batches=True`` makes every consumer emit the same number of
@@ -356,7 +356,7 @@ class Dataset:
         Documents longer than ``max_len`` are truncated or dropped
         (``long_docs``) and counted. ``pad_id`` defaults to the EOS id (0
         without one). ``drop_last`` and ``even_batches`` work as in
-        :meth:`pack`. See :mod:`arrowstream.bucket` and ``docs/bucketing.md``.
+        :meth:`pack`. See :mod:`arrowstream.pack.bucket` and ``docs/bucketing.md``.
 
         Examples
         --------

@@ -1,7 +1,7 @@
 """Length bucketing: one whole document per row, rows of similar length batched together.
 
 For training without packing (fine-tuning, evaluation), :class:`BucketPacker`
-reads documents a window at a time (see :mod:`arrowstream.window`), sorts the
+reads documents a window at a time (see :mod:`arrowstream.pack.lookahead`), sorts the
 window's pool by length (a stable sort, so ties keep stream order) and cuts the
 sorted run into batches: ``batch_size`` rows each, or, with ``max_tokens``, the
 longest run of consecutive documents whose ``rows x padded length`` stays
@@ -22,7 +22,7 @@ the windows.
 
 Documents longer than ``max_len`` are truncated or dropped (``long_docs``) and
 counted. The decisions work on lengths; tokens move once per batch
-(:func:`~arrowstream.batch.assemble_padded_batch`). The state names held
+(:func:`~arrowstream.pack.assemble.assemble_padded_batch`). The state names held
 documents by reference (``[segment, seq]``): the batches formed but not yet
 emitted, the carried documents, the read mark, the window counter and the
 counters; a resume re-reads from the earliest held document, which is in the
@@ -42,12 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from arrowstream.batch import PADDED_KEYS, assemble_padded_batch
+from arrowstream.pack.assemble import PADDED_KEYS, assemble_padded_batch
 from arrowstream.checks import check_int
-from arrowstream.chunk import Chunk, Ledger
+from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.pack import Packer, PackRun
-from arrowstream.window import Doc, DocumentSource, Key, LookaheadRun
+from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun
 
 __all__ = ["LONG_DOCS", "BucketPacker"]
 
@@ -97,7 +97,7 @@ class BucketPacker(Packer):
     Examples
     --------
     >>> import numpy as np
-    >>> from arrowstream.chunk import Chunk
+    >>> from arrowstream.io.chunk import Chunk
     >>> lengths = [4, 1, 3, 2]
     >>> offsets = np.r_[0, np.cumsum(lengths)]
     >>> chunk = Chunk(epoch=0, shard=0, seq_start=0, seq_end=4, row_start=0, seq=np.arange(4),

@@ -17,11 +17,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from arrowstream.chunk import Chunk, Ledger
+from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.errors import StateError
 from arrowstream.pack import PackRun
-from arrowstream.plan import Plan
-from arrowstream.prefetch import Prefetcher
+from arrowstream.pipeline.plan import Plan
+from arrowstream.io.prefetch import Prefetcher
 from arrowstream.state import (
     STATE_FORMAT,
     STATE_VERSION,
@@ -30,20 +30,20 @@ from arrowstream.state import (
     check_identity,
     check_state,
 )
-from arrowstream.topology import Consumer, Deal, Segment, own_share
+from arrowstream.distributed.topology import Consumer, Deal, Segment, own_share
 
 __all__ = ["DatasetIterator"]
 
 
 class DatasetIterator:
-    """Run a pipeline's :class:`~arrowstream.plan.Plan`, with checkpointable state.
+    """Run a pipeline's :class:`~arrowstream.pipeline.plan.Plan`, with checkpointable state.
 
     Made by :meth:`Dataset.iter <arrowstream.Dataset.iter>`.
 
     Parameters
     ----------
     plan
-        The pipeline's read plan (:meth:`Plan.of(dataset) <arrowstream.plan.Plan.of>`).
+        The pipeline's read plan (:meth:`Plan.of(dataset) <arrowstream.pipeline.plan.Plan.of>`).
     state
         A state from :meth:`state_dict` to resume from, or ``None``.
 

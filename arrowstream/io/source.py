@@ -1,6 +1,6 @@
 """Reading a stream of an epoch as chunks, from any position.
 
-A stream (see :mod:`arrowstream.order`) is a run of windows; a window is a
+A stream (see :mod:`arrowstream.io.layout`) is a run of windows; a window is a
 few shard pieces whose rows are emitted in natural or shuffled order. Reading
 from position ``seq`` reads only the window holding it and the ones after
 (with natural order, only the pieces from ``seq`` on). Chunks are cut on a
@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from arrowstream.chunk import Chunk
-from arrowstream.order import Layout, Window
-from arrowstream.reader import ShardReader
+from arrowstream.io.chunk import Chunk
+from arrowstream.io.layout import Layout, Window
+from arrowstream.io.reader import ShardReader
 
 __all__ = ["iter_stream"]
 

@@ -28,7 +28,7 @@ Anything the conversion cannot reproduce exactly is refused with
 pre-tokenizer other than the two shapes above, ``add_prefix_space``, added
 tokens with ``lstrip``/``rstrip``/``single_word`` or that are prefixes of one
 another, a token made by two merges, missing byte symbols. Refusing is cheap;
-equivalence of what is accepted is then *tested* by :mod:`arrowstream.encoders`
+equivalence of what is accepted is then *tested* by :mod:`arrowstream.tokenize.encoders`
 before tiktoken is trusted.
 
 Pure functions of the JSON (and, for the merge-path check, the tokenizer's own
@@ -187,7 +187,7 @@ def to_bytelevel_bpe(tokenizer: Tokenizer, *, add_special_tokens: bool = True) -
 
     Examples
     --------
-    >>> from arrowstream.sample import sample_tokenizer
+    >>> from arrowstream.testing.data import sample_tokenizer
     >>> spec = to_bytelevel_bpe(sample_tokenizer(300))
     >>> spec.pattern == GPT2_PATTERN, spec.specials, spec.rank_to_id is None
     (True, {'<|endoftext|>': 0}, True)
@@ -195,7 +195,7 @@ def to_bytelevel_bpe(tokenizer: Tokenizer, *, add_special_tokens: bool = True) -
     >>> to_bytelevel_bpe(Tokenizer(models.WordLevel({"a": 0}, unk_token="a")))
     Traceback (most recent call last):
     ...
-    arrowstream.bytelevel.Unconvertible: the model is `WordLevel`, not a byte-level `BPE`
+    arrowstream.tokenize.bytelevel.Unconvertible: the model is `WordLevel`, not a byte-level `BPE`
     """
     spec = json.loads(tokenizer.to_str())
     model = spec.get("model") or {}

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from arrowstream.chunk import Chunk
+from arrowstream.io.chunk import Chunk
 from arrowstream.errors import ArrowStreamError, SchemaError
-from arrowstream.stage import Stage
+from arrowstream.core.stage import Stage
 
 __all__ = ["ordered_map", "run_stages"]
 

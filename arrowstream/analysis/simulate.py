@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arrowstream.chunk import Chunk
+from arrowstream.io.chunk import Chunk
 from arrowstream.errors import ConfigError
 from arrowstream.pack import Packer
 

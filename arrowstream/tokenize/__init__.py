@@ -1,7 +1,7 @@
 """Tokenization: text column to a flat ``int32`` token array plus offsets.
 
 With a ``tokenizers.Tokenizer``, texts are encoded in slices of about
-``slice_bytes`` of text by an :class:`~arrowstream.encoders.Encoder`: tiktoken
+``slice_bytes`` of text by an :class:`~arrowstream.tokenize.encoders.Encoder`: tiktoken
 for a byte-level BPE once it is shown to give the tokenizer's very ids (several
 times faster), else the tokenizer's own batch encoder (its Rust thread pool).
 Up to ``num_inflight`` slices encode at once, from that many Python threads;
@@ -30,14 +30,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
-from arrowstream.cache import TokenCache
+from arrowstream.tokenize.cache import TokenCache
 from arrowstream.checks import check_int
-from arrowstream.chunk import Chunk, tokens_to_arrow
-from arrowstream.encoders import BACKENDS, Encoder, load_tokenizer, tokenizer_hash
+from arrowstream.io.chunk import Chunk, tokens_to_arrow
+from arrowstream.tokenize.encoders import BACKENDS, Encoder, load_tokenizer, tokenizer_hash
 from arrowstream.errors import ConfigError, SchemaError
-from arrowstream.manifest import Manifest
-from arrowstream.reader import IDS_COLUMN, TokenIds
-from arrowstream.stage import Stage
+from arrowstream.io.manifest import Manifest
+from arrowstream.io.reader import IDS_COLUMN, TokenIds
+from arrowstream.core.stage import Stage
 
 __all__ = ["Tokenize", "check_tokenizer", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
 
@@ -95,7 +95,7 @@ class Tokenize(Stage):
     ----------
     tokenizer
         A ``tokenizers.Tokenizer``, a path to a ``tokenizer.json``, an
-        :class:`~arrowstream.encoders.Encoder` (a tokenizer with its backend
+        :class:`~arrowstream.tokenize.encoders.Encoder` (a tokenizer with its backend
         options), or ``None`` when ``column`` already holds token ids.
     column
         The text (or token-id) column.
@@ -123,7 +123,7 @@ class Tokenize(Stage):
     backend
         ``"auto"`` (default): tiktoken for a byte-level BPE once it is shown to
         give the tokenizer's ids, else ``tokenizers``; ``"tiktoken"`` or
-        ``"tokenizers"`` forces one (see :mod:`arrowstream.encoders`). The ids,
+        ``"tokenizers"`` forces one (see :mod:`arrowstream.tokenize.encoders`). The ids,
         and so the options hash and saved states, are the same either way;
         :attr:`backend` tells which one encodes.
     loss_mask
@@ -136,7 +136,7 @@ class Tokenize(Stage):
     Examples
     --------
     >>> import numpy as np, pyarrow as pa
-    >>> from arrowstream.chunk import Chunk, tokens_to_arrow
+    >>> from arrowstream.io.chunk import Chunk, tokens_to_arrow
     >>> batch = pa.record_batch({"ids": pa.array([[5, 6], [7]], pa.list_(pa.int64()))})
     >>> chunk = Chunk(epoch=0, shard=0, seq_start=0, seq_end=2, row_start=0,
     ...               seq=np.arange(2), batch=batch)

@@ -1,12 +1,12 @@
 """The texts on which the tiktoken backend must give the tokenizer's very ids.
 
-:class:`~arrowstream.encoders.Encoder` runs both backends over these before it
+:class:`~arrowstream.tokenize.encoders.Encoder` runs both backends over these before it
 trusts tiktoken: the text of every vocabulary token (:func:`token_texts`), a
 fixed probe set (:func:`probe_texts`: every byte UTF-8 can hold, in contexts;
 every Unicode category; whitespace and digit runs; contractions; many
 scripts) and every added token alone, in text and cut short
 (:func:`added_token_probes`). Change them only with ``_CHECKS_VERSION`` in
-:mod:`arrowstream.encoders`, so cached verdicts are not reused.
+:mod:`arrowstream.tokenize.encoders`, so cached verdicts are not reused.
 
 Examples
 --------
@@ -22,7 +22,7 @@ import unicodedata
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from arrowstream.bytelevel import ByteLevelBPE
+    from arrowstream.tokenize.bytelevel import ByteLevelBPE
 
 __all__ = ["added_token_probes", "probe_texts", "token_texts"]
 

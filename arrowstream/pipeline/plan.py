@@ -24,18 +24,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from arrowstream.balance import Sample, batch_target, doc_target, measure_sample
-from arrowstream.chunk import Chunk
+from arrowstream.distributed.balance import Sample, batch_target, doc_target, measure_sample
+from arrowstream.io.chunk import Chunk
 from arrowstream.errors import ConfigError
-from arrowstream.execute import run_stages
-from arrowstream.manifest import Manifest
-from arrowstream.order import Layout
+from arrowstream.core.execute import run_stages
+from arrowstream.io.manifest import Manifest
+from arrowstream.io.layout import Layout
 from arrowstream.pack import Packer
-from arrowstream.reader import ShardReader, TokenIds
-from arrowstream.source import iter_stream
-from arrowstream.stage import Stage
+from arrowstream.io.reader import ShardReader, TokenIds
+from arrowstream.io.source import iter_stream
+from arrowstream.core.stage import Stage
 from arrowstream.state import Position, hash_options
-from arrowstream.topology import Consumer, Segment
+from arrowstream.distributed.topology import Consumer, Segment
 
 __all__ = ["Description", "Plan"]
 
@@ -192,7 +192,7 @@ class Plan:
         )
 
     def sample(self) -> Sample:
-        """Return the stages' output on a fixed sample of rows (see :mod:`~arrowstream.balance`)."""
+        """Return the stages' output on a fixed sample of rows (see :mod:`~arrowstream.distributed.balance`)."""
         if self._sample is None:
             self._sample = measure_sample(
                 self.manifest, self.columns, self.shards, self.stages, self.where, self.read_bytes()

@@ -6,7 +6,7 @@ into one flat ``int32`` id array plus one length per text. It has two backends:
 - ``"tokenizers"``: the tokenizer's own batch encoder, the reference;
 - ``"tiktoken"``: for byte-level BPE tokenizers, the same vocabulary, merges,
   split pattern and added tokens loaded into tiktoken
-  (:mod:`arrowstream.bytelevel`), several times faster.
+  (:mod:`arrowstream.tokenize.bytelevel`), several times faster.
 
 With ``backend="auto"`` tiktoken is used only when it is shown to give the
 reference's ids, in three steps; any failure keeps ``tokenizers``:
@@ -59,10 +59,10 @@ import tiktoken
 import tokenizers
 from tokenizers import Tokenizer
 
-from arrowstream.bytelevel import ByteLevelBPE, Unconvertible, to_bytelevel_bpe
+from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible, to_bytelevel_bpe
 from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError, EncoderFallbackWarning
-from arrowstream.probes import added_token_probes, probe_texts, token_texts
+from arrowstream.tokenize.probes import added_token_probes, probe_texts, token_texts
 
 __all__ = ["BACKENDS", "Encoder", "load_tokenizer", "probe_texts", "tokenizer_hash"]
 
@@ -97,7 +97,7 @@ def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str]) -> T
 
     Examples
     --------
-    >>> from arrowstream.sample import sample_tokenizer
+    >>> from arrowstream.testing.data import sample_tokenizer
     >>> tok = sample_tokenizer(300)
     >>> load_tokenizer(tok) is tok
     True
@@ -128,7 +128,7 @@ def tokenizer_hash(tokenizer: Tokenizer) -> str:
 
     Examples
     --------
-    >>> from arrowstream.sample import sample_tokenizer
+    >>> from arrowstream.testing.data import sample_tokenizer
     >>> len(tokenizer_hash(sample_tokenizer(300)))
     32
     """
@@ -167,7 +167,7 @@ class Encoder:
 
     Examples
     --------
-    >>> from arrowstream.sample import sample_tokenizer
+    >>> from arrowstream.testing.data import sample_tokenizer
     >>> enc = Encoder(sample_tokenizer(300))
     >>> enc.backend
     'tiktoken'
@@ -266,7 +266,7 @@ class Encoder:
 
         Examples
         --------
-        >>> from arrowstream.sample import sample_tokenizer
+        >>> from arrowstream.testing.data import sample_tokenizer
         >>> enc = Encoder(sample_tokenizer(300))
         >>> enc.describe()["checks_pending"]
         True
@@ -317,7 +317,7 @@ class Encoder:
 
         Examples
         --------
-        >>> from arrowstream.sample import sample_tokenizer
+        >>> from arrowstream.testing.data import sample_tokenizer
         >>> flat, lens = Encoder(sample_tokenizer(300)).encode(["a b", "c"])
         >>> [flat[:lens[0]].tolist(), flat[lens[0]:].tolist()]
         [[65, 267], [67]]
@@ -366,7 +366,7 @@ class Encoder:
 
         Examples
         --------
-        >>> from arrowstream.sample import sample_tokenizer
+        >>> from arrowstream.testing.data import sample_tokenizer
         >>> info = Encoder(sample_tokenizer(300), backend="tokenizers").describe()
         >>> info["backend"], info["reason"]
         ('tokenizers', "backend='tokenizers' was asked for")

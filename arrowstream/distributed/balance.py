@@ -15,7 +15,7 @@ sizes of the columns the pipeline reads, from the footers (columns it does not
 read do not count, however large). The packer drops and counts what a consumer has
 beyond the target and pads with all-padding batches when it runs short.
 
-Length bucketing (:mod:`arrowstream.bucket`) emits batches of varying tokens, so
+Length bucketing (:mod:`arrowstream.pack.bucket`) emits batches of varying tokens, so
 it divides by what a batch consumes instead, simulated on the same sample's
 document lengths: with ``max_tokens``, the tokens read per batch (the estimate
 above); with ``batch_size``, the documents read per batch, against the part's
@@ -30,13 +30,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arrowstream.chunk import Chunk
-from arrowstream.execute import run_stages
-from arrowstream.manifest import Manifest
-from arrowstream.order import Layout
-from arrowstream.reader import ShardReader
-from arrowstream.stage import Stage
-from arrowstream.topology import Segment
+from arrowstream.io.chunk import Chunk
+from arrowstream.core.execute import run_stages
+from arrowstream.io.manifest import Manifest
+from arrowstream.io.layout import Layout
+from arrowstream.io.reader import ShardReader
+from arrowstream.core.stage import Stage
+from arrowstream.distributed.topology import Segment
 
 __all__ = [
     "EVEN_BATCHES_SLACK",
@@ -124,7 +124,7 @@ def batch_target(
     Examples
     --------
     >>> import numpy as np
-    >>> from arrowstream.order import Layout
+    >>> from arrowstream.io.layout import Layout
     >>> rows, sizes = np.array([10, 10]), np.array([1000.0, 1000.0])  # 2 row groups
     >>> lay = Layout(np.arange(2), rows, epoch=0, seed=None, window=1, num_streams=2)
     >>> batch_target(lay, rows, sizes, 0.5, [[(0, 0, 10, 0)], [(1, 0, 10, 0)]], tokens_per_batch=100)

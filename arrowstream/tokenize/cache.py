@@ -10,7 +10,7 @@ own suffix so that a cache kept beside the data is not taken for data), holding 
 a null text), and, in its metadata, the identity of the source file it came
 from: relative path, size and rows per row group (the dataset fingerprint's
 terms) and a digest of its Parquet footer (see
-:meth:`~arrowstream.manifest.Manifest.file_identity` for the one kind of
+:meth:`~arrowstream.io.manifest.Manifest.file_identity` for the one kind of
 rewrite it cannot see).
 
 Reading an entry checks that identity against the dataset being read. A
@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from arrowstream.errors import CacheError, CacheWarning
-from arrowstream.manifest import Manifest
+from arrowstream.io.manifest import Manifest
 
 __all__ = ["CACHE_FORMAT", "TokenCache"]
 
@@ -68,7 +68,7 @@ class TokenCache:
     Examples
     --------
     >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
-    >>> from arrowstream.manifest import read_manifest
+    >>> from arrowstream.io.manifest import read_manifest
     >>> d = tempfile.mkdtemp()
     >>> pq.write_table(pa.table({"text": ["ab", None, "c"]}), f"{d}/x.parquet")
     >>> cache = TokenCache(f"{d}/_cache", {"tokenizer": "demo", "column": "text"})

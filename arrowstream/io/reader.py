@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from arrowstream.errors import SchemaError, ShardError
-from arrowstream.manifest import Manifest
+from arrowstream.io.manifest import Manifest
 
 __all__ = ["IDS_COLUMN", "IdsStore", "ShardReader", "TokenIds"]
 
@@ -30,7 +30,7 @@ IDS_COLUMN = "__arrowstream_ids"
 
 
 class IdsStore(Protocol):
-    """Where a row group's token ids are kept (:class:`~arrowstream.cache.TokenCache` is one)."""
+    """Where a row group's token ids are kept (:class:`~arrowstream.tokenize.cache.TokenCache` is one)."""
 
     def ids(
         self,
@@ -72,7 +72,7 @@ class ShardReader:
     Examples
     --------
     >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
-    >>> from arrowstream.manifest import read_manifest
+    >>> from arrowstream.io.manifest import read_manifest
     >>> d = tempfile.mkdtemp()
     >>> pq.write_table(pa.table({"text": ["a", "b", "c"]}), f"{d}/x.parquet", row_group_size=2)
     >>> reader = ShardReader(read_manifest(d), ["text"])

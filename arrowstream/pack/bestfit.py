@@ -1,7 +1,7 @@
 """Best-fit packing: whole documents placed into rows over a look-ahead window.
 
 :class:`BestFitPacker` reads documents a window at a time (see
-:mod:`arrowstream.window`), sorts the window's pieces by length, longest
+:mod:`arrowstream.pack.lookahead`), sorts the window's pieces by length, longest
 first, and puts each into the open row with the least room that still fits
 it, opening a row when none does (best-fit decreasing). Open rows are carried
 into the next windows, so later short documents fill their gaps. A row
@@ -41,12 +41,12 @@ from typing import Any
 
 import numpy as np
 
-from arrowstream.batch import assemble_batch
+from arrowstream.pack.assemble import assemble_batch
 from arrowstream.checks import check_int
-from arrowstream.chunk import Chunk, Ledger
+from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.pack import Packer, PackRun
-from arrowstream.window import Doc, DocumentSource, Key, LookaheadRun
+from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun
 
 __all__ = ["LONG_DOCS", "BestFitPacker"]
 
@@ -85,7 +85,7 @@ class BestFitPacker(Packer):
     Examples
     --------
     >>> import numpy as np
-    >>> from arrowstream.chunk import Chunk
+    >>> from arrowstream.io.chunk import Chunk
     >>> lengths = [5, 2, 3, 4, 1, 1]   # two rows of 8 hold them all: 5+2+1, 4+3+1
     >>> offsets = np.r_[0, np.cumsum(lengths)]
     >>> chunk = Chunk(epoch=0, shard=0, seq_start=0, seq_end=6, row_start=0, seq=np.arange(6),

@@ -1,0 +1,1 @@
+"""The stage protocol and the execution of stages over chunks."""

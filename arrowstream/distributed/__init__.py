@@ -1,0 +1,1 @@
+"""Who reads what: consumers, work segments, merged states, even-batches targets."""

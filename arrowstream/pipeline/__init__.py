@@ -1,0 +1,1 @@
+"""The pipeline: its description (``Dataset``), its read plan and its iterator."""
