@@ -6,30 +6,25 @@ where upstream reading must start (:meth:`PackRun.upstream_position`) and
 describes its state as references (positions), never as held tokens, so a
 checkpoint stays small and a resume re-reads only what the state points at.
 
-:class:`ConcatPacker` joins documents (each ending with EOS when the tokenize
-stage adds it) into rows of exactly ``seq_len`` tokens, ``batch_size`` rows per
-batch, cutting documents at row ends. Its whole state is the position of the
-first token not yet emitted. Batches never span two epochs: the last batch of
-an epoch is padded (``drop_last=False``) or dropped and counted
-(``drop_last=True``).
+The strategies: :mod:`~arrowstream.pack.concat`, :mod:`~arrowstream.pack.bestfit`
+and :mod:`~arrowstream.pack.bucket`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from arrowstream.pack.assemble import BATCH_KEYS, assemble_batch
 from arrowstream.checks import check_int
-from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.errors import ConfigError
+from arrowstream.io.chunk import Chunk
+from arrowstream.pack.assemble import BATCH_KEYS
 from arrowstream.state import Position
 
-__all__ = ["ConcatPacker", "PackRun", "Packer"]
+__all__ = ["PackRun", "Packer"]
 
 
 class PackRun(ABC):
@@ -121,202 +116,3 @@ class Packer(ABC):
         same for every consumer, so no rank waits for another), or ``None`` for
         as many as the data gives; for an epoch past the last it must be ``None``.
         """
-
-
-class ConcatPacker(Packer):
-    """Concatenate documents into full rows, cutting at row ends.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from arrowstream.io.chunk import Chunk
-    >>> chunk = Chunk(epoch=0, shard=0, seq_start=0, seq_end=2, row_start=0,
-    ...               seq=np.arange(2), tokens=np.arange(1, 8, dtype=np.int32),
-    ...               offsets=np.array([0, 4, 7]))
-    >>> run = ConcatPacker(seq_len=3, batch_size=2, drop_last=False, pad_id=0).start(None)
-    >>> batch = run.next_batch(iter([chunk]))
-    >>> batch["input_ids"].tolist(), batch["segment_ids"].tolist()
-    ([[1, 2, 3], [4, 5, 6]], [[1, 1, 1], [1, 2, 2]])
-    >>> run.state_dict()["position"]
-    {'epoch': 0, 'segment': 0, 'seq': 1, 'token_offset': 2}
-    """
-
-    name = "concat"
-
-    def start(
-        self, state: dict[str, Any] | None, *, targets: Callable[[int], int | None] | None = None
-    ) -> PackRun:
-        return _ConcatRun(self, state, targets or (lambda epoch: None))
-
-
-class _ConcatRun(PackRun):
-    def __init__(
-        self,
-        packer: ConcatPacker,
-        state: dict[str, Any] | None,
-        targets: Callable[[int], int | None],
-    ) -> None:
-        self.p = packer
-        self.targets = targets
-        self.queue: deque[Chunk] = deque()
-        self.cursor = 0  # token index into queue[0]
-        if state is None:
-            self.pos = Position(0, 0, 0, 0)
-            self.ledger = Ledger()
-        else:
-            self.pos = Position.from_dict(state["position"])
-            self.ledger = Ledger(state["stats"])
-        self._ended = False
-        saved = (state or {}).get("packer") or {}
-        self.epoch = int(saved.get("epoch", self.pos.epoch))
-        self.emitted = int(saved.get("epoch_batches", 0))  # batches emitted in self.epoch
-        self.target = saved["target"] if "target" in saved else targets(self.epoch)
-
-    def upstream_position(self) -> Position:
-        return self.pos
-
-    def _head(self, chunks: Iterator[Chunk]) -> Chunk | None:
-        """Return the chunk holding the next token, pulling and retiring chunks as needed."""
-        while True:
-            if self.queue:
-                head = self.queue[0]
-                if self.cursor < head.offsets[-1]:
-                    return head
-                self.queue.popleft()
-                self.ledger.commit(head)
-                self.pos = Position(head.epoch, head.segment, head.seq_end, 0)
-                self.cursor = 0
-                continue
-            if self._ended:
-                return None
-            chunk = next(chunks, None)
-            if chunk is None:
-                self._ended = True
-                return None
-            self.queue.append(chunk)
-
-    def next_batch(self, chunks: Iterator[Chunk]) -> dict[str, np.ndarray]:
-        L, B = self.p.seq_len, self.p.batch_size
-        need = L * B
-        while True:
-            if self.target is not None and self.emitted >= self.target:
-                self._drain_epoch(chunks)  # this consumer's share is used up: count the rest
-                if not self._next_epoch(chunks):
-                    raise StopIteration
-                continue
-            pieces: list[tuple[Chunk, int, int]] = []
-            got = 0
-            head = None
-            while got < need:
-                head = self._head(chunks)
-                if head is None or head.epoch != self.epoch:
-                    break
-                take = min(need - got, int(head.offsets[-1]) - self.cursor)
-                pieces.append((head, self.cursor, self.cursor + take))
-                self.cursor += take
-                got += take
-            if got == 0:  # the epoch's data is used up
-                if self.target is not None and self.emitted < self.target:
-                    self.emitted += 1
-                    self.ledger.add("padding_batches", 1)
-                    return self._assemble([], 0)  # all padding: other consumers still have data
-                if not self._next_epoch(chunks):
-                    raise StopIteration
-                continue
-            if got < need and self.p.drop_last and self.target is None:
-                self.ledger.add("dropped_tokens", got)
-                continue
-            self.emitted += 1
-            return self._assemble(pieces, got)
-
-    def _next_epoch(self, chunks: Iterator[Chunk]) -> bool:
-        """Move to the next epoch; return false when there is none."""
-        head = self._head(chunks)
-        target = self.targets(self.epoch + 1)
-        if head is None and target is None:
-            return False
-        self.epoch += 1
-        self.emitted = 0
-        self.target = target
-        return True
-
-    def _drain_epoch(self, chunks: Iterator[Chunk]) -> None:
-        """Skip what is left of ``self.epoch``, counting the documents and tokens dropped."""
-        while True:
-            head = self._head(chunks)
-            if head is None or head.epoch != self.epoch:
-                return
-            assert head.offsets is not None
-            starts = head.offsets[:-1]
-            self.ledger.add("dropped_tokens", int(head.offsets[-1]) - self.cursor)
-            untouched = int((starts >= self.cursor).sum())
-            if head.head_skip and self.cursor == 0:
-                untouched -= 1  # its first tokens went out before a resume
-            self.ledger.add("dropped_docs", untouched)
-            self.cursor = int(head.offsets[-1])
-
-    def _assemble(self, pieces: list[tuple[Chunk, int, int]], got: int) -> dict[str, np.ndarray]:
-        L, B = self.p.seq_len, self.p.batch_size
-        src = np.concatenate([c.tokens[a:b] for c, a, b in pieces] or [np.empty(0, np.int32)])
-        masked = pieces and all(c.mask is not None for c, _, _ in pieces)
-        mask = np.concatenate([c.mask[a:b] for c, a, b in pieces]) if masked else None  # type: ignore[index]
-        rows = np.arange(0, got, L, dtype=np.int64)
-        doc_starts, doc_ends = [], []
-        base = 0
-        for chunk, a, b in pieces:
-            offsets = chunk.offsets
-            starts = offsets[(offsets >= a) & (offsets < b)]
-            if chunk.head_skip and a == 0:
-                starts = starts[1:]  # the first document's head went out before: a continuation
-            doc_starts.append(starts - a + base)
-            doc_ends.append(offsets[(offsets > a) & (offsets <= b)] - a + base)
-            base += b - a
-        starts_all = np.concatenate(doc_starts or [np.empty(0, np.int64)])
-        bounds = np.unique(np.concatenate([rows, starts_all]))
-        seg_len = np.diff(np.append(bounds, got))
-        whole = _member(bounds, starts_all) & _member(
-            bounds + seg_len, np.concatenate(doc_ends or [np.empty(0, np.int64)])
-        )
-        batch = assemble_batch(
-            src,
-            bounds,
-            seg_len,
-            bounds // L,
-            batch_size=B,
-            seq_len=L,
-            pad_id=self.p.pad_id,
-            seg_whole=whole,
-            mask=mask,
-        )
-        self.ledger.add("tokens", got)
-        self.ledger.add("padding_tokens", B * L - got)
-        self.ledger.add("batches", 1)
-        return batch
-
-    def state_dict(self) -> dict[str, Any]:
-        pos, partial = self.pos, None
-        if self.queue and self.cursor < self.queue[0].offsets[-1]:
-            head = self.queue[0]
-            i = int(np.searchsorted(head.offsets, self.cursor, side="right")) - 1
-            skipped = head.head_skip if i == 0 else 0  # tokens removed before this run
-            offset = self.cursor - int(head.offsets[i]) + skipped
-            pos = Position(head.epoch, head.segment, int(head.seq[i]), offset)
-            partial = head
-        elif self.queue:
-            head = self.queue[0]
-            pos = Position(head.epoch, head.segment, head.seq_end, 0)
-            partial = head
-        stats = self.ledger.snapshot(partial, pos.seq)
-        return {
-            "position": pos.to_dict(),
-            "stats": stats,
-            "packer": {"epoch": self.epoch, "epoch_batches": self.emitted, "target": self.target},
-        }
-
-
-def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """Return, per value, whether it is in ``sorted_set`` (increasing): ``np.isin`` without sorting."""
-    if not sorted_set.size:
-        return np.zeros(values.shape, dtype=bool)
-    at = np.minimum(np.searchsorted(sorted_set, values), sorted_set.size - 1)
-    return sorted_set[at] == values

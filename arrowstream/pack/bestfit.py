@@ -41,11 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from arrowstream.pack.assemble import assemble_batch
 from arrowstream.checks import check_int
-from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.errors import ConfigError, StateError
+from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import Packer, PackRun
+from arrowstream.pack.assemble import assemble_batch
 from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun
 
 __all__ = ["LONG_DOCS", "BestFitPacker"]

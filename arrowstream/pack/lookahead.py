@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.errors import StateError
+from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import PackRun
 from arrowstream.state import Held, Position
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from arrowstream.pack.bestfit import BestFitPacker
 from arrowstream.errors import ConfigError
 from arrowstream.pack import ConcatPacker, Packer
+from arrowstream.pack.bestfit import BestFitPacker
 
 __all__ = ["STRATEGIES", "make_packer"]
 
