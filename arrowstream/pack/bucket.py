@@ -55,10 +55,6 @@ __all__ = ["LONG_DOCS", "BucketPacker"]
 LONG_DOCS = ("truncate", "drop")
 
 
-def _check_int(key: str, value: object, low: int) -> int:
-    return check_int(key, value, low=low)  # type: ignore[return-value]
-
-
 class BucketPacker(Packer):
     """Batch whole documents of similar length, one per row, right-padded.
 
@@ -135,19 +131,19 @@ class BucketPacker(Packer):
                 f"`.bucket` takes exactly one of `batch_size` (rows per batch) and `max_tokens` "
                 f"(padded tokens per batch), got {got}: pass one of them"
             )
-        self.batch_size = None if batch_size is None else _check_int("batch_size", batch_size, 1)
-        self.max_tokens = None if max_tokens is None else _check_int("max_tokens", max_tokens, 1)
-        self.window = _check_int("window", window, 1)
-        self.pad_to_multiple_of = _check_int("pad_to_multiple_of", pad_to_multiple_of, 1)
-        self.seed = _check_int("seed", seed, 0)
-        self.pad_id = _check_int("pad_id", pad_id, 0)
+        self.batch_size = None if batch_size is None else check_int("batch_size", batch_size)
+        self.max_tokens = None if max_tokens is None else check_int("max_tokens", max_tokens)
+        self.window = check_int("window", window)
+        self.pad_to_multiple_of = check_int("pad_to_multiple_of", pad_to_multiple_of)
+        self.seed = check_int("seed", seed, low=0)
+        self.pad_id = check_int("pad_id", pad_id, low=0)
         if self.pad_id > np.iinfo(np.int32).max:
             raise ConfigError(f"`pad_id` must be an int in [0, 2**31), got {pad_id!r}")
         if long_docs not in LONG_DOCS:
             raise ConfigError(f"`long_docs` must be one of {list(LONG_DOCS)!r}, got {long_docs!r}")
         self.long_docs = long_docs
         if max_len is not None:
-            max_len = _check_int("max_len", max_len, 1)
+            max_len = check_int("max_len", max_len)
         if self.max_tokens is not None:
             fits = self.max_tokens // self.pad_to_multiple_of * self.pad_to_multiple_of
             if fits == 0:
