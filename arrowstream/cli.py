@@ -33,7 +33,7 @@ from arrowstream.pipeline.dataset import read_parquet
 from arrowstream.errors import ArrowStreamError
 from arrowstream.io.manifest import read_manifest
 from arrowstream.pipeline.plan import Plan
-from arrowstream.io.reader import IDS_COLUMN
+from arrowstream.tokenize.cache import IDS_COLUMN, CachedReader
 from arrowstream.testing.data import sample_tokenizer, write_dataset
 
 __all__ = ["main"]
@@ -217,7 +217,8 @@ def _cache(args: argparse.Namespace) -> int:
     manifest = ds.manifest
     plan = Plan.of(ds)
     reader = plan.make_reader()
-    cache = plan.token_ids.cache  # type: ignore[union-attr]
+    assert isinstance(reader, CachedReader)  # `cache=` was given
+    cache = reader.cache
     hits = tokens = 0
     t0 = time.perf_counter()
     with tqdm(total=manifest.num_shards, desc="tokenizing", unit="row group", file=sys.stderr) as bar:

@@ -2,8 +2,9 @@
 
 The expression is evaluated vectorized on each record batch; rows where it is
 false or null are dropped and counted as ``filtered``. Before reading, the
-row-group statistics in the Parquet footers rule out whole row groups that
-cannot match (through ``pyarrow.dataset``), so they are never read.
+row-group statistics the manifest kept from the Parquet footers rule out whole
+row groups that cannot match (pyarrow's own rules judge them), so they are
+never read.
 
 Deterministic: the same expression on the same data keeps the same rows.
 """
@@ -12,14 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.acero as acero
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 
 from arrowstream.io.chunk import Chunk
 from arrowstream.errors import ConfigError, SchemaError
@@ -121,24 +120,7 @@ def matching(batch: pa.RecordBatch, expr: pc.Expression) -> pa.Table:
 def prune_shards(manifest: Manifest, expr: pc.Expression) -> np.ndarray:
     """Return a boolean mask over shards: false where statistics prove no row matches.
 
-    Uses ``pyarrow.dataset`` to read each file's row-group statistics (footers
-    are read again, in parallel threads). Row groups without statistics are
-    kept.
+    The statistics come from the manifest's one footer pass (no file is read
+    again); row groups without statistics are kept.
     """
-    fmt = pads.ParquetFileFormat()
-    fs = manifest.filesystem
-
-    def file_groups(path: str) -> set[int]:
-        fragment = fmt.make_fragment(path, filesystem=fs)
-        try:
-            parts = fragment.split_by_row_group(expr, schema=fragment.physical_schema)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            return set(range(fragment.num_row_groups))
-        return {rg.id for part in parts for rg in part.row_groups}
-
-    with ThreadPoolExecutor(max_workers=min(16, manifest.num_files)) as pool:
-        keep_sets = list(pool.map(file_groups, manifest.paths))
-    mask = np.ones(manifest.num_shards, dtype=bool)
-    for i in range(manifest.num_shards):
-        mask[i] = int(manifest.shard_row_group[i]) in keep_sets[int(manifest.shard_file[i])]
-    return mask
+    return manifest.matching_shards(expr)

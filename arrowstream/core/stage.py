@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from arrowstream.io.chunk import Chunk
 from arrowstream.io.manifest import Manifest
-from arrowstream.io.reader import TokenIds
+from arrowstream.io.reader import Reader, ShardReader
 
 __all__ = ["Stage"]
 
@@ -62,13 +62,14 @@ class Stage(ABC):
         """
         return None
 
-    def cached_ids(self, *, keep_text: bool) -> TokenIds | None:
-        """Return how a reader attaches this stage's cached token ids (``None``: no token cache).
+    def wrap_reader(self, reader: ShardReader, *, keep_text: bool) -> Reader:
+        """Return the reader this stage's input comes through: ``reader`` itself (the default) or a wrapper.
 
-        ``keep_text``: another stage, or the output, still needs the column
-        the ids come from.
+        The tokenize stage with a token cache wraps it to bring each row
+        group's cached ids along. ``keep_text``: another stage, or the output,
+        still needs the columns this stage reads.
         """
-        return None
+        return reader
 
     def split(self, chunk: Chunk, *, warm: int = 0) -> Iterable[Chunk]:
         """Cut ``chunk`` into pieces that :meth:`run` handles one at a time.

@@ -14,7 +14,6 @@ manifest is immutable and picklable (it travels to DataLoader workers).
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import os
@@ -25,14 +24,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from arrowstream.errors import ConfigError, SchemaError, ShardError
+from arrowstream.io.discover import discover, relpath, resolve_filesystem
+from arrowstream.io.statistics import FileStatistics, matching_row_groups
 
 __all__ = ["Manifest", "Shard", "normalize_type", "read_manifest", "resolve_filesystem"]
 
-_GLOB_CHARS = "*?["
 _MAX_FOOTER_THREADS = 16
 
 
@@ -71,6 +72,7 @@ class _FileInfo:
     schema: pa.Schema
     column_bytes: tuple[dict[str, int], ...]  # per row group: uncompressed bytes per top-level column
     footer: str  # digest of the Parquet footer (sizes, offsets, statistics of every column chunk)
+    statistics: FileStatistics  # per row group: bounds and null counts of the top-level columns
 
 
 class Manifest:
@@ -183,6 +185,25 @@ class Manifest:
             dtype=np.float64,
         )
 
+    def matching_shards(self, expr: pc.Expression) -> np.ndarray:
+        """Return a mask over shards, false where the footers' statistics prove ``expr`` true in no row.
+
+        Nothing is read: the statistics were kept when the footers were (see
+        :mod:`arrowstream.io.statistics`).
+
+        Examples
+        --------
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, pyarrow.compute as pc
+        >>> d = tempfile.mkdtemp()
+        >>> pq.write_table(pa.table({"n": [1, 2, 8, 9]}), f"{d}/t.parquet", row_group_size=2)
+        >>> read_manifest(d).matching_shards(pc.field("n") < 5).tolist()
+        [True, False]
+        """
+        keep = [matching_row_groups(f.statistics, expr) for f in self._files]
+        return np.array(
+            [int(rg) in keep[int(f)] for f, rg in zip(self.shard_file, self.shard_row_group)], dtype=bool
+        )
+
     @property
     def file_sizes(self) -> tuple[int, ...]:
         """Size in bytes of each file, in order."""
@@ -226,44 +247,6 @@ class Manifest:
             f"Manifest(root={self.root!r}, num_files={self.num_files}, "
             f"num_shards={self.num_shards}, num_rows={self.num_rows})"
         )
-
-
-def resolve_filesystem(
-    source: str | os.PathLike[str], filesystem: Any = None
-) -> tuple[pafs.FileSystem, str]:
-    """Return a ``pyarrow.fs`` filesystem and the path inside it for ``source``.
-
-    ``filesystem`` may be a ``pyarrow.fs.FileSystem``, an fsspec filesystem
-    (wrapped through ``pyarrow.fs.FSSpecHandler``) or ``None``, in which case a
-    URI such as ``s3://bucket/prefix`` picks its filesystem and a plain path is
-    local.
-
-    Examples
-    --------
-    >>> fs, path = resolve_filesystem("/tmp")
-    >>> type(fs).__name__, path
-    ('LocalFileSystem', '/tmp')
-    """
-    text = os.fspath(source)
-    if filesystem is None:
-        if "://" in text:
-            try:
-                return pafs.FileSystem.from_uri(text)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
-                raise ConfigError(
-                    f"cannot resolve a filesystem for {text!r}: {exc}; pass `filesystem=` "
-                    "(a pyarrow.fs.FileSystem or an fsspec filesystem)"
-                ) from exc
-        return pafs.LocalFileSystem(), os.path.abspath(text)
-    if isinstance(filesystem, pafs.FileSystem):
-        return filesystem, text
-    if hasattr(filesystem, "ls") and hasattr(filesystem, "open"):  # an fsspec filesystem
-        # fsspec paths carry no protocol and local ones are absolute
-        return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem)), filesystem._strip_protocol(text)
-    raise ConfigError(
-        f"`filesystem` must be a pyarrow.fs.FileSystem or an fsspec filesystem, got "
-        f"{type(filesystem).__name__!r}"
-    )
 
 
 def normalize_type(dtype: pa.DataType) -> pa.DataType:
@@ -332,7 +315,7 @@ def read_manifest(
     sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     if not sources:
         raise ShardError("`source` is an empty list: pass at least one Parquet file or directory")
-    fs, root, pairs = _discover(sources, filesystem)
+    fs, root, pairs = discover(sources, filesystem)
     if not pairs:
         raise ShardError(
             f"no Parquet files found under {os.fspath(sources[0])!r}: expected `*.parquet` files "
@@ -359,117 +342,6 @@ def read_manifest(
     )
 
 
-def _discover(
-    sources: list[str | os.PathLike[str]], filesystem: Any
-) -> tuple[pafs.FileSystem, str, list[tuple[str, int]]]:
-    """Return the filesystem, the common root and (path, size) of every file."""
-    fs: pafs.FileSystem | None = None
-    found: dict[str, int] = {}
-    roots: list[str] = []
-    for item in sources:
-        item_fs, path = resolve_filesystem(item, filesystem)
-        if fs is None:
-            fs = item_fs
-        elif type(item_fs) is not type(fs):
-            raise ConfigError(
-                "all sources must live on one filesystem; got "
-                f"{type(fs).__name__!r} and {type(item_fs).__name__!r}"
-            )
-        if any(c in path for c in _GLOB_CHARS):
-            base = _glob_base(path)
-            roots.append(base)
-            for info in _list_files(fs, base, original=path):
-                if _glob_match(info.path, path):
-                    found[info.path] = info.size
-            continue
-        info = fs.get_file_info(path)
-        if info.type == pafs.FileType.NotFound:
-            raise ShardError(f"path {os.fspath(item)!r} does not exist: check the path or URI")
-        if info.type == pafs.FileType.Directory:
-            roots.append(path.rstrip("/") or "/")
-            for sub in _list_files(fs, path, original=path):
-                if sub.path.endswith(".parquet") and not _is_hidden(sub.path, path):
-                    found[sub.path] = sub.size
-        else:
-            roots.append(_parent(path))
-            found[info.path] = info.size
-    assert fs is not None
-    root = _common_root(roots)
-    return fs, root, sorted(found.items(), key=lambda kv: _relpath(kv[0], root))
-
-
-def _list_files(fs: pafs.FileSystem, base: str, *, original: str) -> list[pafs.FileInfo]:
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
-    except (FileNotFoundError, OSError) as exc:
-        raise ShardError(f"cannot list {original!r}: {exc}") from exc
-    return [i for i in infos if i.type == pafs.FileType.File]
-
-
-def _is_hidden(path: str, base: str) -> bool:
-    return any(_hidden(part) for part in _relpath(path, base).split("/"))
-
-
-def _glob_base(pattern: str) -> str:
-    parts = pattern.split("/")
-    keep = []
-    for part in parts:
-        if any(c in part for c in _GLOB_CHARS):
-            break
-        keep.append(part)
-    return "/".join(keep) or "/"
-
-
-def _parent(path: str) -> str:
-    head = path.rsplit("/", 1)[0] if "/" in path else ""
-    return head or "/"
-
-
-def _common_root(roots: list[str]) -> str:
-    split = [r.rstrip("/").split("/") for r in roots]
-    common = split[0]
-    for parts in split[1:]:
-        n = 0
-        while n < min(len(common), len(parts)) and common[n] == parts[n]:
-            n += 1
-        common = common[:n]
-    return "/".join(common) or "/"
-
-
-def _relpath(path: str, root: str) -> str:
-    p, r = path.lstrip("/"), root.strip("/")
-    if not r:
-        return p
-    return p[len(r) + 1 :] if p.startswith(r + "/") else p
-
-
-def _glob_match(path: str, pattern: str) -> bool:
-    """Match ``path`` against ``pattern`` segment by segment: ``*`` stays inside one
-    segment, ``**`` spans any number; hidden (``.``/``_``) segments match only when
-    the pattern spells them."""
-    return _match_parts(path.strip("/").split("/"), pattern.strip("/").split("/"))
-
-
-def _match_parts(parts: list[str], pats: list[str]) -> bool:
-    if not pats:
-        return not parts
-    if pats[0] == "**":
-        return any(
-            _match_parts(parts[i:], pats[1:])
-            for i in range(len(parts) + 1)
-            if not any(_hidden(p) for p in parts[:i])
-        )
-    if not parts:
-        return False
-    if _hidden(parts[0]) and not _hidden(pats[0]):
-        return False
-    return fnmatch.fnmatchcase(parts[0], pats[0]) and _match_parts(parts[1:], pats[1:])
-
-
-def _hidden(segment: str) -> bool:
-    return segment.startswith((".", "_"))
-
-
 def _read_footer(fs: pafs.FileSystem, root: str, path: str, size: int) -> _FileInfo:
     try:
         with fs.open_input_file(path) as handle:
@@ -483,7 +355,10 @@ def _read_footer(fs: pafs.FileSystem, root: str, path: str, size: int) -> _FileI
     counts = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
     nbytes = tuple(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
     by_column = tuple(_column_bytes(meta.row_group(i)) for i in range(meta.num_row_groups))
-    return _FileInfo(path, _relpath(path, root), size, counts, nbytes, schema, by_column, _footer_digest(meta))
+    return _FileInfo(
+        path, relpath(path, root), size, counts, nbytes, schema, by_column, _footer_digest(meta),
+        FileStatistics.of(meta, schema),
+    )
 
 
 def _column_bytes(rg: pq.RowGroupMetaData) -> dict[str, int]:

@@ -10,8 +10,7 @@ cheap to create and never pickled.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Protocol
 
 import pyarrow as pa
@@ -21,42 +20,27 @@ import pyarrow.parquet as pq
 from arrowstream.errors import SchemaError, ShardError
 from arrowstream.io.manifest import Manifest
 
-__all__ = ["IDS_COLUMN", "IdsStore", "ShardReader", "TokenIds"]
+__all__ = ["Reader", "ShardReader"]
 
 _OPEN_FILES = 4
 
-#: The column through which cached ids travel from the reader to the tokenize stage.
-IDS_COLUMN = "__arrowstream_ids"
 
+class Reader(Protocol):
+    """What the iterator reads row groups through: a :class:`ShardReader`, or a wrapper around one.
 
-class IdsStore(Protocol):
-    """Where a row group's token ids are kept (:class:`~arrowstream.tokenize.cache.TokenCache` is one)."""
-
-    def ids(
-        self,
-        manifest: Manifest,
-        shard: int,
-        texts: Callable[[], pa.Array],
-        encode: Callable[[pa.Array], pa.Array],
-    ) -> pa.Array:
-        """Return ``shard``'s ids: kept, or encoded from ``texts()``."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class TokenIds:
-    """What a reader needs to give every row group its cached ids.
-
-    ``cache`` holds them, ``column`` is the text column, ``encode`` tokenizes
-    a text array on a miss (``list<int32>`` ids per text, no EOS), and
-    ``keep_text`` says whether a later stage still needs the text (otherwise
-    it is read only to fill a miss).
+    A stage may wrap the reader (:meth:`arrowstream.core.stage.Stage.wrap_reader`);
+    the token cache does, to attach each row group's cached ids.
     """
 
-    cache: IdsStore
-    column: str
-    encode: Callable[[pa.Array], pa.Array]
-    keep_text: bool
+    manifest: Manifest
+
+    def read(self, shard: int) -> pa.Table:
+        """Return every row of shard ``shard``."""
+        ...
+
+    def close(self) -> None:
+        """Release open files."""
+        ...
 
 
 class ShardReader:
@@ -80,11 +64,8 @@ class ShardReader:
     ['c']
     """
 
-    def __init__(self, manifest: Manifest, columns: Sequence[str], *, ids: TokenIds | None = None) -> None:
+    def __init__(self, manifest: Manifest, columns: Sequence[str]) -> None:
         self.manifest = manifest
-        self.ids = ids
-        if ids is not None and not ids.keep_text:
-            columns = [c for c in columns if c != ids.column]  # read only to fill a cache miss
         self.columns = list(columns)
         self.schema = pa.schema([manifest.schema.field(c) for c in self.columns])
         self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
@@ -94,26 +75,15 @@ class ShardReader:
         self._native = not isinstance(manifest.filesystem, pafs.PyFileSystem)
 
     def read(self, shard: int) -> pa.Table:
-        """Return every row of shard ``shard`` for the selected columns.
+        """Return every row of shard ``shard`` for the selected columns."""
+        return self.read_columns(shard, self.columns)
 
-        With a token cache (``ids``), the row group's ids come along as
-        :data:`IDS_COLUMN`: from the cache, or tokenized
-        now and kept.
-        """
-        table = self._read(shard, self.columns)
-        if self.ids is None:
-            return table
-        ids = self.ids
+    def without(self, column: str) -> ShardReader:
+        """Return a reader of the same manifest that does not read ``column``."""
+        return ShardReader(self.manifest, [c for c in self.columns if c != column])
 
-        def texts() -> pa.Array:
-            if ids.column in table.column_names:
-                return table.column(ids.column).combine_chunks()
-            return self._read(shard, [ids.column]).column(ids.column).combine_chunks()
-
-        values = ids.cache.ids(self.manifest, shard, texts, ids.encode)
-        return table.append_column(IDS_COLUMN, values)
-
-    def _read(self, shard: int, columns: list[str]) -> pa.Table:
+    def read_columns(self, shard: int, columns: list[str]) -> pa.Table:
+        """Return every row of shard ``shard`` for ``columns`` (any of the manifest's)."""
         info = self.manifest.shard(shard)
         where = f"{info.path!r}, row group {info.row_group}, columns {columns!r}"
         try:

@@ -31,7 +31,7 @@ from arrowstream.core.execute import run_stages
 from arrowstream.io.manifest import Manifest
 from arrowstream.io.layout import Layout
 from arrowstream.pack import Packer
-from arrowstream.io.reader import ShardReader, TokenIds
+from arrowstream.io.reader import Reader, ShardReader
 from arrowstream.io.source import iter_stream
 from arrowstream.core.stage import Stage
 from arrowstream.state import Position, hash_options
@@ -91,7 +91,6 @@ class Plan:
         self.columns = description.read_columns()
         self._options = description.options()
         self.options_hash = hash_options(self._options)
-        self.token_ids = _token_ids(self.stages, keep_text_always=self.packer is None)
         self.prefetch_depth = _prefetch_depth(description.prefetch, self.stages)
         self.num_inflight = max((s.num_inflight for s in self.stages if s.expensive), default=1)
         self._shards: np.ndarray | None = None
@@ -116,9 +115,21 @@ class Plan:
         """Return the pipeline's options (a copy: states carry them)."""
         return copy.deepcopy(self._options)
 
-    def make_reader(self) -> ShardReader:
-        """Return a reader of the columns this pipeline reads (with cached ids, if any)."""
-        return ShardReader(self.manifest, self.columns, ids=self.token_ids)
+    def make_reader(self) -> Reader:
+        """Return a reader of the columns this pipeline reads, wrapped by the stages that wrap it.
+
+        A stage whose columns no other stage (nor the output, when there is no
+        packer) reads is told it need not keep them (the token cache then reads
+        the text only to fill a miss).
+        """
+        reader: Reader = ShardReader(self.manifest, self.columns)
+        for stage in self.stages:
+            used = stage.columns() or set()
+            others = any(
+                s is not stage and (s.columns() is None or used & s.columns()) for s in self.stages
+            )
+            reader = stage.wrap_reader(reader, keep_text=self.packer is None or others)  # type: ignore[arg-type]
+        return reader
 
     # -- epochs and shares ----------------------------------------------------------
 
@@ -279,18 +290,6 @@ class Plan:
         path = m.paths[int(m.shard_file[chunk.shard])]
         rows = f"{chunk.row_start}..{chunk.row_start + chunk.seq_end - chunk.seq_start - 1}"
         return f"in {path!r}, row group {int(m.shard_row_group[chunk.shard])}, rows {rows}"
-
-
-def _token_ids(stages: tuple[Stage, ...], *, keep_text_always: bool) -> TokenIds | None:
-    """Return how readers attach cached token ids, when a stage keeps a token cache."""
-    for stage in stages:
-        used = stage.columns() or set()
-        # the text is still needed by the output, or by another stage reading any of its columns
-        others = any(s is not stage and (s.columns() is None or used & s.columns()) for s in stages)
-        ids = stage.cached_ids(keep_text=keep_text_always or others)
-        if ids is not None:
-            return ids
-    return None
 
 
 def _prefetch_depth(prefetch: int | None, stages: tuple[Stage, ...]) -> int:

@@ -30,13 +30,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
-from arrowstream.tokenize.cache import TokenCache
+from arrowstream.tokenize.cache import IDS_COLUMN, CachedReader, TokenCache
 from arrowstream.checks import check_int
 from arrowstream.io.chunk import Chunk, tokens_to_arrow
 from arrowstream.tokenize.encoders import BACKENDS, Encoder, load_tokenizer, tokenizer_hash
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.io.manifest import Manifest
-from arrowstream.io.reader import IDS_COLUMN, TokenIds
+from arrowstream.io.reader import Reader, ShardReader
 from arrowstream.core.stage import Stage
 
 __all__ = ["Tokenize", "check_tokenizer", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
@@ -312,11 +312,11 @@ class Tokenize(Stage):
         """True for a pre-tokenized column or a token cache: the ids are read, not made."""
         return self.tokenizer is None or self.cache is not None
 
-    def cached_ids(self, *, keep_text: bool) -> TokenIds | None:
-        """Return what a reader needs to attach cached ids to each row group (``None``: no cache)."""
+    def wrap_reader(self, reader: ShardReader, *, keep_text: bool) -> Reader:
+        """With a token cache, wrap ``reader`` in a :class:`CachedReader` that brings the ids along."""
         if self.cache is None:
-            return None
-        return TokenIds(self.cache, self.column, self.encode_array, keep_text)
+            return reader
+        return CachedReader(reader, self.cache, self.column, self.encode_array, keep_text=keep_text)
 
     def encode_array(self, texts: pa.Array) -> pa.Array:
         """Encode a text array into ``list<int32>`` ids (no EOS), null for a null text."""

@@ -38,14 +38,18 @@ import pyarrow.parquet as pq
 
 from arrowstream.errors import CacheError, CacheWarning
 from arrowstream.io.manifest import Manifest
+from arrowstream.io.reader import ShardReader
 
-__all__ = ["CACHE_FORMAT", "TokenCache"]
+__all__ = ["CACHE_FORMAT", "IDS_COLUMN", "CachedReader", "TokenCache"]
 
 #: Version of the cache layout; a change makes older caches foreign. 2: entries name
 #: their source file's footer digest too.
 CACHE_FORMAT = 2
 
 _META = b"arrowstream.token_cache"
+
+#: The column through which cached ids travel from :class:`CachedReader` to the tokenize stage.
+IDS_COLUMN = "__arrowstream_ids"
 
 #: ``encode(texts)`` -> ``list<int32>`` ids per text (null for a null text), no EOS.
 Encode = Callable[[pa.Array], pa.Array]
@@ -181,6 +185,66 @@ class TokenCache:
     def _identity(self, manifest: Manifest, shard: int) -> dict[str, Any]:
         fi = int(manifest.shard_file[shard])
         return {**manifest.file_identity(fi), "row_group": int(manifest.shard_row_group[shard])}
+
+
+
+class CachedReader:
+    """A reader that brings every row group's token ids along, from a :class:`TokenCache`.
+
+    It wraps a :class:`~arrowstream.io.reader.ShardReader` (the cache sits on
+    top of reading; reading knows nothing of tokens). Each table it returns
+    has the cached ids as column :data:`IDS_COLUMN`; on a miss the text column
+    is read and encoded, and the ids are kept when the cache is writable.
+
+    Parameters
+    ----------
+    reader
+        The reader of the columns the pipeline needs.
+    cache
+        Where the ids are kept.
+    column
+        The text column the ids come from.
+    encode
+        Tokenizes a text array on a miss (``list<int32>`` per text, no EOS).
+    keep_text
+        Whether a later stage or the output still needs the text. When not,
+        the text is read only to fill a miss.
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> from arrowstream.io.manifest import read_manifest
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"text": ["ab", "c"], "n": [1, 2]}), f"{d}/x.parquet")
+    >>> m = read_manifest(d)
+    >>> encode = lambda texts: pa.array([[len(t)] for t in texts.to_pylist()], pa.list_(pa.int32()))
+    >>> reader = CachedReader(ShardReader(m, ["text", "n"]), TokenCache(f"{d}/_c", {"t": 1}),
+    ...                       "text", encode, keep_text=False)
+    >>> reader.read(0).to_pydict()
+    {'n': [1, 2], '__arrowstream_ids': [[2], [1]]}
+    """
+
+    def __init__(
+        self, reader: ShardReader, cache: TokenCache, column: str, encode: Encode, *, keep_text: bool
+    ) -> None:
+        self.inner = reader if keep_text else reader.without(column)
+        self.manifest = reader.manifest
+        self.cache, self.column, self.encode = cache, column, encode
+
+    def read(self, shard: int) -> pa.Table:
+        """Return shard ``shard``'s rows with their ids as :data:`IDS_COLUMN`."""
+        table = self.inner.read(shard)
+
+        def texts() -> pa.Array:
+            if self.column in table.column_names:
+                return table.column(self.column).combine_chunks()
+            return self.inner.read_columns(shard, [self.column]).column(self.column).combine_chunks()
+
+        return table.append_column(IDS_COLUMN, self.cache.ids(self.manifest, shard, texts, self.encode))
+
+    def close(self) -> None:
+        """Close the open files."""
+        self.inner.close()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
