@@ -23,20 +23,28 @@ from arrowstream.errors import (
 )
 from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.io.manifest import Manifest, Shard, read_manifest
-from arrowstream.pack import Packer
+from arrowstream.filter import Filter
+from arrowstream.pack import ConcatPacker, Packer
+from arrowstream.pack.bestfit import BestFitPacker
+from arrowstream.pack.bucket import BucketPacker
+from arrowstream.tokenize import Tokenize
 from arrowstream.core.stage import Stage
 from arrowstream.distributed.topology import merge_states
 
 __all__ = [
     "Analysis",
     "ArrowStreamError",
+    "BestFitPacker",
+    "BucketPacker",
     "CacheError",
     "CacheWarning",
+    "ConcatPacker",
     "ConfigError",
     "Dataset",
     "DatasetIterator",
     "Encoder",
     "EncoderFallbackWarning",
+    "Filter",
     "Manifest",
     "Packer",
     "PerformanceWarning",
@@ -46,6 +54,7 @@ __all__ = [
     "Stage",
     "StateError",
     "StateMismatchError",
+    "Tokenize",
     "analyze",
     "merge_states",
     "read_manifest",

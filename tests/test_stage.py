@@ -56,3 +56,21 @@ def test_a_piped_stage_filters_counts_and_resumes(text_dir: Callable[..., Path],
 def test_pipe_takes_only_stages(text_dir: Callable[..., Path]) -> None:
     with pytest.raises(ConfigError, match="arrowstream.Stage"):
         read_parquet(text_dir()).pipe(lambda chunk: chunk)  # type: ignore[arg-type]
+
+
+def test_builders_hand_their_options_to_the_classes_that_validate_them(
+    text_dir: Callable[..., Path], tokenizer: Tokenizer
+) -> None:
+    import arrowstream
+
+    ds = read_parquet(text_dir()).tokenize(tokenizer, add_eos=False, slice_bytes=4096)
+    stage = ds.stages[-1]
+    assert isinstance(stage, arrowstream.Tokenize)
+    assert (stage.add_eos, stage.slice_bytes) == (False, 4096)
+    fit = ds.pack(seq_len=16, batch_size=2, strategy="best_fit", window=32, fill=0.5).packer
+    assert isinstance(fit, arrowstream.BestFitPacker) and (fit.window, fit.fill, fit.pad_id) == (32, 0.5, 0)
+    assert isinstance(ds.bucket(max_tokens=64).packer, arrowstream.BucketPacker)
+    with pytest.raises(ConfigError, match="slice_bytes"):  # checked once, by the stage
+        read_parquet(text_dir()).tokenize(tokenizer, slice_bytes=0)
+    with pytest.raises(TypeError, match="windw"):  # a misspelt option is never ignored
+        ds.pack(seq_len=16, batch_size=2, strategy="best_fit", windw=32)

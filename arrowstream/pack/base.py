@@ -71,7 +71,7 @@ class Packer(ABC):
     )
 
     def __init__(
-        self, *, seq_len: int, batch_size: int, drop_last: bool, pad_id: int, even_batches: bool = True
+        self, *, seq_len: int, batch_size: int, drop_last: bool = False, pad_id: int = 0, even_batches: bool = True
     ) -> None:
         check_int("seq_len", seq_len)
         check_int("batch_size", batch_size)

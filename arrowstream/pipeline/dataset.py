@@ -172,25 +172,14 @@ class Dataset:
         fragments = check_int("fragments", fragments)  # type: ignore[assignment]
         return replace(self, seed=seed, window=window, fragments=fragments)
 
-    def tokenize(
-        self,
-        tokenizer: Tokenizer | str | os.PathLike[str] | None,
-        *,
-        column: str = "text",
-        add_eos: bool = True,
-        eos_id: int | None = None,
-        add_special_tokens: bool = True,
-        num_inflight: int = 3,
-        slice_bytes: int = 1 << 18,
-        first_slice_bytes: int = 1 << 16,
-        loss_mask: str | None = None,
-        backend: str = "auto",
-        cache: str | os.PathLike[str] | None = None,
-        cache_write: bool = True,
-    ) -> Dataset:
+    def tokenize(self, tokenizer: Tokenizer | str | os.PathLike[str] | None, **options: Any) -> Dataset:
         """Tokenize ``column`` into an ``input_ids`` column; ``tokenizer=None`` reads ids as they are.
 
-        See :class:`~arrowstream.tokenize.Tokenize` for the options. Null and
+        ``options`` are those of :class:`~arrowstream.tokenize.Tokenize`
+        (validated there, once): ``column`` (``"text"``), ``add_eos``,
+        ``eos_id``, ``add_special_tokens``, ``num_inflight``, ``slice_bytes``,
+        ``first_slice_bytes``, ``loss_mask``, ``backend``, ``cache``,
+        ``cache_write``. Null and
         empty documents are skipped and counted (``stats["null"]``,
         ``stats["empty"]``). ``loss_mask`` names a column of per-token loss
         masks next to pre-tokenized ids; masked tokens get ``-100`` in the
@@ -215,41 +204,15 @@ class Dataset:
         """
         if any(isinstance(s, Tokenize) for s in self.stages):
             raise ConfigError("the pipeline is already tokenized: call `.tokenize` once")
-        return self._add_stage(
-            Tokenize(
-                tokenizer,
-                column=column,
-                add_eos=add_eos,
-                eos_id=eos_id,
-                add_special_tokens=add_special_tokens,
-                num_inflight=num_inflight,
-                slice_bytes=slice_bytes,
-                first_slice_bytes=first_slice_bytes,
-                loss_mask=loss_mask,
-                backend=backend,
-                cache=cache,
-                cache_write=cache_write,
-            )
-        )
+        return self._add_stage(Tokenize(tokenizer, **options))
 
-    def pack(
-        self,
-        *,
-        seq_len: int,
-        batch_size: int,
-        strategy: str = "concat",
-        drop_last: bool = False,
-        pad_id: int | None = None,
-        even_batches: bool = True,
-        window: int | None = None,
-        fill: float | None = None,
-        max_age: int | None = None,
-        max_open: int | None = None,
-        long_docs: str | None = None,
-        shuffle_batches: int | None = None,
-        seed: int | None = None,
-    ) -> Dataset:
+    def pack(self, *, strategy: str = "concat", pad_id: int | None = None, **options: Any) -> Dataset:
         """Pack tokens into batches of ``batch_size`` rows of ``seq_len`` tokens.
+
+        ``options`` are those of the strategy's packer (validated there,
+        once): ``seq_len`` and ``batch_size`` (required), ``drop_last``,
+        ``even_batches``, and for ``best_fit`` those of
+        :class:`~arrowstream.pack.bestfit.BestFitPacker`.
 
         Each batch is a dict: ``input_ids``, ``labels`` (``int64``, ``-100``
         on padding and at document boundaries), ``position_ids`` (restarting
@@ -298,49 +261,17 @@ class Dataset:
             raise ConfigError(_PACK_OR_BUCKET)
         if self.packer is not None:
             raise ConfigError("the pipeline is already packed: call `.pack` once")
-        tok = self._tokenize_stage()
-        if tok is None:
+        if self._tokenize_stage() is None:
             raise ConfigError("`.pack` needs tokens: call `.tokenize(...)` before `.pack(...)`")
-        if pad_id is None:
-            pad_id = tok.eos_id if tok.eos_id is not None else 0
-        packer = make_packer(
-            strategy,
-            seq_len=seq_len,
-            batch_size=batch_size,
-            drop_last=drop_last,
-            pad_id=pad_id,
-            even_batches=even_batches,
-            **{
-                key: value
-                for key, value in (
-                    ("window", window),
-                    ("fill", fill),
-                    ("max_age", max_age),
-                    ("max_open", max_open),
-                    ("long_docs", long_docs),
-                    ("shuffle_batches", shuffle_batches),
-                    ("seed", seed),
-                )
-                if value is not None
-            },
-        )
-        return replace(self, packer=packer)
+        return replace(self, packer=make_packer(strategy, pad_id=self._pad_id(pad_id), **options))
 
-    def bucket(
-        self,
-        *,
-        batch_size: int | None = None,
-        max_tokens: int | None = None,
-        window: int = 1024,
-        max_len: int | None = None,
-        long_docs: str = "truncate",
-        pad_id: int | None = None,
-        pad_to_multiple_of: int = 1,
-        drop_last: bool = False,
-        even_batches: bool = True,
-        seed: int = 0,
-    ) -> Dataset:
+    def bucket(self, *, pad_id: int | None = None, **options: Any) -> Dataset:
         """Batch whole documents of similar length, one per row, padded to the batch's longest.
+
+        ``options`` are those of :class:`~arrowstream.pack.bucket.BucketPacker`
+        (validated there, once): ``batch_size`` or ``max_tokens``, ``window``
+        (1024), ``max_len``, ``long_docs`` (``"truncate"``),
+        ``pad_to_multiple_of`` (1), ``drop_last``, ``even_batches``, ``seed`` (0).
 
         For training without packing (fine-tuning, evaluation). Each
         ``window`` of documents is sorted by length and cut into batches of
@@ -371,24 +302,9 @@ class Dataset:
         """
         if self.packer is not None:
             raise ConfigError(_PACK_OR_BUCKET)
-        tok = self._tokenize_stage()
-        if tok is None:
+        if self._tokenize_stage() is None:
             raise ConfigError("`.bucket` needs tokens: call `.tokenize(...)` before `.bucket(...)`")
-        if pad_id is None:
-            pad_id = tok.eos_id if tok.eos_id is not None else 0
-        packer = BucketPacker(
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            window=window,
-            max_len=max_len,
-            long_docs=long_docs,
-            pad_id=pad_id,
-            pad_to_multiple_of=pad_to_multiple_of,
-            drop_last=drop_last,
-            even_batches=even_batches,
-            seed=seed,
-        )
-        return replace(self, packer=packer)
+        return replace(self, packer=BucketPacker(pad_id=self._pad_id(pad_id), **options))
 
     def pipe(self, stage: Stage) -> Dataset:
         """Add a row stage of your own (a :class:`~arrowstream.Stage`) after the current ones.
@@ -434,6 +350,13 @@ class Dataset:
 
     def _tokenize_stage(self) -> Tokenize | None:
         return next((s for s in self.stages if isinstance(s, Tokenize)), None)
+
+    def _pad_id(self, pad_id: int | None) -> int:
+        """``pad_id``, or by default the EOS id (0 without one)."""
+        if pad_id is not None:
+            return pad_id
+        tok = self._tokenize_stage()
+        return tok.eos_id if tok is not None and tok.eos_id is not None else 0
 
     # -- identity -----------------------------------------------------------------
 
