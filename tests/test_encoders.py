@@ -26,7 +26,8 @@ from tokenizers import (
 )
 
 from arrowstream import ConfigError, read_parquet
-from arrowstream.tokenize import encoders as encoders_module
+from arrowstream.tokenize import fast as fast_module
+from arrowstream.tokenize import verdicts as verdicts_module
 from arrowstream.tokenize.bytelevel import GPT2_PATTERN, byte_symbols, to_bytelevel_bpe
 from arrowstream.tokenize.encoders import Encoder, probe_texts
 from arrowstream.errors import EncoderFallbackWarning
@@ -222,7 +223,7 @@ def test_very_long_whitespace_runs_go_to_tokenizers_and_keep_their_ids(
     texts = ["a" + " " * 200_000 + "b", "word " * 10, "\n" * 140_000]
     assert fast(enc, texts) == reference(tok_small, texts)
     # past the check, tiktoken's regex engine panics on a run of a million: the text goes to tokenizers
-    monkeypatch.setattr(encoders_module, "_LONG_RUN", 10**9)
+    monkeypatch.setattr(fast_module, "_LONG_RUN", 10**9)
     texts = ["x", " " * 1_000_000 + "y", "z"]
     assert fast(enc, texts) == reference(tok_small, texts)
 
@@ -339,7 +340,7 @@ def test_the_verdict_is_cached_by_tokenizer_hash_on_disk(
     [path] = tmp_path.glob("*.json")
     verdict = json.loads(path.read_text())
     assert verdict["ok"] and verdict["checked"]["probe texts"] > 1000
-    monkeypatch.setattr(encoders_module, "_verdicts", {})  # a new process, say
+    monkeypatch.setattr(verdicts_module, "_verdicts", {})  # a new process, say
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("the checks ran again")
@@ -347,7 +348,7 @@ def test_the_verdict_is_cached_by_tokenizer_hash_on_disk(
     monkeypatch.setattr(Encoder, "_check", must_not_run)
     cached = Encoder(tok, cache_dir=tmp_path)
     assert cached.backend == "tiktoken" and not cached.describe()["checks_pending"]
-    monkeypatch.setattr(encoders_module, "_verdicts", {})
+    monkeypatch.setattr(verdicts_module, "_verdicts", {})
     with pytest.raises(AssertionError, match="ran again"):
         Encoder(tok).verify()  # no cache_dir, no in-process verdict: checks again
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from arrowstream import StateError
-from arrowstream.state import Held, Position, Work
+from arrowstream import StateError, merge_states, read_parquet
+from arrowstream.distributed.topology import Consumer, own_share
+from arrowstream.pipeline.plan import Plan
+from arrowstream.state import BestFitState, BucketState, Held, Position, Progress, State, Work
+
+from .conftest import heavy_tail, write_named_docs
 
 
 def test_parts_round_trip() -> None:
@@ -32,8 +39,54 @@ def test_parts_round_trip() -> None:
         (Work, {"num_streams": 1, "segments": [], "target": -1}, "work.target"),
         (Held, {"read": [0], "docs": []}, "held` is malformed"),
         (Held, {"read": [0, 1], "docs": [[0, 1]]}, "held` is malformed"),
+        (Progress, {"epoch": 0, "epoch_batches": -1}, "packer.epoch_batches"),
+        (BestFitState, {"epoch": 0, "epoch_batches": 0, "read": [0, 0], "block": 0, "flushed": False,
+                        "open": [], "ready": [], "out": []}, "packer.read"),
+        (BestFitState, {"epoch": 0, "epoch_batches": 0, "read": [0, 0, 0], "block": 0, "flushed": False,
+                        "open": [], "ready": [[[0, 1, 2]]], "out": []}, "packer` is malformed"),
+        (BucketState, {"epoch": 0, "epoch_batches": 0, "read": [0, 0, 0], "window": 0, "flushed": False,
+                       "carry": [[0]], "out": []}, "packer` is malformed"),
     ],
 )
 def test_a_malformed_part_is_refused_by_name(part: type, data: object, match: str) -> None:
     with pytest.raises(StateError, match=match):
         part.from_dict(data)
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit", "bucket"])
+def test_every_state_reads_into_its_types_and_back_unchanged(tmp_path: Path, strategy: str) -> None:
+    root = write_named_docs(tmp_path, heavy_tail(120, cap=40))
+    ds = read_parquet(root, num_epochs=2).tokenize(None, column="input_ids", add_eos=False)
+    ds = ds.bucket(batch_size=4) if strategy == "bucket" else ds.pack(seq_len=32, batch_size=2, strategy=strategy)
+    it = ds.iter(rank=0, world_size=2)
+    seen = {"held": False, "packer": False}
+    for _ in range(12):
+        state = json.loads(json.dumps(it.state_dict()))
+        typed = State.from_dict(state)
+        assert typed.to_dict() == state
+        seen["held"] |= typed.held is not None
+        seen["packer"] |= bool(typed.packer)
+        next(it)
+    assert seen["packer"] and (seen["held"] or strategy == "concat")
+    # a merged state's shares: next_work and a re-dealt (empty) packer part round-trip too
+    merged = merge_states([it.state_dict(), ds.iter(rank=1, world_size=2).state_dict()])
+    for consumer in range(3):
+        own, _ = own_share(merged, Consumer(consumer, 3), Plan.of(ds).fresh_work)
+        assert State.from_dict(own).packer == {}  # a re-dealt share: nothing held
+        resumed = ds.iter(merged, rank=consumer, world_size=3).state_dict()
+        assert State.from_dict(resumed).to_dict() == resumed
+
+
+def test_a_malformed_envelope_names_the_field() -> None:
+    good = State(dataset={"fingerprint": "f"}, options_hash="h", options={}, position=Position(0, 0, 0),
+                 work=Work(1, ((0, 0, 4, 0),)), consumer=(0, 1), stats={"rows": 0}).to_dict()
+    for key, value, match in [
+        ("consumer", {"index": -1, "count": 1}, "consumer.index"),
+        ("stats", {"rows": 1.5}, "int counters"),
+        ("work", [], "work` should be a dict"),
+        ("packer", [1], "packer` should be a dict"),
+        ("next_work", {"num_streams": 0, "segments": []}, "next_work.num_streams"),
+        ("version", 1, "version 1 is not supported"),
+    ]:
+        with pytest.raises(StateError, match=match):
+            State.from_dict({**good, key: value})

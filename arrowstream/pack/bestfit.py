@@ -42,11 +42,12 @@ from typing import Any
 import numpy as np
 
 from arrowstream.checks import check_int
-from arrowstream.errors import ConfigError, StateError
+from arrowstream.errors import ConfigError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.assemble import assemble_batch
 from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun
+from arrowstream.state import BestFitState, PieceRef, Progress, State
 
 __all__ = ["LONG_DOCS", "BestFitPacker"]
 
@@ -159,7 +160,7 @@ class BestFitPacker(Packer):
         }
 
     def start(
-        self, state: dict[str, Any] | None, *, targets: Callable[[int], int | None] | None = None
+        self, state: State | None, *, targets: Callable[[int], int | None] | None = None
     ) -> PackRun:
         return _BestFitRun(self, state, targets or (lambda epoch: None))
 
@@ -175,7 +176,7 @@ class _BestFitRun(LookaheadRun):
     def __init__(
         self,
         packer: BestFitPacker,
-        state: dict[str, Any] | None,
+        state: State | None,
         targets: Callable[[int], int | None],
     ) -> None:
         self.p = packer
@@ -191,30 +192,22 @@ class _BestFitRun(LookaheadRun):
             self.target = targets(0)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=0)
             return
-        self.ledger = Ledger(state["stats"])
+        self.ledger = Ledger(state.stats)
         loaded = self._load_position(state)
-        saved = state.get("packer") or {}
-        if not saved:  # a re-dealt share: nothing held, read from the position
+        if not state.packer:  # a re-dealt share: nothing held, read from the position
             epoch = loaded.epoch
             mark = (epoch, loaded.segment, loaded.seq)
             self.epoch, self.emitted, self.block, self.flushed = epoch, 0, 0, False
             self.target = targets(epoch)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=epoch, mark=mark)
             return
-        try:
-            self.epoch = int(saved["epoch"])
-            self.emitted = int(saved["epoch_batches"])
-            self.target = saved["target"] if "target" in saved else targets(self.epoch)
-            self.block = int(saved["block"])
-            self.flushed = bool(saved["flushed"])
-            mark = tuple(int(v) for v in saved["read"])
-            self.open = [_Row(_pieces(p), 0, int(age)) for age, p in saved["open"]]
-            self.ready = [_pieces(p) for p in saved["ready"]]
-            self.out = [_pieces(p) for p in saved["out"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"state `packer` is malformed ({exc!r}): the state was edited") from exc
-        if len(mark) != 3:
-            raise StateError(f"state `packer.read` must be [epoch, segment, seq], got {mark!r}")
+        part = BestFitState.from_dict(state.packer)
+        self.epoch, self.emitted = part.progress.epoch, part.progress.epoch_batches
+        self.target = part.progress.target if part.progress.target_known else targets(self.epoch)
+        self.block, self.flushed, mark = part.block, part.flushed, part.read
+        self.open = [_Row(_pieces(p), 0, age) for age, p in part.open]
+        self.ready = [_pieces(p) for p in part.ready]
+        self.out = [_pieces(p) for p in part.out]
         for row in self._rows():
             for key, _, _, _ in row:
                 self.refs[key] = self.refs.get(key, 0) + 1
@@ -236,14 +229,16 @@ class _BestFitRun(LookaheadRun):
                 first[key] = min(start, first.get(key, start))
         return first
 
-    def _packer_state(self) -> dict[str, Any]:
-        return {
-            "block": self.block,
-            "flushed": self.flushed,
-            "open": [[row.age, _encode(row.pieces)] for row in self.open],
-            "ready": [_encode(p) for p in self.ready],
-            "out": [_encode(p) for p in self.out],
-        }
+    def _packer_state(self, progress: Progress, read: tuple[int, int, int]) -> BestFitState:
+        return BestFitState(
+            progress,
+            read,
+            self.block,
+            self.flushed,
+            tuple((row.age, _encode(row.pieces)) for row in self.open),
+            tuple(_encode(p) for p in self.ready),
+            tuple(_encode(p) for p in self.out),
+        )
 
     def _new_epoch(self) -> None:
         self.block = 0
@@ -437,21 +432,15 @@ class _BestFitRun(LookaheadRun):
         self.flushed = True
 
 
-def _encode(pieces: list[Piece]) -> list[list[int]]:
-    return [
-        [key[0], key[1]] if whole else [key[0], key[1], start, n]
-        for key, start, n, whole in pieces
-    ]
+def _encode(pieces: list[Piece]) -> tuple[PieceRef, ...]:
+    return tuple(
+        (key[0], key[1]) if whole else (key[0], key[1], start, n) for key, start, n, whole in pieces
+    )
 
 
-def _pieces(encoded: list[list[int]]) -> list[Piece]:
+def _pieces(refs: tuple[PieceRef, ...]) -> list[Piece]:
     """Decode pieces; a whole document's length is known only once it is re-read."""
-    out: list[Piece] = []
-    for item in encoded:
-        if len(item) == 2:
-            out.append(((int(item[0]), int(item[1])), 0, -1, True))
-        elif len(item) == 4:
-            out.append(((int(item[0]), int(item[1])), int(item[2]), int(item[3]), False))
-        else:
-            raise ValueError(f"a piece is [segment, seq] or [segment, seq, start, length], got {item!r}")
-    return out
+    return [
+        ((ref[0], ref[1]), 0, -1, True) if len(ref) == 2 else ((ref[0], ref[1]), ref[2], ref[3], False)
+        for ref in refs
+    ]

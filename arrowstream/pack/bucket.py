@@ -43,11 +43,12 @@ from typing import Any
 import numpy as np
 
 from arrowstream.checks import check_int
-from arrowstream.errors import ConfigError, StateError
+from arrowstream.errors import ConfigError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.assemble import PADDED_KEYS, assemble_padded_batch
 from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun
+from arrowstream.state import BucketState, Progress, State
 
 __all__ = ["LONG_DOCS", "BucketPacker"]
 
@@ -178,7 +179,7 @@ class BucketPacker(Packer):
         }
 
     def start(
-        self, state: dict[str, Any] | None, *, targets: Callable[[int], int | None] | None = None
+        self, state: State | None, *, targets: Callable[[int], int | None] | None = None
     ) -> PackRun:
         return _BucketRun(self, state, targets or (lambda epoch: None))
 
@@ -320,7 +321,7 @@ class _BucketRun(LookaheadRun):
     def __init__(
         self,
         packer: BucketPacker,
-        state: dict[str, Any] | None,
+        state: State | None,
         targets: Callable[[int], int | None],
     ) -> None:
         self.p = packer
@@ -334,29 +335,21 @@ class _BucketRun(LookaheadRun):
             self.target = targets(0)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=0)
             return
-        self.ledger = Ledger(state["stats"])
+        self.ledger = Ledger(state.stats)
         loaded = self._load_position(state)
-        saved = state.get("packer") or {}
-        if not saved:  # a re-dealt share: nothing held, read from the position
+        if not state.packer:  # a re-dealt share: nothing held, read from the position
             epoch = loaded.epoch
             self.epoch, self.emitted, self.windows, self.flushed = epoch, 0, 0, False
             self.target = targets(epoch)
             mark = (epoch, loaded.segment, loaded.seq)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=epoch, mark=mark)
             return
-        try:
-            self.epoch = int(saved["epoch"])
-            self.emitted = int(saved["epoch_batches"])
-            self.target = saved["target"] if "target" in saved else targets(self.epoch)
-            self.windows = int(saved["window"])
-            self.flushed = bool(saved["flushed"])
-            mark = tuple(int(v) for v in saved["read"])
-            self.carry = [_key(item) for item in saved["carry"]]
-            self.out = [[_key(item) for item in batch] for batch in saved["out"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"state `packer` is malformed ({exc!r}): the state was edited") from exc
-        if len(mark) != 3:
-            raise StateError(f"state `packer.read` must be [epoch, segment, seq], got {list(mark)!r}")
+        part = BucketState.from_dict(state.packer)
+        self.epoch, self.emitted = part.progress.epoch, part.progress.epoch_batches
+        self.target = part.progress.target if part.progress.target_known else targets(self.epoch)
+        self.windows, self.flushed, mark = part.window, part.flushed, part.read
+        self.carry = list(part.carry)
+        self.out = [list(batch) for batch in part.out]
         self.src = DocumentSource(
             self.p.window,
             self.ledger,
@@ -374,13 +367,8 @@ class _BucketRun(LookaheadRun):
         # documents are never cut: a held document's tokens are all still to come
         return dict.fromkeys(self._held_keys(), 0)
 
-    def _packer_state(self) -> dict[str, Any]:
-        return {
-            "window": self.windows,
-            "flushed": self.flushed,
-            "carry": [list(key) for key in self.carry],
-            "out": [[list(key) for key in batch] for batch in self.out],
-        }
+    def _packer_state(self, progress: Progress, read: tuple[int, int, int]) -> BucketState:
+        return BucketState(progress, read, self.windows, self.flushed, tuple(self.carry), tuple(map(tuple, self.out)))
 
     def _new_epoch(self) -> None:
         self.windows = 0
@@ -490,9 +478,3 @@ class _BucketRun(LookaheadRun):
         self.ledger.add("dropped_docs", docs)
         self.ledger.add("dropped_tokens", tokens)
         self.flushed = True
-
-
-def _key(item: Any) -> Key:
-    if not isinstance(item, list) or len(item) != 2:
-        raise ValueError(f"a held document is [segment, seq], got {item!r}")
-    return int(item[0]), int(item[1])

@@ -19,7 +19,7 @@ import numpy as np
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack.assemble import assemble_batch
 from arrowstream.pack.base import Packer, PackRun
-from arrowstream.state import Position
+from arrowstream.state import Position, Progress, State
 
 __all__ = ["ConcatPacker"]
 
@@ -45,7 +45,7 @@ class ConcatPacker(Packer):
     name = "concat"
 
     def start(
-        self, state: dict[str, Any] | None, *, targets: Callable[[int], int | None] | None = None
+        self, state: State | None, *, targets: Callable[[int], int | None] | None = None
     ) -> PackRun:
         return _ConcatRun(self, state, targets or (lambda epoch: None))
 
@@ -54,7 +54,7 @@ class _ConcatRun(PackRun):
     def __init__(
         self,
         packer: ConcatPacker,
-        state: dict[str, Any] | None,
+        state: State | None,
         targets: Callable[[int], int | None],
     ) -> None:
         self.p = packer
@@ -65,13 +65,13 @@ class _ConcatRun(PackRun):
             self.pos = Position(0, 0, 0, 0)
             self.ledger = Ledger()
         else:
-            self.pos = Position.from_dict(state["position"])
-            self.ledger = Ledger(state["stats"])
+            self.pos = state.position
+            self.ledger = Ledger(state.stats)
         self._ended = False
-        saved = (state or {}).get("packer") or {}
-        self.epoch = int(saved.get("epoch", self.pos.epoch))
-        self.emitted = int(saved.get("epoch_batches", 0))  # batches emitted in self.epoch
-        self.target = saved["target"] if "target" in saved else targets(self.epoch)
+        progress = Progress.from_dict({} if state is None else state.packer, epoch=self.pos.epoch)
+        self.epoch = progress.epoch
+        self.emitted = progress.epoch_batches  # batches emitted in self.epoch
+        self.target = progress.target if progress.target_known else targets(self.epoch)
 
     def upstream_position(self) -> Position:
         return self.pos
@@ -211,7 +211,7 @@ class _ConcatRun(PackRun):
         return {
             "position": pos.to_dict(),
             "stats": stats,
-            "packer": {"epoch": self.epoch, "epoch_batches": self.emitted, "target": self.target},
+            "packer": Progress(self.epoch, self.emitted, self.target).to_dict(),
         }
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from arrowstream.errors import StateError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import PackRun
-from arrowstream.state import Held, Position
+from arrowstream.state import BestFitState, BucketState, Held, Position, Progress, State
 
 __all__ = ["Doc", "DocumentSource", "Key", "LookaheadRun", "Window"]
 
@@ -226,17 +226,16 @@ class LookaheadRun(PackRun):
         """Return every held document and the first of its tokens not emitted yet."""
 
     @abstractmethod
-    def _packer_state(self) -> dict[str, Any]:
-        """Return the strategy's own ``packer`` fields (references only)."""
+    def _packer_state(self, progress: Progress, read: tuple[int, int, int]) -> BestFitState | BucketState:
+        """Return the strategy's ``packer`` part of the state (references only)."""
 
     @abstractmethod
     def _new_epoch(self) -> None:
         """Reset the strategy's per-epoch counters."""
 
-    def _load_position(self, state: dict[str, Any]) -> Position:
-        self.loaded = Position.from_dict(state["position"])
-        held = state.get("held")
-        self._loaded_held = None if held is None else Held.from_dict(held).to_dict()
+    def _load_position(self, state: State) -> Position:
+        self.loaded = state.position
+        self._loaded_held = None if state.held is None else state.held.to_dict()
         return self.loaded
 
     def upstream_position(self) -> Position:
@@ -264,13 +263,9 @@ class LookaheadRun(PackRun):
             "held": held or None,
             "position": pos.to_dict(),
             "stats": self.ledger.snapshot(),
-            "packer": {
-                "epoch": self.epoch,
-                "epoch_batches": self.emitted,
-                "target": self.target,
-                "read": list(self.src.read),
-                **self._packer_state(),
-            },
+            "packer": self._packer_state(
+                Progress(self.epoch, self.emitted, self.target), tuple(self.src.read)  # type: ignore[arg-type]
+            ).to_dict(),
         }
 
     def _recover_documents(self, chunks: Iterator[Chunk]) -> None:

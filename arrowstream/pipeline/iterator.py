@@ -22,14 +22,7 @@ from arrowstream.errors import StateError
 from arrowstream.pack import PackRun
 from arrowstream.pipeline.plan import Plan
 from arrowstream.io.prefetch import Prefetcher
-from arrowstream.state import (
-    STATE_FORMAT,
-    STATE_VERSION,
-    Position,
-    Work,
-    check_identity,
-    check_state,
-)
+from arrowstream.state import Held, Position, State, Work, check_identity, check_state
 from arrowstream.distributed.topology import Consumer, Deal, Segment, own_share
 
 __all__ = ["DatasetIterator"]
@@ -118,25 +111,26 @@ class DatasetIterator:
                     options_hash=self.plan.options_hash,
                 )
                 state, self._parts = own_share(state, self.consumer, fresh)
-            check_state(
+            saved: State | None = check_state(
                 state,
                 dataset=self.plan.manifest.describe(),
                 options=self.plan.options(),
                 options_hash=self.plan.options_hash,
             )
-            self._check_consumer(state["consumer"])
-            self._start_epoch = Position.from_dict(state["position"]).epoch
-            work = Work.from_dict(state["work"])
-            self._deals[self._start_epoch] = (work.num_streams, list(work.segments))
-            if state.get("next_work") is not None:
-                nxt = Work.from_dict(state["next_work"], field="next_work")
+            assert saved is not None
+            self._check_consumer(saved.consumer)
+            self._start_epoch = saved.position.epoch
+            self._deals[self._start_epoch] = (saved.work.num_streams, list(saved.work.segments))
+            nxt = saved.next_work
+            if nxt is not None:
                 self._deals[self._start_epoch + 1] = (nxt.num_streams, list(nxt.segments))
-                if "target" in state["next_work"]:
+                if nxt.target_known:
                     self._known_targets[self._start_epoch + 1] = nxt.target
             for epoch in sorted(self._deals):
                 self._check_work(epoch)
-            self._check_position(state["position"])
+            self._check_position(saved)
         else:
+            saved = None
             self._start_epoch = 0
             self._deals[0] = (self.consumer.count, fresh(0, self.consumer))
         if self._chunks is not None:
@@ -151,12 +145,12 @@ class DatasetIterator:
             if nxt_epoch in self._deals and nxt_epoch not in self._known_targets:
                 # saved with next_work, so an own-state resume needs no other consumer's parts
                 self._known_targets[nxt_epoch] = targets(nxt_epoch)
-            self._run = self.plan.packer.start(state, targets=targets)
+            self._run = self.plan.packer.start(saved, targets=targets)
             start = self._run.upstream_position()
-        elif state is None:
+        elif saved is None:
             start = Position(0, 0, 0, 0)
         else:
-            start = Position.from_dict(state["position"])
+            start = saved.position
             if start.token_offset:
                 raise StateError(
                     f"state position has token_offset {start.token_offset}, but an unpacked "
@@ -167,7 +161,7 @@ class DatasetIterator:
         if state is None and first_work:
             start = Position(0, 0, first_work[0][1], 0)
         self._pos = start
-        self._ledger = Ledger(None if state is None else state["stats"])
+        self._ledger = Ledger(None if saved is None else saved.stats)
         produce = functools.partial(
             self.plan.iter_chunks,
             self._reader,
@@ -206,28 +200,24 @@ class DatasetIterator:
         if "pruned_rows" in stats:  # derived, so it is exact at any position: epochs begun times rows pruned
             stats["pruned_rows"] = self.plan.num_pruned_rows * (position.epoch + 1)
         num_streams, work = self._work(position.epoch)
-        state = {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "dataset": self.plan.manifest.describe(),
-            "options_hash": self.plan.options_hash,
-            "options": self.plan.options(),
-            "position": {**position.to_dict(), **self._where(position)},
-            "work": Work(num_streams, tuple(work)).to_dict(),
-            "consumer": {"index": self.consumer.index, "count": self.consumer.count},
-            "stats": stats,
-            "packer": extra,
-            # documents a look-ahead packer holds back
-            "held": inner.get("held") if self._run is not None else None,
-            "next_work": None,
-        }
         nxt = position.epoch + 1
+        next_work = None
         if nxt in self._deals:
             streams, segments = self._deals[nxt]
-            state["next_work"] = Work(streams, tuple(segments), self._known_targets.get(nxt)).to_dict(
-                with_target=True
-            )
-        return state
+            next_work = Work(streams, tuple(segments), self._known_targets.get(nxt))
+        return State(
+            dataset=self.plan.manifest.describe(),
+            options_hash=self.plan.options_hash,
+            options=self.plan.options(),
+            position=position,
+            where=self._where(position),
+            work=Work(num_streams, tuple(work)),
+            consumer=(self.consumer.index, self.consumer.count),
+            stats=stats,
+            packer=extra,
+            held=Held.from_dict(inner["held"]) if self._run is not None and inner.get("held") else None,
+            next_work=next_work,
+        ).to_dict()
 
     @property
     def stats(self) -> dict[str, int]:
@@ -257,12 +247,12 @@ class DatasetIterator:
             "row": row,
         }
 
-    def _check_consumer(self, saved: dict[str, Any]) -> None:
-        mine = {"index": self.consumer.index, "count": self.consumer.count}
+    def _check_consumer(self, saved: tuple[int, int]) -> None:
+        mine = (self.consumer.index, self.consumer.count)
         if saved != mine:
             raise StateError(
-                f"the state belongs to consumer {saved.get('index')} of {saved.get('count')}, "
-                f"this iterator is consumer {mine['index']} of {mine['count']} "
+                f"the state belongs to consumer {saved[0]} of {saved[1]}, "
+                f"this iterator is consumer {mine[0]} of {mine[1]} "
                 "(rank x DataLoader worker): load the state saved by this consumer, or merge all "
                 "consumers' states with `arrowstream.merge_states` to resume on any topology"
             )
@@ -281,8 +271,8 @@ class DatasetIterator:
                 "stream(s): the state was edited or comes from other data"
             )
 
-    def _check_position(self, pos: dict[str, Any]) -> None:
-        position = Position.from_dict(pos)
+    def _check_position(self, state: State) -> None:
+        position = state.position
         num_epochs = self.plan.num_epochs
         if num_epochs is not None and position.epoch >= num_epochs:
             raise StateError(
@@ -303,7 +293,7 @@ class DatasetIterator:
                     "the state was edited or comes from other data"
                 )
         where = self._where(position)
-        saved = {k: pos.get(k) for k in where if k in pos}
+        saved = state.where
         if saved and saved != {k: where[k] for k in saved}:
             raise StateError(
                 f"state position seq {position.seq} names {saved!r} but that sequence number is "

@@ -47,7 +47,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import threading
 import warnings
 from collections.abc import Sequence
@@ -59,32 +58,17 @@ import tiktoken
 import tokenizers
 from tokenizers import Tokenizer
 
-from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible, to_bytelevel_bpe
+from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible
 from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError, EncoderFallbackWarning
+from arrowstream.tokenize.fast import _Fast, _convert, _encoding, _first_difference, _flatten
 from arrowstream.tokenize.probes import added_token_probes, probe_texts, token_texts
+from arrowstream.tokenize.verdicts import _CHECKS_VERSION, _cached_verdict, _forget_verdict, _store_verdict
 
 __all__ = ["BACKENDS", "Encoder", "load_tokenizer", "probe_texts", "tokenizer_hash"]
 
 #: The values of ``backend``.
 BACKENDS = ("auto", "tiktoken", "tokenizers")
-
-#: Bump when the probe set or the checks change: cached verdicts then no longer apply.
-_CHECKS_VERSION = 1
-
-# fancy-regex (tiktoken's engine) gives up on a whitespace run of about a million
-# characters (an error or a Rust panic); texts with a run past this length go to the
-# reference, and so does any text on which the engine gives up.
-_LONG_RUN = 1 << 17
-_LONG_SPACE = re.compile(rf"(?<!\s)\s{{{_LONG_RUN}}}")
-
-# A noncharacter (reserved for internal use by Unicode): joins the texts of a batch.
-_SEP = "\ufdd0"
-
-_lock = threading.Lock()
-_converted: dict[str, tuple[ByteLevelBPE, tiktoken.Encoding]] = {}
-_verdicts: dict[str, dict[str, Any]] = {}
-_MAX_CACHED = 8
 
 
 def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str]) -> Tokenizer:
@@ -396,130 +380,6 @@ class Encoder:
         self._fast = None if self._spec is None else _Fast(self._spec, _encoding(self._key(), self._spec))
 
 
-class _Fast:
-    """tiktoken encoding of a batch, with the id mapping and post-processor tokens applied.
-
-    A batch goes to tiktoken as one string, the texts joined by a separator
-    that tiktoken knows as a special token (so no piece or merge crosses it)
-    and that no text contains: one call, one release of the GIL, where a call
-    per text made threads queue for the GIL. Otherwise, one call per text.
-    """
-
-    __slots__ = ("allowed", "encoding", "joinable", "sep", "spec", "with_sep")
-
-    def __init__(self, spec: ByteLevelBPE, encoding: tiktoken.Encoding) -> None:
-        self.spec, self.encoding = spec, encoding
-        self.allowed = frozenset(spec.specials)
-        self.sep = spec.separator_value
-        self.joinable = not any(_SEP in s for s in spec.specials)
-        self.with_sep = self.allowed | {_SEP}
-
-    def encode(self, texts: Sequence[str], reference: Any) -> tuple[np.ndarray, np.ndarray]:
-        if self.joinable and texts and not any(len(t) >= _LONG_RUN for t in texts):
-            joined = _SEP.join(texts)
-            if joined.count(_SEP) == len(texts) - 1:  # no text holds the separator itself
-                ids = self._encode_one(joined, self.with_sep)
-                if ids is not None:
-                    is_sep = ids == self.sep
-                    ends = np.flatnonzero(is_sep)
-                    if ends.size == len(texts) - 1:
-                        lens = np.diff(np.concatenate([[-1], ends, [ids.size]])) - 1
-                        return self._finish(ids[~is_sep].view(np.int32), lens)
-        return self._encode_each(texts, reference)
-
-    def _encode_one(self, text: str, allowed: frozenset[str]) -> np.ndarray | None:
-        """Return tiktoken's values for ``text``, or ``None`` if its regex engine gives up."""
-        try:
-            return self.encoding.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
-        except BaseException as exc:  # a Rust panic is a BaseException
-            regex_gave_up = isinstance(exc, ValueError) and "regex" in str(exc).lower()
-            if not regex_gave_up and type(exc).__name__ != "PanicException":
-                raise
-            return None
-
-    def _finish(self, flat: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.spec.rank_to_id is not None:
-            flat = self.spec.rank_to_id[flat]
-        if self.spec.prefix or self.spec.suffix:
-            flat, lens = _wrap(flat, lens, self.spec.prefix, self.spec.suffix)
-        return flat, lens
-
-    def _encode_each(self, texts: Sequence[str], reference: Any) -> tuple[np.ndarray, np.ndarray]:
-        arrays: list[np.ndarray] = []
-        odd: list[int] = []  # texts tiktoken's regex engine cannot take: encoded by the reference
-        for text in texts:
-            ids = None
-            if len(text) < _LONG_RUN or _LONG_SPACE.search(text) is None:
-                ids = self._encode_one(text, self.allowed)
-            if ids is None:
-                odd.append(len(arrays))
-                ids = _EMPTY
-            arrays.append(ids)
-        flat, lens = self._finish(*_flatten(arrays))
-        if odd:
-            flat, lens = _patch(flat, lens, odd, reference([texts[i] for i in odd]))
-        return flat, lens
-
-
-_EMPTY = np.zeros(0, np.uint32)
-
-
-def _flatten(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    lens = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
-    if not arrays:
-        return np.zeros(0, np.int32), lens
-    flat = np.concatenate(arrays)
-    return (flat.view(np.int32) if flat.dtype == np.uint32 else flat.astype(np.int32, copy=False)), lens
-
-
-def _wrap(flat: np.ndarray, lens: np.ndarray, prefix: tuple[int, ...], suffix: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Put ``prefix`` before and ``suffix`` after every text's ids."""
-    new_lens = lens + len(prefix) + len(suffix)
-    out = np.empty(int(new_lens.sum()), dtype=np.int32)
-    ends = np.cumsum(new_lens)
-    starts = ends - new_lens
-    body = np.ones(out.size, dtype=bool)
-    for k, tid in enumerate(prefix):
-        out[starts + k] = tid
-        body[starts + k] = False
-    for k, tid in enumerate(suffix):
-        out[ends - len(suffix) + k] = tid
-        body[ends - len(suffix) + k] = False
-    out[body] = flat
-    return out, new_lens
-
-
-def _patch(
-    flat: np.ndarray, lens: np.ndarray, where: list[int], ref: tuple[np.ndarray, np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Replace the texts at ``where`` (empty so far) with the reference's ids."""
-    bounds = np.concatenate([[0], np.cumsum(lens)])
-    docs = [flat[bounds[i] : bounds[i + 1]] for i in range(lens.size)]
-    ref_bounds = np.concatenate([[0], np.cumsum(ref[1])])
-    for k, i in enumerate(where):
-        docs[i] = ref[0][ref_bounds[k] : ref_bounds[k + 1]]
-    return _flatten(docs)
-
-
-def _first_difference(
-    texts: Sequence[str], a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
-) -> str | None:
-    """Describe the first text whose ids differ between ``a`` (reference) and ``b``, or ``None``."""
-    if np.array_equal(a[1], b[1]) and np.array_equal(a[0], b[0]):
-        return None
-    ea, eb = np.concatenate([[0], np.cumsum(a[1])]), np.concatenate([[0], np.cumsum(b[1])])
-    for i, text in enumerate(texts):
-        ida, idb = a[0][ea[i] : ea[i + 1]].tolist(), b[0][eb[i] : eb[i + 1]].tolist()
-        if ida != idb:
-            at = next((j for j, (x, y) in enumerate(zip(ida, idb)) if x != y), min(len(ida), len(idb)))
-            shown = text if len(text) <= 60 else text[:60] + "..."
-            return (
-                f"#{i} {shown!r}: `tokenizers` gives {ida[max(0, at - 2) : at + 4]!r} and tiktoken "
-                f"{idb[max(0, at - 2) : at + 4]!r} from token {at} on"
-            )
-    return None
-
-
 def _warn(message: str) -> None:
     warnings.warn(
         f"{message}; ids stay exact. Force a backend with `Encoder(tokenizer, backend=...)` and "
@@ -527,76 +387,3 @@ def _warn(message: str) -> None:
         EncoderFallbackWarning,
         stacklevel=4,
     )
-
-
-# -- conversion and verdict caches ------------------------------------------------
-
-
-def _convert(key: str, tokenizer: Tokenizer, add_special_tokens: bool) -> tuple[ByteLevelBPE, tiktoken.Encoding]:
-    with _lock:
-        hit = _converted.get(key)
-    if hit is not None:
-        return hit
-    spec = to_bytelevel_bpe(tokenizer, add_special_tokens=add_special_tokens)
-    return spec, _encoding(key, spec)
-
-
-def _encoding(key: str, spec: ByteLevelBPE) -> tiktoken.Encoding:
-    """Build (or reuse) the tiktoken encoding of a converted tokenizer."""
-    with _lock:
-        hit = _converted.get(key)
-    if hit is not None:
-        return hit[1]
-    pair = (spec, spec.to_tiktoken(f"arrowstream-{key[:12]}", separator=_SEP))
-    with _lock:
-        while len(_converted) >= _MAX_CACHED:
-            _converted.pop(next(iter(_converted)))
-        _converted[key] = pair
-    return pair[1]
-
-
-def _cached_verdict(key: str, cache_dir: Path | None) -> dict[str, Any] | None:
-    with _lock:
-        hit = _verdicts.get(key)
-    if hit is not None or cache_dir is None:
-        return hit
-    try:
-        verdict = json.loads((cache_dir / f"{key}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(verdict, dict) or verdict.get("key") != key or "ok" not in verdict:
-        return None
-    with _lock:
-        _verdicts[key] = verdict
-    return verdict
-
-
-def _store_verdict(key: str, verdict: dict[str, Any], cache_dir: Path | None) -> None:
-    verdict = {
-        "key": key,
-        **verdict,
-        "versions": {"tiktoken": tiktoken.__version__, "tokenizers": tokenizers.__version__, "checks": _CHECKS_VERSION},
-    }
-    with _lock:
-        _verdicts[key] = verdict
-    if cache_dir is None:
-        return
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = cache_dir / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
-        tmp.write_text(json.dumps(verdict, indent=1), encoding="utf-8")
-        os.replace(tmp, cache_dir / f"{key}.json")
-    except OSError as exc:  # a cache that cannot be written costs time, not correctness
-        warnings.warn(
-            f"cannot write the encoder check cache in {str(cache_dir)!r}: {exc}; the checks run "
-            "again next time: pass a writable `cache_dir` or None",
-            EncoderFallbackWarning,
-            stacklevel=5,
-        )
-
-
-def _forget_verdict(key: str, reason: str, cache_dir: Path | None) -> None:
-    """Record a mismatch on real documents, so this tokenizer keeps `tokenizers` from now on."""
-    with _lock:
-        checked = dict(_verdicts.get(key, {}).get("checked", {}))
-    _store_verdict(key, {"ok": False, "reason": reason, "checked": checked}, cache_dir)

@@ -6,7 +6,7 @@ fixed probe set (:func:`probe_texts`: every byte UTF-8 can hold, in contexts;
 every Unicode category; whitespace and digit runs; contractions; many
 scripts) and every added token alone, in text and cut short
 (:func:`added_token_probes`). Change them only with ``_CHECKS_VERSION`` in
-:mod:`arrowstream.tokenize.encoders`, so cached verdicts are not reused.
+:mod:`arrowstream.tokenize.verdicts`, so cached verdicts are not reused.
 
 Examples
 --------

@@ -1,0 +1,184 @@
+"""Each packer's own part of a state (``state["packer"]``), typed.
+
+Every packer keeps its :class:`Progress` through the epoch (``concat`` keeps
+nothing else). The look-ahead packers also keep where their reading has got
+to (``read``) and their pending rows or batches as references to documents,
+never tokens: ``best_fit`` its open, ready and outgoing rows
+(:class:`BestFitState`), ``bucket`` its carried documents and formed
+batches (:class:`BucketState`). A share re-dealt by a merge starts with an
+empty part (``{}``): nothing held, read from the position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from arrowstream.errors import StateError
+from arrowstream.state.parts import count
+
+__all__ = ["BestFitState", "BucketState", "DocKey", "PieceRef", "Progress"]
+
+#: A document by reference: ``(segment, seq)`` in the epoch's work.
+DocKey = tuple[int, int]
+#: A document in a row: ``(segment, seq)`` whole, or ``(segment, seq, start, length)`` a cut part.
+PieceRef = tuple[int, ...]
+
+
+def _malformed(exc: Exception) -> StateError:
+    return StateError(f"state `packer` is malformed ({exc!r}): the state was edited")
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Where a packer is in its epoch.
+
+    ``target`` is the batches every consumer emits in the epoch (``None``: as
+    many as the data gives); ``target_known`` is false when the state did not
+    say (then it is worked out again, identically).
+
+    Examples
+    --------
+    >>> Progress.from_dict({"epoch": 1, "epoch_batches": 4, "target": None})
+    Progress(epoch=1, epoch_batches=4, target=None, target_known=True)
+    """
+
+    epoch: int
+    epoch_batches: int
+    target: int | None = None
+    target_known: bool = True
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, epoch: int | None = None) -> Progress:
+        """Read the progress keys of a ``packer`` part; ``epoch`` stands in for a missing one."""
+        if "epoch" not in data and epoch is not None:
+            data = {**data, "epoch": epoch}
+        target = data.get("target")
+        return cls(
+            count(data.get("epoch"), "packer.epoch"),
+            count(data.get("epoch_batches", 0), "packer.epoch_batches"),
+            None if target is None else count(target, "packer.target"),
+            "target" in data,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the progress keys."""
+        return {"epoch": self.epoch, "epoch_batches": self.epoch_batches, "target": self.target}
+
+
+def _read(data: dict[str, Any]) -> tuple[int, int, int]:
+    mark = tuple(int(v) for v in data["read"])
+    if len(mark) != 3:
+        raise StateError(f"state `packer.read` must be [epoch, segment, seq], got {list(mark)!r}")
+    return mark  # type: ignore[return-value]
+
+
+def _piece(item: Any) -> PieceRef:
+    if not isinstance(item, list) or len(item) not in (2, 4):
+        raise ValueError(f"a piece is [segment, seq] or [segment, seq, start, length], got {item!r}")
+    return tuple(int(v) for v in item)
+
+
+def _key(item: Any) -> DocKey:
+    if not isinstance(item, list) or len(item) != 2:
+        raise ValueError(f"a held document is [segment, seq], got {item!r}")
+    return int(item[0]), int(item[1])
+
+
+@dataclass(frozen=True, slots=True)
+class BestFitState:
+    """The ``packer`` part of ``best_fit``: progress, reading mark and pending rows as references.
+
+    ``open`` rows carry their age (look-ahead windows seen) and pieces;
+    ``ready`` rows wait for their block of batches to be shuffled; ``out``
+    rows are shuffled and go out next.
+
+    Examples
+    --------
+    >>> part = {"epoch": 0, "epoch_batches": 2, "target": None, "read": [0, 0, 40], "block": 1,
+    ...         "flushed": False, "open": [[1, [[0, 3]]]], "ready": [], "out": [[[0, 5, 0, 8]]]}
+    >>> BestFitState.from_dict(part).to_dict() == part
+    True
+    """
+
+    progress: Progress
+    read: tuple[int, int, int]
+    block: int
+    flushed: bool
+    open: tuple[tuple[int, tuple[PieceRef, ...]], ...]
+    ready: tuple[tuple[PieceRef, ...], ...]
+    out: tuple[tuple[PieceRef, ...], ...]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BestFitState:
+        """Read a ``best_fit`` part (not an empty one)."""
+        try:
+            return cls(
+                Progress.from_dict(data),
+                _read(data),
+                int(data["block"]),
+                bool(data["flushed"]),
+                tuple((int(age), tuple(map(_piece, row))) for age, row in data["open"]),
+                tuple(tuple(map(_piece, row)) for row in data["ready"]),
+                tuple(tuple(map(_piece, row)) for row in data["out"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _malformed(exc) from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the part as a state holds it."""
+        return {
+            **self.progress.to_dict(),
+            "read": list(self.read),
+            "block": self.block,
+            "flushed": self.flushed,
+            "open": [[age, [list(p) for p in row]] for age, row in self.open],
+            "ready": [[list(p) for p in row] for row in self.ready],
+            "out": [[list(p) for p in row] for row in self.out],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BucketState:
+    """The ``packer`` part of ``bucket``: progress, reading mark, carried documents and formed batches.
+
+    Examples
+    --------
+    >>> part = {"epoch": 0, "epoch_batches": 1, "target": 3, "read": [0, 0, 9], "window": 2,
+    ...         "flushed": False, "carry": [[0, 7]], "out": [[[0, 1], [0, 4]]]}
+    >>> BucketState.from_dict(part).to_dict() == part
+    True
+    """
+
+    progress: Progress
+    read: tuple[int, int, int]
+    window: int
+    flushed: bool
+    carry: tuple[DocKey, ...]
+    out: tuple[tuple[DocKey, ...], ...]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BucketState:
+        """Read a ``bucket`` part (not an empty one)."""
+        try:
+            return cls(
+                Progress.from_dict(data),
+                _read(data),
+                int(data["window"]),
+                bool(data["flushed"]),
+                tuple(map(_key, data["carry"])),
+                tuple(tuple(map(_key, batch)) for batch in data["out"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _malformed(exc) from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the part as a state holds it."""
+        return {
+            **self.progress.to_dict(),
+            "read": list(self.read),
+            "window": self.window,
+            "flushed": self.flushed,
+            "carry": [list(k) for k in self.carry],
+            "out": [[list(k) for k in batch] for batch in self.out],
+        }

@@ -1,0 +1,159 @@
+"""The coordinates a state is made of: a position, a share of work, held documents.
+
+Each is a frozen dataclass that reads itself from a state's JSON
+(``from_dict``, raising :class:`~arrowstream.errors.StateError` naming the
+field) and writes itself back (``to_dict``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from arrowstream.errors import StateError
+
+__all__ = ["Held", "Position", "Segment", "Work", "count"]
+
+
+#: ``(stream, start, end, skip)``: rows ``start..end-1`` of a stream, in its order,
+#: the first ``skip`` tokens of row ``start`` already emitted.
+Segment = tuple[int, int, int, int]
+
+
+def count(value: Any, field: str) -> int:
+    """Return ``value`` as an int >= 0, or raise :class:`StateError` naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise StateError(f"state `{field}` should be an int >= 0, got {value!r}: the state was edited")
+    return value
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Position:
+    """Where a consumer continues: epoch, segment of its work, row sequence number, tokens emitted.
+
+    Examples
+    --------
+    >>> Position(0, 0, 10, 3) < Position(1, 0, 0, 0)
+    True
+    >>> Position.from_dict({"epoch": 1, "segment": 0, "seq": 7, "token_offset": 2, "file": "a.parquet"})
+    Position(epoch=1, segment=0, seq=7, token_offset=2)
+    >>> Position(1, 0, 7, 2).to_dict()
+    {'epoch': 1, 'segment': 0, 'seq': 7, 'token_offset': 2}
+    """
+
+    epoch: int
+    segment: int
+    seq: int
+    token_offset: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Any, *, field: str = "position") -> Position:
+        """Read a state's ``position`` (its informative keys are left to the caller).
+
+        Raises
+        ------
+        StateError
+            Not a dict, or a coordinate that is not an int >= 0 (named).
+        """
+        if not isinstance(data, dict):
+            raise StateError(
+                f"state `{field}` should be a dict, got {type(data).__name__}: the state is truncated "
+                "or was edited; pass what `state_dict()` returned"
+            )
+        return cls(*(count(data.get(k), f"{field}.{k}") for k in ("epoch", "segment", "seq", "token_offset")))
+
+    def to_dict(self) -> dict[str, int]:
+        """Return the coordinates as a state holds them."""
+        return {"epoch": self.epoch, "segment": self.segment, "seq": self.seq, "token_offset": self.token_offset}
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """A consumer's share of an epoch: the epoch's stream count and its segments, read in order.
+
+    ``target`` is set only for the next epoch's share after a re-deal
+    (``next_work``): the batches every consumer emits in it, or ``None``.
+
+    Examples
+    --------
+    >>> Work.from_dict({"num_streams": 2, "segments": [[1, 0, 6, 0]]})
+    Work(num_streams=2, segments=((1, 0, 6, 0),), target=None, target_known=False)
+    """
+
+    num_streams: int
+    segments: tuple[Segment, ...]
+    target: int | None = None
+    #: Whether the state stated ``target`` (a version-2 ``next_work`` may not).
+    target_known: bool = field(default=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, field: str = "work") -> Work:
+        """Read a state's ``work`` or ``next_work``.
+
+        Raises
+        ------
+        StateError
+            Malformed, naming ``field``.
+        """
+        try:
+            streams = int(data["num_streams"])
+            segments = tuple(tuple(int(v) for v in seg) for seg in data["segments"])
+            target = data.get("target")
+            known = "target" in data
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StateError(f"state `{field}` is malformed ({exc!r}): the state was edited") from exc
+        if streams < 1:
+            raise StateError(f"state `{field}.num_streams` must be >= 1, got {streams}: the state was edited")
+        if any(len(seg) != 4 or min(seg) < 0 for seg in segments):
+            raise StateError(
+                f"state `{field}.segments` should be [stream, start, end, skip] lists of ints >= 0, got "
+                f"{data['segments']!r}: the state was edited"
+            )
+        if target is not None:
+            target = count(target, f"{field}.target")
+        return cls(streams, segments, target, known)  # type: ignore[arg-type]
+
+    def to_dict(self, *, with_target: bool = False) -> dict[str, Any]:
+        """Return the share as a state holds it (``target`` only for ``next_work``)."""
+        out: dict[str, Any] = {"num_streams": self.num_streams, "segments": [list(s) for s in self.segments]}
+        if with_target:
+            out["target"] = self.target
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Documents a look-ahead packer holds back, by reference, and how far it has read.
+
+    ``read`` is ``(segment, seq)`` of the first document not read yet; each of
+    ``docs`` is ``(segment, seq, skip)``: a held document, whose tokens from
+    ``skip`` on are not emitted yet.
+
+    Examples
+    --------
+    >>> Held.from_dict({"read": [0, 9], "docs": [[0, 4, 0], [0, 7, 3]]}).docs
+    ((0, 4, 0), (0, 7, 3))
+    """
+
+    read: tuple[int, int]
+    docs: tuple[tuple[int, int, int], ...]
+
+    @classmethod
+    def from_dict(cls, data: Any, *, field: str = "held") -> Held:
+        """Read a state's ``held``.
+
+        Raises
+        ------
+        StateError
+            Malformed, naming ``field``.
+        """
+        try:
+            segment, seq = (int(v) for v in data["read"])
+            docs = tuple((int(a), int(b), int(c)) for a, b, c in data["docs"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"state `{field}` is malformed ({exc!r}): the state was edited") from exc
+        return cls((segment, seq), docs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the references as a state holds them."""
+        return {"read": list(self.read), "docs": [list(d) for d in self.docs]}

@@ -1,0 +1,84 @@
+"""The verdict store: whether tiktoken was proven to give a tokenizer's ids, remembered.
+
+A verdict (``ok``, the ``reason`` when not, and what was ``checked``) of the
+built-in checks of :mod:`arrowstream.tokenize.encoders` is kept under a key
+made of the tokenizer's hash, its options, the library versions and
+:data:`_CHECKS_VERSION`: in this process, and with a ``cache_dir`` on disk too,
+one small JSON file per key, so a later process skips the checks. A mismatch
+seen on real documents is stored as a failed verdict, so that tokenizer keeps
+the reference backend from then on.
+
+Invariants: a file is written to a temporary name then renamed, so readers
+never see half a verdict; a file that is missing, unreadable or for another
+key counts as no verdict; a cache that cannot be written warns and costs time,
+never correctness. Thread safety: the in-process store holds a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import tiktoken
+import tokenizers
+
+from arrowstream.errors import EncoderFallbackWarning
+
+__all__: list[str] = []  # used by arrowstream.tokenize.encoders only
+
+#: Bump when the probe set or the checks change: cached verdicts then no longer apply.
+_CHECKS_VERSION = 1
+
+_lock = threading.Lock()
+_verdicts: dict[str, dict[str, Any]] = {}
+
+
+def _cached_verdict(key: str, cache_dir: Path | None) -> dict[str, Any] | None:
+    with _lock:
+        hit = _verdicts.get(key)
+    if hit is not None or cache_dir is None:
+        return hit
+    try:
+        verdict = json.loads((cache_dir / f"{key}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(verdict, dict) or verdict.get("key") != key or "ok" not in verdict:
+        return None
+    with _lock:
+        _verdicts[key] = verdict
+    return verdict
+
+
+def _store_verdict(key: str, verdict: dict[str, Any], cache_dir: Path | None) -> None:
+    verdict = {
+        "key": key,
+        **verdict,
+        "versions": {"tiktoken": tiktoken.__version__, "tokenizers": tokenizers.__version__, "checks": _CHECKS_VERSION},
+    }
+    with _lock:
+        _verdicts[key] = verdict
+    if cache_dir is None:
+        return
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = cache_dir / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp.write_text(json.dumps(verdict, indent=1), encoding="utf-8")
+        os.replace(tmp, cache_dir / f"{key}.json")
+    except OSError as exc:  # a cache that cannot be written costs time, not correctness
+        warnings.warn(
+            f"cannot write the encoder check cache in {str(cache_dir)!r}: {exc}; the checks run "
+            "again next time: pass a writable `cache_dir` or None",
+            EncoderFallbackWarning,
+            stacklevel=5,
+        )
+
+
+def _forget_verdict(key: str, reason: str, cache_dir: Path | None) -> None:
+    """Record a mismatch on real documents, so this tokenizer keeps `tokenizers` from now on."""
+    with _lock:
+        checked = dict(_verdicts.get(key, {}).get("checked", {}))
+    _store_verdict(key, {"ok": False, "reason": reason, "checked": checked}, cache_dir)
