@@ -36,7 +36,7 @@ from arrowstream.io.manifest import Manifest
 from arrowstream.io.layout import Layout
 from arrowstream.io.reader import ShardReader
 from arrowstream.core.stage import Stage
-from arrowstream.distributed.topology import Segment
+from arrowstream.distributed.topology import RowRange
 
 __all__ = [
     "EVEN_BATCHES_SLACK",
@@ -116,7 +116,7 @@ def batch_target(
     shard_rows: np.ndarray,
     shard_bytes: np.ndarray,
     token_rate: float,
-    parts: Sequence[Sequence[Segment]],
+    parts: Sequence[Sequence[RowRange]],
     tokens_per_batch: float,
 ) -> int:
     """Return the batches every consumer emits, given every consumer's ``parts`` of ``layout``.
@@ -138,7 +138,7 @@ def batch_target(
     return int(min(estimates, default=0.0) * (1.0 - EVEN_BATCHES_SLACK) // tokens_per_batch)
 
 
-def doc_target(parts: Sequence[Sequence[Segment]], docs_per_row: float, docs_per_batch: float) -> int:
+def doc_target(parts: Sequence[Sequence[RowRange]], docs_per_row: float, docs_per_batch: float) -> int:
     """Return the batches every consumer emits when a batch takes a fixed number of documents.
 
     A part's rows are exact (segment bounds); ``docs_per_row`` (from the

@@ -28,13 +28,13 @@ from typing import Any
 
 from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError, StateError, StateMismatchError
-from arrowstream.state import Held, Position, Segment, Work
+from arrowstream.state import Held, Position, RowRange, Work
 
 __all__ = [
     "Consumer",
     "Deal",
     "Fresh",
-    "Segment",
+    "RowRange",
     "merge_states",
     "own_share",
     "pools",
@@ -75,7 +75,7 @@ class Consumer:
         return cls(rank * num_workers + worker, world_size * num_workers)
 
 
-def remaining(work: list[Segment], segment: int, seq: int, token_offset: int) -> list[Segment]:
+def remaining(work: list[RowRange], segment: int, seq: int, token_offset: int) -> list[RowRange]:
     """Return the segments still to read from position ``(segment, seq, token_offset)`` on.
 
     Examples
@@ -95,7 +95,7 @@ def remaining(work: list[Segment], segment: int, seq: int, token_offset: int) ->
     return out
 
 
-def recut(pool: list[Segment], parts: int) -> list[list[Segment]]:
+def recut(pool: list[RowRange], parts: int) -> list[list[RowRange]]:
     """Cut pooled segments, in order, into ``parts`` runs of (nearly) equal rows.
 
     A segment's ``skip`` stays with its first row.
@@ -107,7 +107,7 @@ def recut(pool: list[Segment], parts: int) -> list[list[Segment]]:
     """
     total = sum(end - start for _, start, end, _ in pool)
     bounds = [total * p // parts for p in range(parts + 1)]
-    out: list[list[Segment]] = [[] for _ in range(parts)]
+    out: list[list[RowRange]] = [[] for _ in range(parts)]
     offset = 0
     for stream, start, end, skip in pool:
         n = end - start
@@ -121,7 +121,7 @@ def recut(pool: list[Segment], parts: int) -> list[list[Segment]]:
 
 
 #: ``fresh(epoch, consumer)``: a consumer's share of a fresh epoch (its own stream, whole).
-Fresh = Callable[[int, Consumer], list[Segment]]
+Fresh = Callable[[int, Consumer], list[RowRange]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,15 +133,15 @@ class Deal:
     """
 
     num_streams: int
-    parts: list[list[Segment]]
+    parts: list[list[RowRange]]
 
 
-def _segments(work: dict[str, Any]) -> tuple[int, list[Segment]]:
+def _segments(work: dict[str, Any]) -> tuple[int, list[RowRange]]:
     share = Work.from_dict(work)
     return share.num_streams, list(share.segments)
 
 
-def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[int, list[Segment]]]:
+def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[int, list[RowRange]]]:
     """Return, per epoch still open in a global state, its stream count and the rows left, pooled.
 
     The global state's ``epoch`` is the earliest epoch of any consumer. Near
@@ -157,9 +157,9 @@ def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[int, list[Segm
     """
     epoch = int(state["epoch"])
     count = int(state["consumer_count"])
-    out: dict[int, tuple[int, list[Segment]]] = {}
+    out: dict[int, tuple[int, list[RowRange]]] = {}
 
-    def add(e: int, streams: int, segs: list[Segment]) -> None:
+    def add(e: int, streams: int, segs: list[RowRange]) -> None:
         have = out.setdefault(e, (streams, []))
         if have[0] != streams:
             raise ValueError(f"consumers disagree on the stream count of epoch {e}: {have[0]} and {streams}")
@@ -189,7 +189,7 @@ def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[int, list[Segm
     return out
 
 
-def _left(entry: dict[str, Any], work: list[Segment]) -> list[Segment]:
+def _left(entry: dict[str, Any], work: list[RowRange]) -> list[RowRange]:
     """Return what a consumer has not emitted of its position's epoch.
 
     A look-ahead packer (best-fit) holds read documents back: they come first,
@@ -200,7 +200,7 @@ def _left(entry: dict[str, Any], work: list[Segment]) -> list[Segment]:
     if not entry.get("held"):
         return remaining(work, pos.segment, pos.seq, pos.token_offset)
     held = Held.from_dict(entry["held"])
-    out: list[Segment] = [(work[segment][0], seq, seq + 1, skip) for segment, seq, skip in held.docs]
+    out: list[RowRange] = [(work[segment][0], seq, seq + 1, skip) for segment, seq, skip in held.docs]
     return out + remaining(work, held.read[0], held.read[1], 0)
 
 

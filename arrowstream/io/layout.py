@@ -4,15 +4,16 @@ An epoch's rows are laid out as follows, all derived from ``(seed, epoch)``
 and never stored:
 
 1. The epoch's shards (row groups) are put in order: manifest order, or, when
-   shuffling, each shard is cut into ``fragments`` equal row ranges and the
-   fragments of all shards are permuted.
+   shuffling, each shard is cut into ``fragments`` equal row ranges (the
+   option keeps its first name) and the row ranges of all shards are permuted.
 2. Their rows, concatenated in that order, are cut into ``num_streams``
    contiguous ranges of (nearly) equal row counts: the streams.
-3. Inside a stream, pieces are grouped into windows of ``window * fragments``
-   consecutive pieces (about ``window`` row groups' worth of rows); when
-   shuffling, a window's rows are emitted in a permuted order, so rows of
-   several row groups mix. More fragments mix more row groups in the same
-   memory, at the cost of reading each row group ``fragments`` times.
+3. Inside a stream, row ranges are grouped into shuffle windows of
+   ``window * fragments`` consecutive ranges (about ``window`` row groups'
+   worth of rows); when shuffling, a window's rows are emitted in a permuted
+   order, so rows of several row groups mix. More ranges per row group mix
+   more row groups in the same memory, at the cost of reading each row group
+   ``fragments`` times.
 
 A stream position ``seq`` counts rows in the stream's order; :meth:`Layout.locate`
 maps it back to (shard, row). Permutations come from a counter-based hash
@@ -27,7 +28,7 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["Layout", "Window", "hash_keys", "permutation"]
+__all__ = ["Layout", "ShuffleWindow", "hash_keys", "permutation"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -73,7 +74,7 @@ def permutation(n: int, *words: int) -> np.ndarray:
 
 
 @dataclass(frozen=True, slots=True)
-class Window:
+class ShuffleWindow:
     """A run of shard pieces whose rows are emitted together.
 
     Attributes
@@ -125,7 +126,7 @@ class Layout:
     num_streams
         Contiguous, equal-row ranges the epoch is cut into.
     fragments
-        When shuffling, pieces each shard is cut into before permuting.
+        When shuffling, the row ranges each shard is cut into before permuting.
 
     Examples
     --------
@@ -181,15 +182,15 @@ class Layout:
         """Rows in ``stream``."""
         return int(self.bounds[stream + 1] - self.bounds[stream])
 
-    def windows(self, stream: int) -> list[Window]:
+    def windows(self, stream: int) -> list[ShuffleWindow]:
         """Return the windows of ``stream``, in order (cached)."""
         return self._windows[stream]
 
     @cached_property
-    def _windows(self) -> list[list[Window]]:
+    def _windows(self) -> list[list[ShuffleWindow]]:
         return [self._make_windows(s) for s in range(self.num_streams)]
 
-    def _make_windows(self, stream: int) -> list[Window]:
+    def _make_windows(self, stream: int) -> list[ShuffleWindow]:
         lo, hi = int(self.bounds[stream]), int(self.bounds[stream + 1])
         if lo == hi:
             return []
@@ -205,7 +206,7 @@ class Layout:
             order = None
             if self.seed is not None and n > 1:
                 order = permutation(n, self.seed, self.epoch, 1, stream, w)
-            out.append(Window(self.unit_shard[ks[a:b]], row_lo[a:b], row_hi[a:b], start, order))
+            out.append(ShuffleWindow(self.unit_shard[ks[a:b]], row_lo[a:b], row_hi[a:b], start, order))
             start += n
         return out
 

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrowstream.io.chunk import Chunk
-from arrowstream.io.layout import Layout, Window
+from arrowstream.io.layout import Layout, ShuffleWindow
 from arrowstream.io.reader import ShardReader
 
 __all__ = ["iter_stream"]
@@ -52,7 +52,7 @@ def iter_stream(
 
 def _iter_window(
     reader: ShardReader,
-    window: Window,
+    window: ShuffleWindow,
     epoch: int,
     offset: int,
     n: int,

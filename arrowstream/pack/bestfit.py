@@ -47,7 +47,7 @@ from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.assemble import assemble_batch
 from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun
-from arrowstream.state import BestFitState, PieceRef, Progress, State
+from arrowstream.state import BestFitState, SegmentRef, Progress, State
 
 __all__ = ["LONG_DOCS", "BestFitPacker"]
 
@@ -55,7 +55,7 @@ __all__ = ["LONG_DOCS", "BestFitPacker"]
 LONG_DOCS = ("split", "truncate", "drop")
 
 #: ``(key, start, length, whole)``: tokens ``start..start+length`` of a document.
-Piece = tuple[Key, int, int, bool]
+DocSegment = tuple[Key, int, int, bool]
 
 
 class BestFitPacker(Packer):
@@ -167,7 +167,7 @@ class BestFitPacker(Packer):
 
 @dataclass(slots=True)
 class _Row:
-    pieces: list[Piece] = field(default_factory=list)
+    pieces: list[DocSegment] = field(default_factory=list)
     fill: int = 0
     age: int = 0
 
@@ -184,8 +184,8 @@ class _BestFitRun(LookaheadRun):
         self.store: dict[Key, Doc] = {}
         self.refs: dict[Key, int] = {}  # pieces not yet emitted, per held document
         self.open: list[_Row] = []
-        self.ready: list[list[Piece]] = []
-        self.out: list[list[Piece]] = []
+        self.ready: list[list[DocSegment]] = []
+        self.out: list[list[DocSegment]] = []
         if state is None:
             self.ledger = Ledger()
             self.epoch, self.emitted, self.block, self.flushed = 0, 0, 0, False
@@ -217,7 +217,7 @@ class _BestFitRun(LookaheadRun):
 
     # -- state ----------------------------------------------------------------------
 
-    def _rows(self) -> Iterator[list[Piece]]:
+    def _rows(self) -> Iterator[list[DocSegment]]:
         yield from (row.pieces for row in self.open)
         yield from self.ready
         yield from self.out
@@ -285,7 +285,7 @@ class _BestFitRun(LookaheadRun):
         """Re-read the held documents of a loaded state and complete their pieces."""
         self._recover_documents(chunks)
 
-        def full(pieces: list[Piece]) -> list[Piece]:
+        def full(pieces: list[DocSegment]) -> list[DocSegment]:
             return [
                 (key, start, int(self.store[key].tokens.size) if n < 0 else n, whole)
                 for key, start, n, whole in pieces
@@ -299,7 +299,7 @@ class _BestFitRun(LookaheadRun):
 
     def _place(self, keys: list[Key], docs: list[Doc]) -> None:
         L = self.p.seq_len
-        pieces: list[Piece] = []
+        pieces: list[DocSegment] = []
         for key, doc in zip(keys, docs):
             n = int(doc.tokens.size)
             if n <= L:
@@ -375,7 +375,7 @@ class _BestFitRun(LookaheadRun):
         self.out.extend(block[int(i)] for i in order)
         self.block += 1
 
-    def _assemble(self, rows: list[list[Piece]]) -> dict[str, Any]:
+    def _assemble(self, rows: list[list[DocSegment]]) -> dict[str, Any]:
         L, B = self.p.seq_len, self.p.batch_size
         flat = [(r, piece) for r, row in enumerate(rows) for piece in row]
         parts, masks = [], []
@@ -405,7 +405,7 @@ class _BestFitRun(LookaheadRun):
         self.ledger.add("batches", 1)
         return batch
 
-    def _release(self, pieces: Iterator[Piece]) -> None:
+    def _release(self, pieces: Iterator[DocSegment]) -> None:
         for key, _, _, _ in pieces:
             left = self.refs[key] - 1
             if left:
@@ -414,7 +414,7 @@ class _BestFitRun(LookaheadRun):
                 del self.refs[key]
                 del self.store[key]
 
-    def _drop(self, rows: list[list[Piece]]) -> None:
+    def _drop(self, rows: list[list[DocSegment]]) -> None:
         """Count rows that will not be emitted: their tokens, and documents whose head they hold."""
         pieces = [piece for row in rows for piece in row]
         self.ledger.add("dropped_tokens", sum(n for _, _, n, _ in pieces))
@@ -432,13 +432,13 @@ class _BestFitRun(LookaheadRun):
         self.flushed = True
 
 
-def _encode(pieces: list[Piece]) -> tuple[PieceRef, ...]:
+def _encode(pieces: list[DocSegment]) -> tuple[SegmentRef, ...]:
     return tuple(
         (key[0], key[1]) if whole else (key[0], key[1], start, n) for key, start, n, whole in pieces
     )
 
 
-def _pieces(refs: tuple[PieceRef, ...]) -> list[Piece]:
+def _pieces(refs: tuple[SegmentRef, ...]) -> list[DocSegment]:
     """Decode pieces; a whole document's length is known only once it is re-read."""
     return [
         ((ref[0], ref[1]), 0, -1, True) if len(ref) == 2 else ((ref[0], ref[1]), ref[2], ref[3], False)

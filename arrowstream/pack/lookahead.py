@@ -3,7 +3,7 @@
 Packers that look ahead (best-fit packing, length bucketing) hold documents
 back. Their state names the held documents by reference, ``(segment, seq)``
 in the consumer's work, never by their tokens. :class:`DocumentSource` pulls
-chunks from upstream and hands them out as :class:`Window` objects of whole
+chunks from upstream and hands them out as :class:`LookaheadWindow` objects of whole
 documents, cut only where a source chunk ends (a cell of the ``batch_rows``
 grid), so a window's contents depend only on where it starts, whether the
 stream started there or was resumed.
@@ -28,12 +28,12 @@ import numpy as np
 from arrowstream.errors import StateError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import PackRun
-from arrowstream.state import BestFitState, BucketState, Held, Position, Progress, State
+from arrowstream.state import BestFitState, BucketState, DocKey, Held, Position, Progress, State
 
-__all__ = ["Doc", "DocumentSource", "Key", "LookaheadRun", "Window"]
+__all__ = ["Doc", "DocumentSource", "Key", "LookaheadRun", "LookaheadWindow"]
 
-#: A document's reference: ``(segment, seq)`` in the consumer's work of an epoch.
-Key = tuple[int, int]
+#: A document's reference: ``(range, seq)`` in the consumer's work of an epoch (as states hold it).
+Key = DocKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ class Doc:
 
 
 @dataclass(slots=True)
-class Window:
+class LookaheadWindow:
     """Consecutive whole documents of one epoch, in stream order."""
 
     epoch: int
@@ -138,7 +138,7 @@ class DocumentSource:
             )
         self.mark = None
 
-    def pull(self, chunks: Iterator[Chunk]) -> Window | None:
+    def pull(self, chunks: Iterator[Chunk]) -> LookaheadWindow | None:
         """Return the next window of the current epoch, or ``None`` at the epoch's end."""
         keys: list[Key] = []
         docs: list[Doc] = []
@@ -154,7 +154,7 @@ class DocumentSource:
                 docs.append(_doc(chunk, i))
             if len(keys) >= self.size and chunk.source_end:
                 break
-        return Window(self.epoch, keys, docs) if keys else None
+        return LookaheadWindow(self.epoch, keys, docs) if keys else None
 
     def prime(self, chunks: Iterator[Chunk]) -> None:
         """Replay up to the read mark now, so :attr:`recovered` holds every wanted document."""

@@ -145,10 +145,10 @@ class Dataset:
     def shuffle(self, seed: int, *, window: int = 8, fragments: int = 2) -> Dataset:
         """Shuffle: a new order every epoch, rows mixed across row groups.
 
-        Every row group is cut into ``fragments`` row ranges, the fragments of
-        all row groups are permuted per epoch, and the rows of each run of
-        ``window * fragments`` fragments (about ``window`` row groups' worth)
-        are emitted in a permuted order. The order is a pure function of
+        Every row group is cut into ``fragments`` row ranges, the row ranges
+        of all row groups are permuted per epoch, and the rows of each shuffle
+        window of ``window * fragments`` row ranges (about ``window`` row
+        groups' worth) are emitted in a permuted order. The order is a pure function of
         ``(seed, epoch)``: nothing is buffered or stored, so a resume is exact
         and a state stays small. Memory grows with ``window``; each row group
         is read ``fragments`` times per epoch (reading is cheap next to

@@ -23,7 +23,7 @@ from arrowstream.pack import PackRun
 from arrowstream.pipeline.plan import Plan
 from arrowstream.io.prefetch import Prefetcher
 from arrowstream.state import Held, Position, State, Work, check_identity, check_state
-from arrowstream.distributed.topology import Consumer, Deal, Segment, own_share
+from arrowstream.distributed.topology import Consumer, Deal, RowRange, own_share
 
 __all__ = ["DatasetIterator"]
 
@@ -97,7 +97,7 @@ class DatasetIterator:
             )
         fresh = self.plan.fresh_work
         # epoch -> (stream count, this consumer's work) where it is not a fresh share
-        self._deals: dict[int, tuple[int, list[Segment]]] = {}
+        self._deals: dict[int, tuple[int, list[RowRange]]] = {}
         # epoch -> every consumer's parts, for epochs re-dealt by this load (their targets)
         self._parts: dict[int, Deal] = {}
         self._known_targets: dict[int, int | None] = {}
@@ -224,7 +224,7 @@ class DatasetIterator:
         """Counters up to the current position: rows, docs, skips by reason, tokens, padding."""
         return self.state_dict()["stats"]
 
-    def _work(self, epoch: int) -> tuple[int, list[Segment]]:
+    def _work(self, epoch: int) -> tuple[int, list[RowRange]]:
         """Return the layout's stream count and this consumer's segments for ``epoch``."""
         if epoch in self._deals:
             return self._deals[epoch]

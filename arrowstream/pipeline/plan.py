@@ -35,7 +35,7 @@ from arrowstream.io.reader import Reader, ShardReader
 from arrowstream.io.source import iter_stream
 from arrowstream.core.stage import Stage
 from arrowstream.state import Position, hash_options
-from arrowstream.distributed.topology import Consumer, Segment
+from arrowstream.distributed.topology import Consumer, RowRange
 
 __all__ = ["Description", "Plan"]
 
@@ -173,14 +173,14 @@ class Plan:
             )
         return layout
 
-    def fresh_work(self, epoch: int, consumer: Consumer) -> list[Segment]:
+    def fresh_work(self, epoch: int, consumer: Consumer) -> list[RowRange]:
         """Return ``consumer``'s share of a fresh ``epoch``: its own stream, whole."""
         rows = self.layout(epoch, consumer.count).stream_rows(consumer.index)
         return [(consumer.index, 0, rows, 0)]
 
     # -- even batches -----------------------------------------------------------------
 
-    def batch_target(self, epoch: int, parts: list[list[Segment]], num_streams: int) -> int:
+    def batch_target(self, epoch: int, parts: list[list[RowRange]], num_streams: int) -> int:
         """Return the batches every consumer emits in ``epoch`` given all consumers' ``parts``."""
         packer = self.packer
         assert packer is not None
@@ -222,7 +222,7 @@ class Plan:
         self,
         reader: ShardReader,
         start: Position,
-        deals: dict[int, tuple[int, list[Segment]]],
+        deals: dict[int, tuple[int, list[RowRange]]],
         consumer: Consumer,
         pool: Executor | None = None,
     ) -> Iterator[Chunk]:

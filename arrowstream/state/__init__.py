@@ -40,8 +40,8 @@ from arrowstream.state.envelope import (
     check_state,
     hash_options,
 )
-from arrowstream.state.packers import BestFitState, BucketState, DocKey, PieceRef, Progress
-from arrowstream.state.parts import Held, Position, Segment, Work
+from arrowstream.state.packers import BestFitState, BucketState, DocKey, SegmentRef, Progress
+from arrowstream.state.parts import Held, Position, RowRange, Work
 
 __all__ = [
     "READABLE_VERSIONS",
@@ -52,10 +52,10 @@ __all__ = [
     "BucketState",
     "DocKey",
     "Held",
-    "PieceRef",
+    "SegmentRef",
     "Position",
     "Progress",
-    "Segment",
+    "RowRange",
     "State",
     "Work",
     "check_identity",

@@ -17,12 +17,14 @@ from typing import Any
 from arrowstream.errors import StateError
 from arrowstream.state.parts import count
 
-__all__ = ["BestFitState", "BucketState", "DocKey", "PieceRef", "Progress"]
+__all__ = ["BestFitState", "BucketState", "DocKey", "SegmentRef", "Progress"]
 
-#: A document by reference: ``(segment, seq)`` in the epoch's work.
+#: A document by reference: ``(range, seq)``, its row range's index in the epoch's work
+#: (``position.segment``'s kind of index) and its row sequence number.
 DocKey = tuple[int, int]
-#: A document in a row: ``(segment, seq)`` whole, or ``(segment, seq, start, length)`` a cut part.
-PieceRef = tuple[int, ...]
+#: A document segment in a packed row: ``(range, seq)`` for a whole document, or
+#: ``(range, seq, start, length)`` for a cut part of one.
+SegmentRef = tuple[int, ...]
 
 
 def _malformed(exc: Exception) -> StateError:
@@ -73,15 +75,15 @@ def _read(data: dict[str, Any]) -> tuple[int, int, int]:
     return mark  # type: ignore[return-value]
 
 
-def _piece(item: Any) -> PieceRef:
+def _segment_ref(item: Any) -> SegmentRef:
     if not isinstance(item, list) or len(item) not in (2, 4):
-        raise ValueError(f"a piece is [segment, seq] or [segment, seq, start, length], got {item!r}")
+        raise ValueError(f"a document segment is [range, seq] or [range, seq, start, length], got {item!r}")
     return tuple(int(v) for v in item)
 
 
 def _key(item: Any) -> DocKey:
     if not isinstance(item, list) or len(item) != 2:
-        raise ValueError(f"a held document is [segment, seq], got {item!r}")
+        raise ValueError(f"a held document is [range, seq], got {item!r}")
     return int(item[0]), int(item[1])
 
 
@@ -89,7 +91,7 @@ def _key(item: Any) -> DocKey:
 class BestFitState:
     """The ``packer`` part of ``best_fit``: progress, reading mark and pending rows as references.
 
-    ``open`` rows carry their age (look-ahead windows seen) and pieces;
+    ``open`` rows carry their age (look-ahead windows seen) and document segments;
     ``ready`` rows wait for their block of batches to be shuffled; ``out``
     rows are shuffled and go out next.
 
@@ -105,9 +107,9 @@ class BestFitState:
     read: tuple[int, int, int]
     block: int
     flushed: bool
-    open: tuple[tuple[int, tuple[PieceRef, ...]], ...]
-    ready: tuple[tuple[PieceRef, ...], ...]
-    out: tuple[tuple[PieceRef, ...], ...]
+    open: tuple[tuple[int, tuple[SegmentRef, ...]], ...]
+    ready: tuple[tuple[SegmentRef, ...], ...]
+    out: tuple[tuple[SegmentRef, ...], ...]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BestFitState:
@@ -118,9 +120,9 @@ class BestFitState:
                 _read(data),
                 int(data["block"]),
                 bool(data["flushed"]),
-                tuple((int(age), tuple(map(_piece, row))) for age, row in data["open"]),
-                tuple(tuple(map(_piece, row)) for row in data["ready"]),
-                tuple(tuple(map(_piece, row)) for row in data["out"]),
+                tuple((int(age), tuple(map(_segment_ref, row))) for age, row in data["open"]),
+                tuple(tuple(map(_segment_ref, row)) for row in data["ready"]),
+                tuple(tuple(map(_segment_ref, row)) for row in data["out"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise _malformed(exc) from exc

@@ -12,12 +12,13 @@ from typing import Any
 
 from arrowstream.errors import StateError
 
-__all__ = ["Held", "Position", "Segment", "Work", "count"]
+__all__ = ["Held", "Position", "RowRange", "Work", "count"]
 
 
-#: ``(stream, start, end, skip)``: rows ``start..end-1`` of a stream, in its order,
-#: the first ``skip`` tokens of row ``start`` already emitted.
-Segment = tuple[int, int, int, int]
+#: A row range, the unit of work: ``(stream, start, end, skip)``, rows ``start..end-1`` of a
+#: stream in its order, the first ``skip`` tokens of row ``start`` already emitted. (The
+#: state's JSON keeps its first name for them: ``work.segments``, ``position.segment``.)
+RowRange = tuple[int, int, int, int]
 
 
 def count(value: Any, field: str) -> int:
@@ -81,7 +82,7 @@ class Work:
     """
 
     num_streams: int
-    segments: tuple[Segment, ...]
+    segments: tuple[RowRange, ...]
     target: int | None = None
     #: Whether the state stated ``target`` (a version-2 ``next_work`` may not).
     target_known: bool = field(default=False, compare=False)
