@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 
 from arrowstream.pack.bucket import BucketPacker
 from arrowstream.checks import check_int
-from arrowstream.errors import ConfigError, SchemaError
+from arrowstream.errors import ConfigError
 from arrowstream.filter import Filter
 from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.io.manifest import Manifest, read_manifest
@@ -362,16 +362,7 @@ class Dataset:
 
     def options(self) -> dict[str, Any]:
         """Return the JSON-able options that define the output (they enter every state)."""
-        source: dict[str, Any] = {"columns": list(self.read_columns())}
-        if self.packer is None:
-            source["batch_rows"] = self.batch_rows
-        if self.seed is not None:
-            source["shuffle"] = {"seed": self.seed, "window": self.window, "fragments": self.fragments}
-        return {
-            "source": source,
-            "stages": [{"name": s.name, **s.spec()} for s in self.stages],
-            "pack": None if self.packer is None else self.packer.spec(),
-        }
+        return Plan.of(self).options()
 
     @property
     def options_hash(self) -> str:
@@ -389,23 +380,7 @@ class Dataset:
         SchemaError
             A column to read drifts between files (missing or of another type).
         """
-        if self.columns is not None:
-            return self.columns
-        names = list(self.manifest.schema.names)
-        if self.packer is not None:
-            needed: set[str] | None = set()
-            for stage in self.stages:
-                cols = stage.columns()
-                needed = None if cols is None or needed is None else needed | cols
-            if needed is not None:
-                return tuple(n for n in names if n in needed)
-        if self.manifest.drift:
-            problem = next(iter(self.manifest.drift.values()))
-            raise SchemaError(
-                f"{problem}; this pipeline reads every column: pass `columns=` to read_parquet "
-                "with the columns it needs"
-            )
-        return tuple(names)
+        return Plan.of(self).columns
 
     # -- what reading it implies (worked out once, by its plan) ---------------------
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from arrowstream.distributed.balance import Sample, batch_target, doc_target, measure_sample
 from arrowstream.io.chunk import Chunk
-from arrowstream.errors import ConfigError
+from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.core.execute import run_stages
 from arrowstream.io.manifest import Manifest
 from arrowstream.io.layout import Layout
@@ -44,6 +44,7 @@ class Description(Protocol):
     """What a plan reads off a pipeline description (:class:`~arrowstream.Dataset` has it all)."""
 
     manifest: Manifest
+    columns: tuple[str, ...] | None
     num_epochs: int | None
     batch_rows: int
     prefetch: int | None
@@ -52,10 +53,6 @@ class Description(Protocol):
     fragments: int
     stages: tuple[Stage, ...]
     packer: Packer | None
-
-    def read_columns(self) -> tuple[str, ...]: ...
-
-    def options(self) -> dict[str, Any]: ...
 
 
 #: id(description) -> (weak reference to it, its plan)
@@ -88,8 +85,8 @@ class Plan:
         self.num_epochs = description.num_epochs
         self.batch_rows = description.batch_rows
         self.seed, self.window, self.fragments = description.seed, description.window, description.fragments
-        self.columns = description.read_columns()
-        self._options = description.options()
+        self.columns = columns_to_read(description)
+        self._options = pipeline_options(description, self.columns)
         self.options_hash = hash_options(self._options)
         self.prefetch_depth = _prefetch_depth(description.prefetch, self.stages)
         self.num_inflight = max((s.num_inflight for s in self.stages if s.expensive), default=1)
@@ -290,6 +287,48 @@ class Plan:
         path = m.paths[int(m.shard_file[chunk.shard])]
         rows = f"{chunk.row_start}..{chunk.row_start + chunk.seq_end - chunk.seq_start - 1}"
         return f"in {path!r}, row group {int(m.shard_row_group[chunk.shard])}, rows {rows}"
+
+
+def columns_to_read(description: Description) -> tuple[str, ...]:
+    """Return the columns a pipeline reads: ``columns=`` if given; else, packed, those its stages name; else all.
+
+    Raises
+    ------
+    SchemaError
+        A column to read drifts between files (missing or of another type).
+    """
+    if description.columns is not None:
+        return description.columns
+    manifest = description.manifest
+    names = list(manifest.schema.names)
+    if description.packer is not None:
+        needed: set[str] | None = set()
+        for stage in description.stages:
+            cols = stage.columns()
+            needed = None if cols is None or needed is None else needed | cols
+        if needed is not None:
+            return tuple(n for n in names if n in needed)
+    if manifest.drift:
+        problem = next(iter(manifest.drift.values()))
+        raise SchemaError(
+            f"{problem}; this pipeline reads every column: pass `columns=` to read_parquet "
+            "with the columns it needs"
+        )
+    return tuple(names)
+
+
+def pipeline_options(description: Description, columns: tuple[str, ...]) -> dict[str, Any]:
+    """Return the JSON-able options that define a pipeline's output (they enter every state)."""
+    source: dict[str, Any] = {"columns": list(columns)}
+    if description.packer is None:
+        source["batch_rows"] = description.batch_rows
+    if description.seed is not None:
+        source["shuffle"] = {"seed": description.seed, "window": description.window, "fragments": description.fragments}
+    return {
+        "source": source,
+        "stages": [{"name": s.name, **s.spec()} for s in description.stages],
+        "pack": None if description.packer is None else description.packer.spec(),
+    }
 
 
 def _prefetch_depth(prefetch: int | None, stages: tuple[Stage, ...]) -> int:
