@@ -105,3 +105,12 @@ def test_the_layering_test_sees_an_upward_import() -> None:
     assert ("arrowstream.io.source", True) in [
         (t, top) for t, top in _imports()["arrowstream.pipeline.plan"]
     ]
+
+
+def test_no_module_is_over_500_lines() -> None:
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500
+    }
+    assert not long, f"split these into modules of one concept each: {long}"
