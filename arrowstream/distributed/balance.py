@@ -132,7 +132,7 @@ def batch_target(
     """
     row_bytes = shard_bytes / np.maximum(shard_rows, 1)
     estimates = [
-        token_rate * sum(layout.segment_bytes(s, a, b, row_bytes) for s, a, b, _ in part)
+        token_rate * sum(layout.range_bytes(s, a, b, row_bytes) for s, a, b, _ in part)
         for part in parts
     ]
     return int(min(estimates, default=0.0) * (1.0 - EVEN_BATCHES_SLACK) // tokens_per_batch)

@@ -210,7 +210,7 @@ class Layout:
             start += n
         return out
 
-    def segment_bytes(self, stream: int, start: int, end: int, row_bytes: np.ndarray) -> float:
+    def range_bytes(self, stream: int, start: int, end: int, row_bytes: np.ndarray) -> float:
         """Estimate the bytes of rows ``start..end-1`` of ``stream`` from per-shard row sizes.
 
         A window's rows are taken as equally large (its rows are interleaved
