@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
-from bench_core import Checks, corpus_dir, log, machine_facts, median, tokenizer_file
+from harness import Checks, corpus_dir, log, machine_facts, median, tokenizer_file
 
 BAR_SECONDS = 10.0
 BAR_RSS_MB = 1024.0

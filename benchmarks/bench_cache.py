@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_core import (
+from harness import (
     Checks,
     corpus_dir,
     fmt_table,

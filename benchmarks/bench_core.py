@@ -26,9 +26,10 @@ Three measurements, each with its bar and one correctness check:
    document it names.
 
 Corpora and the tokenizer are cached in ``--workdir`` (keyed by size, seed and
-layout), so a second run does not regenerate them. ``--smoke`` runs tiny sizes
-in well under a minute (CI). Exit status: 0 if every correctness check passed
-(bars met or not: timings are noisy), 1 if a check failed, 2 on another error.
+layout) by ``harness.py``, which every benchmark script shares, so a second run
+does not regenerate them. ``--smoke`` runs tiny sizes in well under a minute
+(CI). Exit status: 0 if every correctness check passed (bars met or not:
+timings are noisy), 1 if a check failed, 2 on another error.
 
 Run ``python benchmarks/bench_core.py --help`` for the options and see
 ``benchmarks/README.md`` for what each figure means.
@@ -39,12 +40,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
-import platform
-import resource
-import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,23 +50,33 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import tokenizers
-from contestants import raw_count, raw_encoder, write_tiktoken
+from contestants import raw_count, raw_encoder
+from harness import (
+    BYTES_PER_MB,
+    EOS_TOKEN,
+    CheckFailed,
+    Checks,
+    bar_word,
+    corpus_dir,
+    fmt_table,
+    loadavg,
+    log,
+    machine_facts,
+    median,
+    mtok,
+    peak_kib,
+    peak_rss_kib,
+    tiktoken_file,
+    tokenizer_file,
+)
 from tokenizers import Tokenizer
 
 import arrowstream
-from arrowstream.tokenize.bytelevel import to_bytelevel_bpe
 
 # -- constants ----------------------------------------------------------------------
 
-BYTES_PER_MB = 1_000_000  # corpus sizes are MB of (uncompressed UTF-8) text
-CORPUS_FORMAT = 1  # bump to invalidate cached corpora when their layout changes
-TOKENIZER_DOCS = 3000  # texts the tokenizer is trained on
-TOKENIZER_SEED = 1234
-EOS_TOKEN = "<|endoftext|>"
 RESUME_POINTS = (0.1, 0.5, 0.9)
 RESULT_TAG = "BENCH_CHILD_RESULT "
 HEAD_TOKENS = 64  # tokens of a resumed batch compared with the expected document
@@ -92,238 +98,6 @@ DEFAULTS = {
     "repeats": 3,
     "vocab_size": 32000,
 }
-
-
-class CheckFailed(AssertionError):
-    """A correctness check failed (exit status 1)."""
-
-
-# -- small helpers ------------------------------------------------------------------
-
-
-def log(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-def median(values: list[float]) -> float:
-    return float(statistics.median(values)) if values else float("nan")
-
-
-def peak_rss_kib() -> dict[str, int | None]:
-    """Return this process's peak RSS in KiB, two ways.
-
-    ``vmhwm`` is ``VmHWM`` from ``/proc/self/status`` (the high-water mark of
-    this process image, reset by ``exec``). ``ru_maxrss`` is
-    ``getrusage(RUSAGE_SELF).ru_maxrss``; on Linux the kernel folds the
-    *parent's* peak into it when a child is spawned with (v)fork + exec, so a
-    child started by a big parent reports at least the parent's peak. We
-    therefore trust ``vmhwm`` when it exists.
-    """
-    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    if sys.platform == "darwin":  # bytes there, KiB on Linux
-        ru //= 1024
-    out: dict[str, int | None] = {"ru_maxrss": int(ru), "vmhwm": None, "vmrss": None}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    out["vmhwm"] = int(line.split()[1])
-                elif line.startswith("VmRSS:"):
-                    out["vmrss"] = int(line.split()[1])
-    except OSError:
-        pass
-    return out
-
-
-def peak_kib(rss: dict[str, int | None]) -> int:
-    return int(rss["vmhwm"] if rss["vmhwm"] is not None else rss["ru_maxrss"])
-
-
-def loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (OSError, AttributeError):
-        return None
-
-
-def fmt_table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = []
-    for n, row in enumerate(cells):
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join("  " + line for line in lines)
-
-
-def md_table(headers: list[str], rows: list[list[Any]]) -> str:
-    """The same table in Markdown, to paste into the docs."""
-    lines = ["| " + " | ".join(str(h) for h in headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def mtok(x: float) -> str:
-    return f"{x / 1e6:.3f}"
-
-
-def bar_word(met: bool) -> str:
-    return "MET" if met else "MISSED"
-
-
-class Checks:
-    """Records correctness checks; a failed one raises :class:`CheckFailed`."""
-
-    def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = []
-
-    def __call__(self, cond: bool, name: str, detail: str = "") -> None:
-        self.items.append({"name": name, "passed": bool(cond), "detail": detail})
-        log(f"  check {'ok  ' if cond else 'FAIL'} {name}" + (f" ({detail})" if detail else ""))
-        if not cond:
-            raise CheckFailed(f"{name}: {detail}")
-
-
-def git_facts() -> dict[str, Any]:
-    """Commit and local changes of the checkout arrowstream is imported from (read-only git calls)."""
-    root = Path(arrowstream.__file__).resolve().parent.parent
-    out: dict[str, Any] = {"root": str(root)}
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "arrowstream"],
-                               capture_output=True, text=True, timeout=10)
-        out["commit"] = head.stdout.strip() or None
-        out["arrowstream_dirty"] = bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        out["commit"] = None
-    return out
-
-
-def machine_facts() -> dict[str, Any]:
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = None
-    mem_total = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    mem_total = int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": affinity,
-        "mem_total_mib": mem_total,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "python": sys.version.split()[0],
-        "python_impl": platform.python_implementation(),
-        "arrowstream": getattr(arrowstream, "__version__", "?"),
-        "pyarrow": pa.__version__,
-        "tokenizers": tokenizers.__version__,
-        "numpy": np.__version__,
-        "git": git_facts(),
-        "env": {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS", "OMP_NUM_THREADS")},
-        "loadavg_start": loadavg(),
-    }
-
-
-# -- corpora and tokenizer (cached in workdir) --------------------------------------
-
-
-def corpus_dir(
-    workdir: Path, size_mb: float, *, seed: int, rows_per_group: int, mb_per_file: float
-) -> tuple[Path, dict[str, Any]]:
-    """Return the directory of a cached corpus of ``size_mb`` MB of text, writing it if missing."""
-    from arrowstream.testing import data as sample  # lazy: it imports polars, which children do not need
-
-    num_files = max(2, math.ceil(size_mb / mb_per_file))
-    target = int(round(size_mb * BYTES_PER_MB))
-    key = f"text{target}B-seed{seed}-files{num_files}-rg{rows_per_group}-v{CORPUS_FORMAT}"
-    out = workdir / "corpora" / key
-    marker = out / "_bench_corpus.json"  # leading "_": hidden from read_parquet
-    if marker.is_file():
-        info = json.loads(marker.read_text())
-        info["cached"] = True
-        return out, info
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    log(f"  writing corpus {key} ({size_mb:g} MB of text, {num_files} files) ...")
-    t0 = time.perf_counter()
-    paths = sample.write_dataset(
-        tmp,
-        num_files=num_files,
-        rows_per_group=rows_per_group,
-        seed=seed,
-        writer="pyarrow",
-        target_bytes=target,
-    )
-    elapsed = time.perf_counter() - t0
-    rows = groups = 0
-    for p in paths:
-        meta = pq.read_metadata(p)
-        rows += meta.num_rows
-        groups += meta.num_row_groups
-    info = {
-        "key": key,
-        "size_mb": size_mb,
-        "target_text_bytes": target,
-        "seed": seed,
-        "num_files": num_files,
-        "rows_per_group": rows_per_group,
-        "rows": rows,
-        "row_groups": groups,
-        "parquet_bytes": sum(p.stat().st_size for p in paths),
-        "write_seconds": round(elapsed, 3),
-    }
-    (tmp / marker.name).write_text(json.dumps(info, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    log(f"    done in {elapsed:.1f} s: {rows} rows, {groups} row groups, {info['parquet_bytes'] / 2**20:.1f} MiB on disk")
-    info["cached"] = False
-    return out, info
-
-
-def tokenizer_file(workdir: Path, vocab_size: int) -> tuple[Path, dict[str, Any]]:
-    """Return the path of the cached tokenizer JSON, training it if missing."""
-    path = workdir / "tokenizers" / f"bpe-vocab{vocab_size}-docs{TOKENIZER_DOCS}-seed{TOKENIZER_SEED}.json"
-    info: dict[str, Any] = {"path": str(path), "requested_vocab_size": vocab_size}
-    if path.is_file():
-        info["cached"] = True
-    else:
-        from arrowstream.testing import data as sample
-
-        log(f"  training tokenizer (vocab {vocab_size}, {TOKENIZER_DOCS} texts) ...")
-        t0 = time.perf_counter()
-        tok = sample.train_tokenizer(
-            sample.make_texts(TOKENIZER_DOCS, seed=TOKENIZER_SEED), vocab_size=vocab_size, eos_token=EOS_TOKEN
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-        tok.save(str(tmp))
-        tmp.rename(path)
-        info["cached"] = False
-        info["train_seconds"] = round(time.perf_counter() - t0, 3)
-    tok = Tokenizer.from_file(str(path))
-    info["vocab_size"] = tok.get_vocab_size()
-    info["eos_id"] = tok.token_to_id(EOS_TOKEN)
-    return path, info
-
-
-def tiktoken_file(workdir: Path, tok_path: Path) -> Path:
-    """Return the path of the tokenizer converted to tiktoken (by arrowstream's conversion), writing it if missing.
-
-    The raw tiktoken passes and the ``datasets`` pipeline with tiktoken load
-    it with :func:`contestants.load_tiktoken`.
-    """
-    path = tok_path.with_name(tok_path.stem + ".tiktoken.json")
-    if not path.is_file():
-        write_tiktoken(to_bytelevel_bpe(Tokenizer.from_file(str(tok_path))), path)
-    return path
 
 
 # -- child processes ----------------------------------------------------------------

@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import tiktoken
-from bench_core import (
+from harness import (
     EOS_TOKEN,
     CheckFailed,
     Checks,
@@ -68,7 +68,7 @@ SLICE = 1000
 
 
 def machine() -> dict[str, Any]:
-    """The machine and versions (``bench_core.machine_facts`` without its git calls)."""
+    """The machine and versions (``harness.machine_facts`` without its git calls)."""
     import os
     import platform
 

@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
 import arrowstream
-from bench_core import (
+from harness import (
     Checks,
     CheckFailed,
     corpus_dir,

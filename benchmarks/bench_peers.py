@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_core import (
+from harness import (
     Checks,
     corpus_dir,
     fmt_table,

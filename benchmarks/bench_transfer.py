@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from arrowstream.pytorch import one_storage
 from arrowstream.testing.data import sample_tokenizer, write_dataset
-from bench_core import Checks, fmt_table, log, machine_facts, median
+from harness import Checks, fmt_table, log, machine_facts, median
 
 
 class Copies(IterableDataset):  # type: ignore[type-arg]

@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_core import CheckFailed, Checks, corpus_dir, log, median, tokenizer_file
+from harness import CheckFailed, Checks, corpus_dir, log, median, tokenizer_file
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "BENCH_VERSIONS_RESULT "

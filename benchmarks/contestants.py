@@ -21,7 +21,7 @@ Raw encoders (texts already in memory, a fresh encoder object per pass):
 
 The tiktoken encoding is the one :func:`arrowstream.tokenize.bytelevel.to_bytelevel_bpe`
 converts from the ``tokenizer.json``, written once to a JSON file by
-``bench_core.tiktoken_file`` and loaded from there (as a tiktoken user loads a
+``harness.tiktoken_file`` and loaded from there (as a tiktoken user loads a
 ``.tiktoken`` file).
 
 Determinism: every function here gives the same ids for the same texts;
