@@ -88,11 +88,10 @@ def save_data_state(checkpoint_dir: str | os.PathLike[str], loader: StatefulLoad
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
     >>> from arrowstream import read_parquet
     >>> from arrowstream.pytorch import StatefulLoader
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"ids": pa.array([[5, 6, 7]] * 8, pa.list_(pa.int32()))}), f"{d}/a.parquet")
+    >>> from arrowstream.testing import example_dir
+    >>> d = example_dir()
     >>> ds = read_parquet(d).tokenize(None, column="ids", eos_id=0).pack(seq_len=4, batch_size=2)
     >>> loader = StatefulLoader(ds.to_torch())
     >>> first = next(iter(loader))
@@ -146,19 +145,18 @@ def load_data_state(checkpoint_dir: str | os.PathLike[str], loader: StatefulLoad
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
     >>> from arrowstream import read_parquet
     >>> from arrowstream.pytorch import StatefulLoader
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"ids": pa.array([[5, 6, 7]] * 8, pa.list_(pa.int32()))}), f"{d}/a.parquet")
+    >>> from arrowstream.testing import example_dir
+    >>> d = example_dir()
     >>> ds = read_parquet(d).tokenize(None, column="ids", eos_id=0).pack(seq_len=4, batch_size=2)
     >>> loader = StatefulLoader(ds.to_torch())
     >>> first = next(iter(loader))
     >>> _ = save_data_state(f"{d}/checkpoint-1", loader)
     >>> resumed = StatefulLoader(ds.to_torch())
     >>> load_data_state(f"{d}/checkpoint-1", resumed)
-    >>> len(list(resumed))  # the 3 batches the first loader had not handed out yet
-    3
+    >>> len(list(resumed))  # the 5 batches (of 6) the first loader had not handed out yet
+    5
     """
     folder = Path(checkpoint_dir) / STATE_DIR
     files: dict[int, dict[int, Path]] = {}
@@ -240,12 +238,11 @@ class DataStateCallback(TrainerCallback):
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
     >>> from transformers import TrainerControl, TrainerState, TrainingArguments
     >>> from arrowstream import read_parquet
     >>> from arrowstream.pytorch import StatefulLoader
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"ids": pa.array([[5, 6, 7]] * 8, pa.list_(pa.int32()))}), f"{d}/a.parquet")
+    >>> from arrowstream.testing import example_dir
+    >>> d = example_dir()
     >>> ds = read_parquet(d, num_epochs=None).tokenize(None, column="ids", eos_id=0).pack(seq_len=4, batch_size=2)
     >>> callback = DataStateCallback(StatefulLoader(ds.to_torch()))
     >>> args = TrainingArguments(d, max_steps=10, use_cpu=True, report_to=[])  # ignore_data_skip=False

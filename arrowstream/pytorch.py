@@ -79,11 +79,9 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
     >>> from arrowstream import read_parquet
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"ids": pa.array([[5, 6, 7]] * 4, pa.list_(pa.int32()))}), f"{d}/a.parquet")
-    >>> ds = read_parquet(d).tokenize(None, column="ids", eos_id=0).pack(seq_len=8, batch_size=2)
+    >>> from arrowstream.testing import example_dir
+    >>> ds = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0).pack(seq_len=8, batch_size=2)
     >>> batch = next(iter(ds.to_torch()))
     >>> batch["input_ids"].dtype, tuple(batch["input_ids"].shape)
     (torch.int32, (2, 8))
@@ -228,18 +226,16 @@ class StatefulLoader:
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
     >>> from arrowstream import read_parquet
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"ids": pa.array([[5, 6, 7]] * 8, pa.list_(pa.int32()))}), f"{d}/a.parquet")
-    >>> ds = read_parquet(d).tokenize(None, column="ids", eos_id=0).pack(seq_len=4, batch_size=2)
+    >>> from arrowstream.testing import example_dir
+    >>> ds = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0).pack(seq_len=4, batch_size=2)
     >>> loader = StatefulLoader(ds.to_torch())
     >>> first = next(iter(loader))
     >>> state = loader.state_dict()
     >>> resumed = StatefulLoader(ds.to_torch())
     >>> resumed.load_state_dict(state)
-    >>> len(list(resumed))  # the 3 batches the first loader had not handed out yet
-    3
+    >>> len(list(resumed))  # the 5 batches (of 6) the first loader had not handed out yet
+    5
     """
 
     def __init__(self, dataset: TorchDataset, **dataloader_kwargs: Any) -> None:

@@ -3,10 +3,14 @@
 Each ```python block that is immediately followed by a ```text or ```json block
 runs in a fresh interpreter, and what it prints must be that block, exactly,
 except for temporary directory names.
+
+The docstrings' examples read one shared table,
+:func:`arrowstream.testing.example_dir`, instead of each writing its own.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -15,6 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "arrowstream"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLE = re.compile(r"```python\n((?:(?!```).)*?)```[ \t]*\n\s*```(?:text|json)\n(.*?)```", re.S)
 TMP = re.compile(r"/tmp/tmp\w+")
@@ -42,3 +47,44 @@ def test_example_prints_what_the_docs_show(code: str, expected: str, tmp_path: P
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = TMP.sub("/tmp/TMP", proc.stdout).strip()
     assert got == TMP.sub("/tmp/TMP", expected).strip()
+
+
+#: Modules whose docstring examples may write their own Parquet table, each with the reason.
+OWN_TABLES = {
+    # footer statistics of an in-memory sink, over nulls and chosen value ranges
+    "arrowstream.io.statistics",
+    # the token cache keeps a null text's null ids through a miss and then a hit
+    "arrowstream.tokenize.cache",
+}
+
+
+def _docstrings(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = [tree] + [
+        n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    return [doc for n in nodes if (doc := ast.get_docstring(n, clean=False))]
+
+
+def _modules_writing_tables() -> set[str]:
+    return {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if any("write_table(" in doc for doc in _docstrings(p))
+    }
+
+
+def test_docstring_examples_read_the_shared_table() -> None:
+    own = _modules_writing_tables() - OWN_TABLES
+    assert not own, (
+        f"these modules' examples write their own Parquet table: {sorted(own)}; read the shared one "
+        "(`from arrowstream.testing import example_dir`, `d = example_dir()`), or add the module to "
+        "`OWN_TABLES` with the reason the shared table cannot show the point"
+    )
+
+
+def test_the_own_tables_allowlist_is_current() -> None:
+    stale = OWN_TABLES - _modules_writing_tables()
+    assert not stale, (
+        f"drop from `OWN_TABLES` these modules that no longer write their own table: {sorted(stale)}"
+    )

@@ -169,12 +169,10 @@ def analyze(
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"text": ["a bc", "def", None, "ghij kl"]}), f"{d}/a.parquet")
-    >>> a = analyze(d)
+    >>> from arrowstream.testing import example_dir
+    >>> a = analyze(example_dir())
     >>> a.info["num_docs"], a.summary.filter(pl.col("measure") == "chars")["p50"].item()
-    (3, 4.0)
+    (12, 4.0)
     """
     for key, value in (("seq_len", seq_len), ("batch_size", batch_size), ("window", window)):
         check_int(key, value)

@@ -292,11 +292,9 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
     >>> from arrowstream import read_parquet
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"n": list(range(12))}), f"{d}/a.parquet", row_group_size=3)
-    >>> ds = read_parquet(d)
+    >>> from arrowstream.testing import example_dir
+    >>> ds = read_parquet(example_dir(row_group_size=3))
     >>> its = [ds.iter(rank=r, world_size=2) for r in range(2)]
     >>> _ = [next(it) for it in its]
     >>> merged = merge_states([it.state_dict() for it in its])

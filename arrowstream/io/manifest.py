@@ -101,12 +101,10 @@ class Manifest:
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"text": ["a", "b", "c"]}), f"{d}/x.parquet", row_group_size=2)
-    >>> m = read_manifest(d)
+    >>> from arrowstream.testing import example_dir
+    >>> m = read_manifest(example_dir(row_group_size=5))
     >>> m.num_shards, m.num_rows, [s.num_rows for s in m.shards]
-    (2, 3, [2, 1])
+    (3, 12, [5, 5, 2])
     """
 
     def __init__(
@@ -169,11 +167,9 @@ class Manifest:
 
         Examples
         --------
-        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
-        >>> d = tempfile.mkdtemp()
-        >>> pq.write_table(pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]}), f"{d}/t.parquet", row_group_size=2)
-        >>> m = read_manifest(d)
-        >>> (m.column_bytes(["a", "b"]) == m.column_bytes(["a"]) + m.column_bytes(["b"])).all()
+        >>> from arrowstream.testing import example_dir
+        >>> m = read_manifest(example_dir())
+        >>> (m.column_bytes(["n", "text"]) == m.column_bytes(["n"]) + m.column_bytes(["text"])).all()
         np.True_
         """
         wanted = set(columns)
@@ -193,11 +189,10 @@ class Manifest:
 
         Examples
         --------
-        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, pyarrow.compute as pc
-        >>> d = tempfile.mkdtemp()
-        >>> pq.write_table(pa.table({"n": [1, 2, 8, 9]}), f"{d}/t.parquet", row_group_size=2)
-        >>> read_manifest(d).matching_shards(pc.field("n") < 5).tolist()
-        [True, False]
+        >>> import pyarrow.compute as pc
+        >>> from arrowstream.testing import example_dir
+        >>> read_manifest(example_dir()).matching_shards(pc.field("n") < 4).tolist()  # n: 0-3, 4-7, 8-11
+        [True, False, False]
         """
         keep = [matching_row_groups(f.statistics, expr) for f in self._files]
         return np.array(
@@ -306,9 +301,8 @@ def read_manifest(
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"text": ["a"]}), f"{d}/a.parquet")
+    >>> from arrowstream.testing import example_dir
+    >>> d = example_dir()
     >>> read_manifest(f"{d}/*.parquet").relpaths
     ('a.parquet',)
     """

@@ -55,13 +55,11 @@ class ShardReader:
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
     >>> from arrowstream.io.manifest import read_manifest
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"text": ["a", "b", "c"]}), f"{d}/x.parquet", row_group_size=2)
-    >>> reader = ShardReader(read_manifest(d), ["text"])
+    >>> from arrowstream.testing import example_dir
+    >>> reader = ShardReader(read_manifest(example_dir()), ["text"])
     >>> reader.read(1).column("text").to_pylist()
-    ['c']
+    ['four', 'five', 'six', 'seven']
     """
 
     def __init__(self, manifest: Manifest, columns: Sequence[str]) -> None:

@@ -82,12 +82,12 @@ def read_parquet(
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"text": ["hello", "world"]}), f"{d}/a.parquet")
-    >>> ds = read_parquet(d)
+    >>> from arrowstream.testing import example_dir
+    >>> ds = read_parquet(example_dir())  # 12 rows in row groups of 4
     >>> [b.num_rows for b in ds]
-    [2]
+    [4, 4, 4]
+    >>> next(iter(ds)).column("text").to_pylist()
+    ['zero', 'one', 'two', 'three']
     """
     num_epochs = check_int("num_epochs", num_epochs, none_ok=True)
     batch_rows = check_int("batch_rows", batch_rows)  # type: ignore[assignment]
@@ -134,11 +134,11 @@ class Dataset:
 
         Examples
         --------
-        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, pyarrow.compute as pc
-        >>> d = tempfile.mkdtemp()
-        >>> pq.write_table(pa.table({"n": [1, 2, 3]}), f"{d}/a.parquet")
-        >>> [b.column("n").to_pylist() for b in read_parquet(d).filter(pc.field("n") > 1)]
-        [[2, 3]]
+        >>> import pyarrow.compute as pc
+        >>> from arrowstream.testing import example_dir
+        >>> ds = read_parquet(example_dir()).filter(pc.field("n") > 8)
+        >>> [b.column("n").to_pylist() for b in ds], ds.num_pruned_rows  # 2 row groups never read
+        ([[9, 10, 11]], 8)
         """
         return self._add_stage(Filter(expr))
 
@@ -156,12 +156,13 @@ class Dataset:
 
         Examples
         --------
-        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
-        >>> d = tempfile.mkdtemp()
-        >>> pq.write_table(pa.table({"n": list(range(8))}), f"{d}/a.parquet", row_group_size=4)
-        >>> ds = read_parquet(d, num_epochs=2).shuffle(seed=0, window=2)
-        >>> [sorted(b.column("n").to_pylist()) for b in ds]
-        [[0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5, 6, 7]]
+        >>> from arrowstream.testing import example_dir
+        >>> ds = read_parquet(example_dir(), num_epochs=2).shuffle(seed=0, window=2)
+        >>> order = [n for b in ds for n in b.column("n").to_pylist()]
+        >>> order[:12], order[12:]
+        ([4, 9, 2, 3, 1, 5, 8, 0, 6, 7, 11, 10], [10, 9, 2, 6, 7, 3, 8, 11, 4, 0, 1, 5])
+        >>> sorted(order[:12]) == sorted(order[12:]) == list(range(12))  # every row once per epoch
+        True
         """
         if self.seed is not None:
             raise ConfigError("the pipeline is already shuffled: call `.shuffle` once")
@@ -194,13 +195,10 @@ class Dataset:
 
         Examples
         --------
-        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
-        >>> d = tempfile.mkdtemp()
-        >>> ids = pa.array([[5, 6], [7]], pa.list_(pa.int32()))
-        >>> pq.write_table(pa.table({"input_ids": ids}), f"{d}/a.parquet")
-        >>> ds = read_parquet(d).tokenize(None, column="input_ids", eos_id=0)
-        >>> next(iter(ds)).column("input_ids").to_pylist()
-        [[5, 6, 0], [7, 0]]
+        >>> from arrowstream.testing import example_dir
+        >>> ds = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0)
+        >>> next(iter(ds)).column("input_ids").to_pylist()[:3]
+        [[10, 11, 12, 0], [20, 0], [30, 31, 0]]
         """
         if any(isinstance(s, Tokenize) for s in self.stages):
             raise ConfigError("the pipeline is already tokenized: call `.tokenize` once")
@@ -248,14 +246,12 @@ class Dataset:
 
         Examples
         --------
-        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
-        >>> d = tempfile.mkdtemp()
-        >>> ids = pa.array([[5, 6, 7], [8, 9]], pa.list_(pa.int32()))
-        >>> pq.write_table(pa.table({"input_ids": ids}), f"{d}/a.parquet")
-        >>> ds = read_parquet(d).tokenize(None, column="input_ids", eos_id=1).pack(
+        >>> from arrowstream.testing import example_dir
+        >>> ds = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0).pack(
         ...     seq_len=4, batch_size=2)
-        >>> next(iter(ds))["input_ids"].tolist()
-        [[5, 6, 7, 1], [8, 9, 1, 1]]
+        >>> batch = next(iter(ds))
+        >>> batch["input_ids"].tolist(), batch["segment_ids"].tolist()
+        ([[10, 11, 12, 0], [20, 0, 30, 31]], [[1, 1, 1, 1], [1, 1, 2, 2]])
         """
         if isinstance(self.packer, BucketPacker):
             raise ConfigError(_PACK_OR_BUCKET)
@@ -291,14 +287,14 @@ class Dataset:
 
         Examples
         --------
-        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
-        >>> d = tempfile.mkdtemp()
-        >>> ids = pa.array([[5, 6, 7], [8], [9, 10]], pa.list_(pa.int32()))
-        >>> pq.write_table(pa.table({"input_ids": ids}), f"{d}/a.parquet")
-        >>> ds = read_parquet(d).tokenize(None, column="input_ids", eos_id=1).bucket(
-        ...     batch_size=2, pad_id=0)
-        >>> [b["input_ids"].tolist() for b in ds]
-        [[[8, 1, 0, 0], [5, 6, 7, 1]], [[9, 10, 1]]]
+        >>> from arrowstream.testing import example_dir
+        >>> ds = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0).bucket(
+        ...     batch_size=4, pad_id=0)
+        >>> batches = list(ds)
+        >>> [b["input_ids"].shape for b in batches]  # width: the batch's longest document
+        [(4, 5), (4, 3), (4, 4)]
+        >>> batches[1]["input_ids"].tolist()
+        [[20, 0, 0], [60, 0, 0], [100, 0, 0], [30, 31, 0]]
         """
         if self.packer is not None:
             raise ConfigError(_PACK_OR_BUCKET)
@@ -316,8 +312,8 @@ class Dataset:
 
         Examples
         --------
-        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
         >>> from arrowstream import Stage
+        >>> from arrowstream.testing import example_dir
         >>> class KeepEven(Stage):
         ...     name, counters = "keep_even", ("odd",)
         ...     def spec(self):
@@ -326,11 +322,9 @@ class Dataset:
         ...         return {"n"}
         ...     def run(self, piece):
         ...         return piece.with_rows(piece.batch.column("n").to_numpy() % 2 == 0, "odd")
-        >>> d = tempfile.mkdtemp()
-        >>> pq.write_table(pa.table({"n": list(range(6))}), f"{d}/a.parquet")
-        >>> it = read_parquet(d).pipe(KeepEven()).iter()
+        >>> it = read_parquet(example_dir()).pipe(KeepEven()).iter()
         >>> [b.column("n").to_pylist() for b in it], it.stats["odd"]
-        ([[0, 2, 4]], 3)
+        ([[0, 2], [4, 6], [8, 10]], 6)
         """
         if not isinstance(stage, Stage):
             raise ConfigError(
@@ -400,9 +394,8 @@ class Dataset:
 
         Examples
         --------
-        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
-        >>> d = tempfile.mkdtemp()
-        >>> pq.write_table(pa.table({"ids": pa.array([[5, 6]], pa.list_(pa.int32()))}), f"{d}/a.parquet")
+        >>> from arrowstream.testing import example_dir
+        >>> d = example_dir()
         >>> read_parquet(d).prefetch_depth, read_parquet(d).tokenize(None, column="ids", eos_id=0).prefetch_depth
         (0, 2)
         >>> read_parquet(d, prefetch=0).tokenize(None, column="ids", eos_id=0).prefetch_depth

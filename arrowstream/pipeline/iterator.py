@@ -42,11 +42,10 @@ class DatasetIterator:
 
     Examples
     --------
-    >>> import json, tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> import json
     >>> from arrowstream import read_parquet
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"n": list(range(6))}), f"{d}/a.parquet", row_group_size=2)
-    >>> ds = read_parquet(d)
+    >>> from arrowstream.testing import example_dir
+    >>> ds = read_parquet(example_dir(row_group_size=2))
     >>> it = ds.iter()
     >>> first = next(it)
     >>> saved = json.loads(json.dumps(it.state_dict()))

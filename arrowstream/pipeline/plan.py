@@ -69,13 +69,12 @@ class Plan:
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, pyarrow.compute as pc
+    >>> import pyarrow.compute as pc
     >>> from arrowstream import read_parquet
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"n": list(range(8))}), f"{d}/a.parquet", row_group_size=4)
-    >>> plan = Plan.of(read_parquet(d).filter(pc.field("n") >= 4))
+    >>> from arrowstream.testing import example_dir
+    >>> plan = Plan.of(read_parquet(example_dir()).filter(pc.field("n") >= 4))
     >>> plan.num_pruned_rows, plan.fresh_work(0, Consumer(0, 1)), plan.prefetch_depth
-    (4, [(0, 0, 4, 0)], 0)
+    (4, [(0, 0, 8, 0)], 0)
     """
 
     def __init__(self, description: Description) -> None:

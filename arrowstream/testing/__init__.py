@@ -7,6 +7,9 @@ resumed iterator reports the same states as the original at every later step.
 It also resumes a second time from a resumed iterator. Use it on every stage
 and on your own pipelines: a pipeline that passes it loses and repeats nothing
 on preemption.
+
+:func:`example_table` and :func:`example_dir` give the one small table the
+examples in the docs and docstrings share (see :mod:`arrowstream.testing.examples`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["assert_batch_consistent", "assert_items_equal", "assert_resumes_identically"]
+from arrowstream.testing.examples import example_dir, example_table
+
+__all__ = [
+    "assert_batch_consistent",
+    "assert_items_equal",
+    "assert_resumes_identically",
+    "example_dir",
+    "example_table",
+]
 
 
 def assert_items_equal(a: Any, b: Any, *, where: str = "") -> None:
@@ -53,11 +64,8 @@ def assert_batch_consistent(batch: dict[str, Any], *, pad_id: int | None = None)
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
     >>> from arrowstream import read_parquet
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"ids": pa.array([[5, 6, 7]] * 3, pa.list_(pa.int32()))}), f"{d}/a.parquet")
-    >>> ds = read_parquet(d).tokenize(None, column="ids", eos_id=0).pack(seq_len=5, batch_size=3)
+    >>> ds = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0).pack(seq_len=5, batch_size=3)
     >>> assert_batch_consistent(next(iter(ds)), pad_id=0)
     """
     seg = np.asarray(batch["segment_ids"])
@@ -144,12 +152,9 @@ def assert_resumes_identically(
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
     >>> from arrowstream import read_parquet
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"n": list(range(9))}), f"{d}/a.parquet", row_group_size=4)
-    >>> assert_resumes_identically(read_parquet(d, num_epochs=2, batch_rows=3), min_epochs=2)
-    10
+    >>> assert_resumes_identically(read_parquet(example_dir(), num_epochs=2, batch_rows=3), min_epochs=2)
+    12
     """
     make = _iterator_factory(source)
     # The reference run never calls state_dict(): a state_dict() that changes what comes

@@ -212,16 +212,16 @@ class CachedReader:
 
     Examples
     --------
-    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> import pyarrow as pa
     >>> from arrowstream.io.manifest import read_manifest
-    >>> d = tempfile.mkdtemp()
-    >>> pq.write_table(pa.table({"text": ["ab", "c"], "n": [1, 2]}), f"{d}/x.parquet")
+    >>> from arrowstream.testing import example_dir
+    >>> d = example_dir()
     >>> m = read_manifest(d)
     >>> encode = lambda texts: pa.array([[len(t)] for t in texts.to_pylist()], pa.list_(pa.int32()))
     >>> reader = CachedReader(ShardReader(m, ["text", "n"]), TokenCache(f"{d}/_c", {"t": 1}),
     ...                       "text", encode, keep_text=False)
-    >>> reader.read(0).to_pydict()
-    {'n': [1, 2], '__arrowstream_ids': [[2], [1]]}
+    >>> reader.read(0).to_pydict()  # no text: the ids stand in for it
+    {'n': [0, 1, 2, 3], '__arrowstream_ids': [[4], [3], [3], [5]]}
     """
 
     def __init__(
