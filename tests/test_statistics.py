@@ -102,3 +102,12 @@ def test_long_string_bounds_are_cut_and_still_hold(tmp_path: Path) -> None:
             matches = [pa.table({"s": g}).filter(expr).num_rows > 0 for g in groups]
             assert all(k for k, m in zip(kept, matches) if m), (literal, str(expr))  # never prunes a match
     assert manifest.matching_shards(pc.field("s") < "b").tolist() == [True, False]
+
+
+def test_list_columns_count_their_elements_from_the_footers(tmp_path: Path) -> None:
+    ids = pa.array([[1, 2, 3], [4], [], None, [5, 6], [7] * 9], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"ids": ids, "n": list(range(6))}), tmp_path / "t.parquet", row_group_size=3)
+    manifest = read_manifest(tmp_path)
+    shutil.rmtree(tmp_path)  # from the footers: nothing is read
+    assert manifest.list_values("ids").tolist() == [4, 11]  # empty and null lists hold nothing
+    assert manifest.list_values("n") is None  # not a list column

@@ -71,6 +71,7 @@ class _FileInfo:
     row_bytes: tuple[int, ...]
     schema: pa.Schema
     column_bytes: tuple[dict[str, int], ...]  # per row group: uncompressed bytes per top-level column
+    list_values: tuple[dict[str, int | None], ...]  # per row group: elements of each list column
     footer: str  # digest of the Parquet footer (sizes, offsets, statistics of every column chunk)
     statistics: FileStatistics  # per row group: bounds and null counts of the top-level columns
 
@@ -180,6 +181,26 @@ class Manifest:
             [per_file[int(f)][int(rg)] for f, rg in zip(self.shard_file, self.shard_row_group)],
             dtype=np.float64,
         )
+
+    def list_values(self, column: str) -> np.ndarray | None:
+        """Return, per shard, the elements of list column ``column`` as the footers count them (no read).
+
+        For a column of token ids, the tokens of each row group. ``None`` when
+        ``column`` is not a list of primitive values, or a footer lacks the
+        null count the figure needs (a null or empty list takes one leaf slot,
+        counted as a null).
+
+        Examples
+        --------
+        >>> from arrowstream.testing import example_dir
+        >>> read_manifest(example_dir()).list_values("ids").tolist()   # lengths 3, 1, 2, 4 repeating
+        [10, 10, 10]
+        """
+        per_file = [[rg.get(column) for rg in f.list_values] for f in self._files]
+        counts = [per_file[int(f)][int(rg)] for f, rg in zip(self.shard_file, self.shard_row_group)]
+        if any(c is None for c in counts):
+            return None
+        return np.array(counts, dtype=np.int64)
 
     def matching_shards(self, expr: pc.Expression) -> np.ndarray:
         """Return a mask over shards, false where the footers' statistics prove ``expr`` true in no row.
@@ -349,10 +370,28 @@ def _read_footer(fs: pafs.FileSystem, root: str, path: str, size: int) -> _FileI
     counts = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
     nbytes = tuple(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
     by_column = tuple(_column_bytes(meta.row_group(i)) for i in range(meta.num_row_groups))
+    lists = tuple(_list_values(meta.row_group(i), schema) for i in range(meta.num_row_groups))
     return _FileInfo(
-        path, relpath(path, root), size, counts, nbytes, schema, by_column, _footer_digest(meta),
-        FileStatistics.of(meta, schema),
+        path=path, relpath=relpath(path, root), size=size, row_counts=counts, row_bytes=nbytes,
+        schema=schema, column_bytes=by_column, list_values=lists, footer=_footer_digest(meta),
+        statistics=FileStatistics.of(meta, schema),
     )
+
+
+def _list_values(rg: pq.RowGroupMetaData, schema: pa.Schema) -> dict[str, int | None]:
+    """Elements per top-level list column of primitive values: leaf slots less nulls (empty lists take a null slot)."""
+    out: dict[str, int | None] = {}
+    for j in range(rg.num_columns):
+        chunk = rg.column(j)
+        name = chunk.path_in_schema.split(".")[0]
+        if name not in schema.names:
+            continue
+        dtype = schema.field(name).type
+        if not (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)) or pa.types.is_nested(dtype.value_type):
+            continue
+        st = chunk.statistics
+        out[name] = chunk.num_values - st.null_count if st is not None and st.has_null_count else None
+    return out
 
 
 def _column_bytes(rg: pq.RowGroupMetaData) -> dict[str, int]:
