@@ -151,6 +151,22 @@ MUTANTS = [
         "tokens=np.concatenate([self.tokens[skip - 1 : length - 2], self.tokens[length - 1 :]]), offsets=offsets",
         ("tests/test_topology.py::test_elastic_resume_emits_the_rest_exactly_once",),
     ),
+    Mutant(
+        "pruning-forgets-nulls",
+        "the statistics kept for pruning say a column has no null where it has some, so `is_null` prunes row groups that match",
+        "arrowstream/io/statistics.py",
+        "    return (low, high, None if st.null_count > 0 else low)\n",
+        "    return (low, high, low)\n",
+        ("tests/test_statistics.py",),
+    ),
+    Mutant(
+        "state-envelope-drops-held",
+        "the typed state writes no held documents, so an elastic resume of a look-ahead packer loses them",
+        "arrowstream/state/envelope.py",
+        '            "held": None if self.held is None else self.held.to_dict(),\n',
+        '            "held": None,\n',
+        ("tests/test_state.py",),
+    ),
 ]
 
 

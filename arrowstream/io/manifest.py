@@ -370,7 +370,7 @@ def _read_footer(fs: pafs.FileSystem, root: str, path: str, size: int) -> _FileI
     counts = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
     nbytes = tuple(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
     by_column = tuple(_column_bytes(meta.row_group(i)) for i in range(meta.num_row_groups))
-    lists = tuple(_list_values(meta.row_group(i), schema) for i in range(meta.num_row_groups))
+    lists = _list_values(meta, schema)
     return _FileInfo(
         path=path, relpath=relpath(path, root), size=size, row_counts=counts, row_bytes=nbytes,
         schema=schema, column_bytes=by_column, list_values=lists, footer=_footer_digest(meta),
@@ -378,20 +378,29 @@ def _read_footer(fs: pafs.FileSystem, root: str, path: str, size: int) -> _FileI
     )
 
 
-def _list_values(rg: pq.RowGroupMetaData, schema: pa.Schema) -> dict[str, int | None]:
-    """Elements per top-level list column of primitive values: leaf slots less nulls (empty lists take a null slot)."""
-    out: dict[str, int | None] = {}
-    for j in range(rg.num_columns):
-        chunk = rg.column(j)
-        name = chunk.path_in_schema.split(".")[0]
-        if name not in schema.names:
-            continue
-        dtype = schema.field(name).type
-        if not (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)) or pa.types.is_nested(dtype.value_type):
-            continue
-        st = chunk.statistics
-        out[name] = chunk.num_values - st.null_count if st is not None and st.has_null_count else None
-    return out
+def _list_values(meta: pq.FileMetaData, schema: pa.Schema) -> tuple[dict[str, int | None], ...]:
+    """Per row group, the elements of each top-level list column of primitive values.
+
+    A leaf's value count less its nulls: a null or empty list takes one leaf
+    slot, counted as a null.
+    """
+    lists = {
+        j: name
+        for j in range(meta.num_columns)
+        if (name := meta.schema.column(j).path.split(".")[0]) in schema.names
+        and (pa.types.is_list(dtype := schema.field(name).type) or pa.types.is_large_list(dtype))
+        and not pa.types.is_nested(dtype.value_type)
+    }
+    out = []
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        counts: dict[str, int | None] = {}
+        for j, name in lists.items():
+            chunk = group.column(j)
+            st = chunk.statistics
+            counts[name] = chunk.num_values - st.null_count if st is not None and st.has_null_count else None
+        out.append(counts)
+    return tuple(out)
 
 
 def _column_bytes(rg: pq.RowGroupMetaData) -> dict[str, int]:

@@ -66,13 +66,15 @@ class FileStatistics:
         """
         leaf = {meta.schema.column(j).path: j for j in range(meta.num_columns)}
         fields = [f for f in schema if f.name in leaf and not pa.types.is_nested(f.type)]
-        rows = meta.num_row_groups
+        groups = [meta.row_group(r) for r in range(meta.num_row_groups)]
+        rows = len(groups)
         known = np.zeros((rows, len(fields)), dtype=bool)
         columns = []
         for c, field in enumerate(fields):
             values: list[object] = []
-            for r in range(rows):
-                triple = _triple(meta.row_group(r).column(leaf[field.name]).statistics, meta.row_group(r).num_rows)
+            j = leaf[field.name]
+            for r, group in enumerate(groups):
+                triple = _triple(group.column(j).statistics, group.num_rows)
                 known[r, c] = triple is not None
                 values.extend(triple or (None, None, None))
             try:
