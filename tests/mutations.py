@@ -112,8 +112,9 @@ MUTANTS = [
         "state-dict-has-side-effects",
         "saving a best-fit state reorders the open rows, so saving changes what comes next",
         "arrowstream/pack/bestfit.py",
-        "    def _packer_state(self) -> dict[str, Any]:\n",
-        "    def _packer_state(self) -> dict[str, Any]:\n        self.open.reverse()\n",
+        "    def _packer_state(self, progress: Progress, read: tuple[int, int, int]) -> BestFitState:\n",
+        "    def _packer_state(self, progress: Progress, read: tuple[int, int, int]) -> BestFitState:\n"
+        "        self.open.reverse()\n",
         ("tests/test_bestfit.py",),
     ),
     Mutant(
@@ -138,9 +139,9 @@ MUTANTS = [
         "reader-imports-the-pipeline",
         "the reader reaches up into the pipeline layer (inside a function, so nothing breaks at import)",
         "arrowstream/io/reader.py",
-        "    def close(self) -> None:\n",
+        "    def close(self) -> None:\n        \"\"\"Close the open files.\"\"\"\n",
         "    def _plan(self) -> None:\n        from arrowstream.pipeline import plan  # noqa: F401\n\n"
-        "    def close(self) -> None:\n",
+        "    def close(self) -> None:\n        \"\"\"Close the open files.\"\"\"\n",
         ("tests/test_layers.py",),
     ),
     Mutant(
