@@ -7,8 +7,8 @@ and iterate. Every iterator has ``state_dict()`` / ``load_state_dict()``.
 
 from typing import TYPE_CHECKING, Any
 
-from arrowstream.pipeline.dataset import Dataset, read_parquet
-from arrowstream.tokenize.encoders import Encoder
+from arrowstream.core.stage import Stage
+from arrowstream.distributed.topology import merge_states
 from arrowstream.errors import (
     ArrowStreamError,
     CacheError,
@@ -21,15 +21,15 @@ from arrowstream.errors import (
     StateError,
     StateMismatchError,
 )
-from arrowstream.pipeline.iterator import DatasetIterator
-from arrowstream.io.manifest import Manifest, Shard, read_manifest
 from arrowstream.filter import Filter
+from arrowstream.io.manifest import Manifest, Shard, read_manifest
 from arrowstream.pack import ConcatPacker, Packer
 from arrowstream.pack.bestfit import BestFitPacker
 from arrowstream.pack.bucket import BucketPacker
+from arrowstream.pipeline.dataset import Dataset, read_parquet
+from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.tokenize import Tokenize
-from arrowstream.core.stage import Stage
-from arrowstream.distributed.topology import merge_states
+from arrowstream.tokenize.encoders import Encoder
 
 __all__ = [
     "Analysis",

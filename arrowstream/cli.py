@@ -29,12 +29,12 @@ from tqdm import tqdm
 
 from arrowstream import __version__
 from arrowstream.analysis import analyze
-from arrowstream.pipeline.dataset import read_parquet
 from arrowstream.errors import ArrowStreamError
 from arrowstream.io.manifest import read_manifest
+from arrowstream.pipeline.dataset import read_parquet
 from arrowstream.pipeline.plan import Plan
-from arrowstream.tokenize.cache import IDS_COLUMN, CachedReader
 from arrowstream.testing.data import sample_tokenizer, write_dataset
+from arrowstream.tokenize.cache import IDS_COLUMN, CachedReader
 
 __all__ = ["main"]
 

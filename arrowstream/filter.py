@@ -20,10 +20,10 @@ import pyarrow as pa
 import pyarrow.acero as acero
 import pyarrow.compute as pc
 
-from arrowstream.io.chunk import Chunk
-from arrowstream.errors import ConfigError, SchemaError
-from arrowstream.io.manifest import Manifest
 from arrowstream.core.stage import Stage
+from arrowstream.errors import ConfigError, SchemaError
+from arrowstream.io.chunk import Chunk
+from arrowstream.io.manifest import Manifest
 
 __all__ = ["Filter", "matching", "prune_shards"]
 

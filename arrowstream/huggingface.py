@@ -41,8 +41,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without transfor
         "pip install 'arrowstream[huggingface]'"
     ) from exc
 
-from arrowstream.errors import ConfigError, StateError
 from arrowstream.distributed.topology import merge_states
+from arrowstream.errors import ConfigError, StateError
 
 if TYPE_CHECKING:
     from transformers import TrainerControl, TrainerState, TrainingArguments

@@ -12,9 +12,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from arrowstream import CacheError, CacheWarning, ConfigError, read_parquet
-from arrowstream.tokenize.encoders import Encoder
-from arrowstream.testing.data import make_texts, sample_tokenizer
 from arrowstream.testing import assert_resumes_identically
+from arrowstream.testing.data import make_texts, sample_tokenizer
+from arrowstream.tokenize.encoders import Encoder
 
 from .conftest import write_parts
 

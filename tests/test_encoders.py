@@ -26,14 +26,14 @@ from tokenizers import (
 )
 
 from arrowstream import ConfigError, read_parquet
+from arrowstream.errors import EncoderFallbackWarning
+from arrowstream.testing import assert_resumes_identically
+from arrowstream.testing.data import make_texts, train_tokenizer, write_dataset
+from arrowstream.tokenize import Tokenize
 from arrowstream.tokenize import fast as fast_module
 from arrowstream.tokenize import verdicts as verdicts_module
 from arrowstream.tokenize.bytelevel import GPT2_PATTERN, byte_symbols, to_bytelevel_bpe
 from arrowstream.tokenize.encoders import Encoder, probe_texts
-from arrowstream.errors import EncoderFallbackWarning
-from arrowstream.testing.data import make_texts, train_tokenizer, write_dataset
-from arrowstream.testing import assert_resumes_identically
-from arrowstream.tokenize import Tokenize
 
 from .conftest import EncodedBy, write_parts
 

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from arrowstream import ConfigError, SchemaError, read_parquet
-from arrowstream.testing.data import sample_tokenizer
 from arrowstream.testing import (
     assert_batch_consistent,
     assert_items_equal,
     assert_resumes_identically,
 )
+from arrowstream.testing.data import sample_tokenizer
 
 from .conftest import write_parts
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from arrowstream.pipeline import plan as plan_module
 from arrowstream import read_parquet
+from arrowstream.pipeline import plan as plan_module
 from arrowstream.pipeline.plan import Plan
 
 from .conftest import heavy_tail, write_named_docs

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from arrowstream.analysis.quality import position_correlation, shuffle_report, source_imbalance
+from arrowstream.analysis.quality import (
+    position_correlation,
+    shuffle_report,
+    source_imbalance,
+)
 
 
 def test_in_order_reading_scores_worst() -> None:

@@ -11,8 +11,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from arrowstream import Dataset, read_parquet
-from arrowstream.tokenize.encoders import Encoder
 from arrowstream.testing import assert_items_equal, assert_resumes_identically
+from arrowstream.tokenize.encoders import Encoder
 
 from .conftest import EncodedBy, write_parts
 

@@ -10,7 +10,15 @@ import pytest
 from arrowstream import StateError, merge_states, read_parquet
 from arrowstream.distributed.topology import Consumer, own_share
 from arrowstream.pipeline.plan import Plan
-from arrowstream.state import BestFitState, BucketState, Held, Position, Progress, State, Work
+from arrowstream.state import (
+    BestFitState,
+    BucketState,
+    Held,
+    Position,
+    Progress,
+    State,
+    Work,
+)
 
 from .conftest import heavy_tail, write_named_docs
 

@@ -36,13 +36,6 @@ import polars as pl
 import pyarrow as pa
 from tokenizers import Tokenizer
 
-from arrowstream.pack.bestfit import BestFitPacker
-from arrowstream.pack.bucket import BucketPacker
-from arrowstream.checks import check_int
-from arrowstream.pipeline.dataset import read_parquet
-from arrowstream.tokenize.encoders import Encoder
-from arrowstream.errors import ConfigError, SchemaError
-from arrowstream.pack import ConcatPacker
 from arrowstream.analysis.lengths import (
     QUANTILES,
     _by_rows,
@@ -58,7 +51,14 @@ from arrowstream.analysis.lengths import (
 )
 from arrowstream.analysis.report import plot_analysis, render_analysis
 from arrowstream.analysis.simulate import Prediction, simulate_packer, simulate_padded
+from arrowstream.checks import check_int
+from arrowstream.errors import ConfigError, SchemaError
+from arrowstream.pack import ConcatPacker
+from arrowstream.pack.bestfit import BestFitPacker
+from arrowstream.pack.bucket import BucketPacker
+from arrowstream.pipeline.dataset import read_parquet
 from arrowstream.tokenize import find_eos_id, load_tokenizer
+from arrowstream.tokenize.encoders import Encoder
 
 __all__ = ["QUANTILES", "Analysis", "analyze", "quantiles_from_counts"]
 

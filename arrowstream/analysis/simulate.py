@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arrowstream.io.chunk import Chunk
 from arrowstream.errors import ConfigError
+from arrowstream.io.chunk import Chunk
 from arrowstream.pack import Packer
 
 __all__ = ["Prediction", "simulate_packer", "simulate_padded"]

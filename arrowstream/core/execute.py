@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from arrowstream.io.chunk import Chunk
-from arrowstream.errors import ArrowStreamError, SchemaError
 from arrowstream.core.stage import Stage
+from arrowstream.errors import ArrowStreamError, SchemaError
+from arrowstream.io.chunk import Chunk
 
 __all__ = ["ordered_map", "run_stages"]
 

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arrowstream.io.chunk import Chunk
 from arrowstream.core.execute import run_stages
-from arrowstream.io.manifest import Manifest
-from arrowstream.io.layout import Layout
-from arrowstream.io.reader import ShardReader
 from arrowstream.core.stage import Stage
 from arrowstream.distributed.topology import RowRange
+from arrowstream.io.chunk import Chunk
+from arrowstream.io.layout import Layout
+from arrowstream.io.manifest import Manifest
+from arrowstream.io.reader import ShardReader
 
 __all__ = [
     "EVEN_BATCHES_SLACK",

@@ -47,7 +47,7 @@ from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.assemble import assemble_batch
 from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun
-from arrowstream.state import BestFitState, SegmentRef, Progress, State
+from arrowstream.state import BestFitState, Progress, SegmentRef, State
 
 __all__ = ["LONG_DOCS", "BestFitPacker"]
 

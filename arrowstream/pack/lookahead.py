@@ -28,7 +28,15 @@ import numpy as np
 from arrowstream.errors import StateError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import PackRun
-from arrowstream.state import BestFitState, BucketState, DocKey, Held, Position, Progress, State
+from arrowstream.state import (
+    BestFitState,
+    BucketState,
+    DocKey,
+    Held,
+    Position,
+    Progress,
+    State,
+)
 
 __all__ = ["Doc", "DocumentSource", "Key", "LookaheadRun", "LookaheadWindow"]
 

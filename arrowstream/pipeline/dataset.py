@@ -23,18 +23,18 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
-from arrowstream.pack.bucket import BucketPacker
 from arrowstream.checks import check_int
+from arrowstream.core.stage import Stage
+from arrowstream.distributed.topology import Consumer
 from arrowstream.errors import ConfigError
 from arrowstream.filter import Filter
-from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.io.manifest import Manifest, read_manifest
 from arrowstream.pack import Packer
-from arrowstream.pipeline.plan import Plan
-from arrowstream.core.stage import Stage
+from arrowstream.pack.bucket import BucketPacker
 from arrowstream.pack.strategies import make_packer
+from arrowstream.pipeline.iterator import DatasetIterator
+from arrowstream.pipeline.plan import Plan
 from arrowstream.tokenize import Tokenize
-from arrowstream.distributed.topology import Consumer
 
 if TYPE_CHECKING:
     from arrowstream.pytorch import TorchDataset

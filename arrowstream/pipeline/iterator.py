@@ -17,13 +17,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from arrowstream.io.chunk import Chunk, Ledger
+from arrowstream.distributed.topology import Consumer, Deal, RowRange, own_share
 from arrowstream.errors import StateError
+from arrowstream.io.chunk import Chunk, Ledger
+from arrowstream.io.prefetch import Prefetcher
 from arrowstream.pack import PackRun
 from arrowstream.pipeline.plan import Plan
-from arrowstream.io.prefetch import Prefetcher
 from arrowstream.state import Held, Position, State, Work, check_identity, check_state
-from arrowstream.distributed.topology import Consumer, Deal, RowRange, own_share
 
 __all__ = ["DatasetIterator"]
 

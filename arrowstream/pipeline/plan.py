@@ -24,18 +24,23 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from arrowstream.distributed.balance import Sample, batch_target, doc_target, measure_sample
-from arrowstream.io.chunk import Chunk
-from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.core.execute import run_stages
-from arrowstream.io.manifest import Manifest
+from arrowstream.core.stage import Stage
+from arrowstream.distributed.balance import (
+    Sample,
+    batch_target,
+    doc_target,
+    measure_sample,
+)
+from arrowstream.distributed.topology import Consumer, RowRange
+from arrowstream.errors import ConfigError, SchemaError
+from arrowstream.io.chunk import Chunk
 from arrowstream.io.layout import Layout
-from arrowstream.pack import Packer
+from arrowstream.io.manifest import Manifest
 from arrowstream.io.reader import Reader, ShardReader
 from arrowstream.io.source import iter_stream
-from arrowstream.core.stage import Stage
+from arrowstream.pack import Packer
 from arrowstream.state import Position, hash_options
-from arrowstream.distributed.topology import Consumer, RowRange
 
 __all__ = ["Description", "Plan"]
 

@@ -40,7 +40,13 @@ from arrowstream.state.envelope import (
     check_state,
     hash_options,
 )
-from arrowstream.state.packers import BestFitState, BucketState, DocKey, SegmentRef, Progress
+from arrowstream.state.packers import (
+    BestFitState,
+    BucketState,
+    DocKey,
+    Progress,
+    SegmentRef,
+)
 from arrowstream.state.parts import Held, Position, RowRange, Work
 
 __all__ = [

@@ -34,12 +34,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from arrowstream.errors import ConfigError
-from arrowstream.testing.texts import _check_int, _check_lengths, _generate, make_texts
-from arrowstream.testing.tokenizer import sample_tokenizer, train_tokenizer
 
 # Re-exported (redundant aliases): tests read these tables from this module.
 from arrowstream.testing.texts import _WORDS as _WORDS
+from arrowstream.testing.texts import _check_int, _check_lengths, _generate, make_texts
 from arrowstream.testing.tokenizer import _SAMPLE_TOKENIZERS as _SAMPLE_TOKENIZERS
+from arrowstream.testing.tokenizer import sample_tokenizer, train_tokenizer
 
 __all__ = [
     "SCHEMA",

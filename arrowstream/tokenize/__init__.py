@@ -30,14 +30,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
-from arrowstream.tokenize.cache import IDS_COLUMN, CachedReader, TokenCache
 from arrowstream.checks import check_int
-from arrowstream.io.chunk import Chunk, tokens_to_arrow
-from arrowstream.tokenize.encoders import BACKENDS, Encoder, load_tokenizer, tokenizer_hash
+from arrowstream.core.stage import Stage
 from arrowstream.errors import ConfigError, SchemaError
+from arrowstream.io.chunk import Chunk, tokens_to_arrow
 from arrowstream.io.manifest import Manifest
 from arrowstream.io.reader import Reader, ShardReader
-from arrowstream.core.stage import Stage
+from arrowstream.tokenize.cache import IDS_COLUMN, CachedReader, TokenCache
+from arrowstream.tokenize.encoders import (
+    BACKENDS,
+    Encoder,
+    load_tokenizer,
+    tokenizer_hash,
+)
 
 __all__ = ["Tokenize", "check_tokenizer", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
 

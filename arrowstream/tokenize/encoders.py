@@ -58,12 +58,23 @@ import tiktoken
 import tokenizers
 from tokenizers import Tokenizer
 
-from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible
 from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError, EncoderFallbackWarning
-from arrowstream.tokenize.fast import _Fast, _convert, _encoding, _first_difference, _flatten
+from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible
+from arrowstream.tokenize.fast import (
+    _convert,
+    _encoding,
+    _Fast,
+    _first_difference,
+    _flatten,
+)
 from arrowstream.tokenize.probes import added_token_probes, probe_texts, token_texts
-from arrowstream.tokenize.verdicts import _CHECKS_VERSION, _cached_verdict, _forget_verdict, _store_verdict
+from arrowstream.tokenize.verdicts import (
+    _CHECKS_VERSION,
+    _cached_verdict,
+    _forget_verdict,
+    _store_verdict,
+)
 
 __all__ = ["BACKENDS", "Encoder", "load_tokenizer", "probe_texts", "tokenizer_hash"]
 
