@@ -28,9 +28,9 @@ def _ds(tmp_path: Path):
     write_parts(tmp_path, parts, row_group_size=9)
     expected = Counter(t for doc in docs for t in doc)
     ds = read_parquet(tmp_path, batch_rows=5).shuffle(seed=3, window=2)
-    # even_batches=False: the default trims DataLoader workers to equal batch counts, dropping
-    # (and counting) a few tokens; exactly-once is checked on the untrimmed stream
-    packed = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2, even_batches=False)
+    # the default even batches: over token ids every worker's tokens are known, so workers pad
+    # up to the largest count and drop nothing; exactly-once holds on the default stream
+    packed = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2)
     return packed, expected
 
 

@@ -110,4 +110,5 @@ def test_list_columns_count_their_elements_from_the_footers(tmp_path: Path) -> N
     manifest = read_manifest(tmp_path)
     shutil.rmtree(tmp_path)  # from the footers: nothing is read
     assert manifest.list_values("ids").tolist() == [4, 11]  # empty and null lists hold nothing
+    assert manifest.list_empty_rows("ids").tolist() == [1, 1]
     assert manifest.list_values("n") is None  # not a list column

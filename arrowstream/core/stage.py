@@ -15,7 +15,8 @@ Stages hold no per-iterator state, so a resume needs nothing from them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,27 @@ from arrowstream.io.chunk import Chunk
 from arrowstream.io.manifest import Manifest
 from arrowstream.io.reader import Reader, ShardReader
 
-__all__ = ["Stage"]
+__all__ = ["KnownTokens", "Stage"]
+
+
+@dataclass(frozen=True)
+class KnownTokens:
+    """How a stage tells, before an epoch, the tokens each row will give the packer.
+
+    Attributes
+    ----------
+    column
+        The column to read for a row group's per-row counts.
+    per_row
+        Maps that column's values to tokens per row (0 for a row the stage
+        drops).
+    per_shard
+        Tokens per shard as the footers tell them (no read), or ``None``.
+    """
+
+    column: str
+    per_row: Callable[[pa.Array], np.ndarray]
+    per_shard: np.ndarray | None = None
 
 
 class Stage(ABC):
@@ -42,6 +63,9 @@ class Stage(ABC):
     #: Whether the stage reads token ids rather than making them (then reading is the work,
     #: and prefetching in a background thread pays).
     reads_token_ids: bool = False
+    #: Whether the stage keeps every row it is given, unchanged in tokens (then the tokens a
+    #: pipeline emits can be known before an epoch; see :meth:`known_tokens`).
+    keeps_rows: bool = False
 
     @abstractmethod
     def spec(self) -> dict[str, Any]:
@@ -59,6 +83,17 @@ class Stage(ABC):
         """Return a mask over ``manifest``'s shards, false where this stage provably keeps no row.
 
         ``None`` (the default): the stage cannot tell, every shard is read.
+        """
+        return None
+
+    def known_tokens(self, manifest: Manifest) -> KnownTokens | None:
+        """Return how this stage tells each row's tokens before an epoch, or ``None`` (the default).
+
+        The tokenize stage over a column of token ids can: a row's tokens are
+        its ids (plus EOS). With such a stage, and every other stage keeping
+        its rows (:attr:`keeps_rows`), a packer that counts its batches from
+        tokens (:meth:`~arrowstream.pack.base.Packer.exact_batches`) gives
+        every consumer the exact number of batches to emit.
         """
         return None
 

@@ -71,7 +71,8 @@ class _FileInfo:
     row_bytes: tuple[int, ...]
     schema: pa.Schema
     column_bytes: tuple[dict[str, int], ...]  # per row group: uncompressed bytes per top-level column
-    list_values: tuple[dict[str, int | None], ...]  # per row group: elements of each list column
+    # per row group and list column: (elements, rows holding a null or empty list), None if unknown
+    list_values: tuple[dict[str, tuple[int, int] | None], ...]
     footer: str  # digest of the Parquet footer (sizes, offsets, statistics of every column chunk)
     statistics: FileStatistics  # per row group: bounds and null counts of the top-level columns
 
@@ -196,11 +197,24 @@ class Manifest:
         >>> read_manifest(example_dir()).list_values("ids").tolist()   # lengths 3, 1, 2, 4 repeating
         [10, 10, 10]
         """
+        counts = self._list_counts(column)
+        return None if counts is None else counts[:, 0].copy()
+
+    def list_empty_rows(self, column: str) -> np.ndarray | None:
+        """Return, per shard, the rows of list column ``column`` holding a null or empty list (no read).
+
+        Exact when no list holds a null element (token ids never do: a null id
+        is an error when read). ``None`` as for :meth:`list_values`.
+        """
+        counts = self._list_counts(column)
+        return None if counts is None else counts[:, 1].copy()
+
+    def _list_counts(self, column: str) -> np.ndarray | None:
         per_file = [[rg.get(column) for rg in f.list_values] for f in self._files]
         counts = [per_file[int(f)][int(rg)] for f, rg in zip(self.shard_file, self.shard_row_group)]
         if any(c is None for c in counts):
             return None
-        return np.array(counts, dtype=np.int64)
+        return np.array(counts, dtype=np.int64).reshape(-1, 2)
 
     def matching_shards(self, expr: pc.Expression) -> np.ndarray:
         """Return a mask over shards, false where the footers' statistics prove ``expr`` true in no row.
@@ -378,8 +392,8 @@ def _read_footer(fs: pafs.FileSystem, root: str, path: str, size: int) -> _FileI
     )
 
 
-def _list_values(meta: pq.FileMetaData, schema: pa.Schema) -> tuple[dict[str, int | None], ...]:
-    """Per row group, the elements of each top-level list column of primitive values.
+def _list_values(meta: pq.FileMetaData, schema: pa.Schema) -> tuple[dict[str, tuple[int, int] | None], ...]:
+    """Per row group, (elements, null or empty lists) of each top-level list column of primitive values.
 
     A leaf's value count less its nulls: a null or empty list takes one leaf
     slot, counted as a null.
@@ -394,11 +408,12 @@ def _list_values(meta: pq.FileMetaData, schema: pa.Schema) -> tuple[dict[str, in
     out = []
     for i in range(meta.num_row_groups):
         group = meta.row_group(i)
-        counts: dict[str, int | None] = {}
+        counts: dict[str, tuple[int, int] | None] = {}
         for j, name in lists.items():
             chunk = group.column(j)
             st = chunk.statistics
-            counts[name] = chunk.num_values - st.null_count if st is not None and st.has_null_count else None
+            known = st is not None and st.has_null_count
+            counts[name] = (chunk.num_values - st.null_count, st.null_count) if known else None
         out.append(counts)
     return tuple(out)
 

@@ -95,6 +95,15 @@ class Packer(ABC):
         """
         return None, float(self.seq_len * self.batch_size)
 
+    def exact_batches(self, num_tokens: int) -> int | None:
+        """Return the batches this packer makes of ``num_tokens`` tokens, or ``None`` if tokens do not tell.
+
+        Known before an epoch (see :meth:`~arrowstream.core.stage.Stage.known_tokens`),
+        it gives every consumer its exact batch count; ``None`` (the default)
+        leaves the count to an estimate.
+        """
+        return None
+
     def spec(self) -> dict[str, Any]:
         """Return the JSON-able options that define the packer's output."""
         return {

@@ -44,6 +44,16 @@ class ConcatPacker(Packer):
 
     name = "concat"
 
+    def exact_batches(self, num_tokens: int) -> int | None:
+        """Rows are filled back to back: ``ceil(num_tokens / (seq_len * batch_size))`` batches.
+
+        Examples
+        --------
+        >>> ConcatPacker(seq_len=4, batch_size=2).exact_batches(17)
+        3
+        """
+        return -(-num_tokens // (self.seq_len * self.batch_size))
+
     def start(
         self, state: State | None, *, targets: Callable[[int], int | None] | None = None
     ) -> PackRun:

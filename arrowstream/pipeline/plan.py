@@ -32,6 +32,7 @@ from arrowstream.distributed.balance import (
     doc_target,
     measure_sample,
 )
+from arrowstream.distributed.tokens import TokenCounts, part_tokens
 from arrowstream.distributed.topology import Consumer, RowRange
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.io.chunk import Chunk
@@ -98,6 +99,7 @@ class Plan:
         self._layouts: dict[tuple[int, int], Layout] = {}
         self._sample: Sample | None = None
         self._read_bytes: np.ndarray | None = None
+        self._token_counts: TokenCounts | None | bool = False  # False: not worked out yet
 
     @classmethod
     def of(cls, description: Description) -> Plan:
@@ -181,10 +183,45 @@ class Plan:
 
     # -- even batches -----------------------------------------------------------------
 
+    @property
+    def token_counts(self) -> TokenCounts | None:
+        """Exact tokens of any share, when the stages tell them and the packer counts batches by tokens.
+
+        One stage must say each row's tokens (:meth:`~arrowstream.core.stage.Stage.known_tokens`:
+        the tokenize stage over token ids), every other keep its rows, and
+        the packer count its batches from tokens (``concat``). ``None``
+        otherwise: the even-batches target is then estimated.
+        """
+        if self._token_counts is False:
+            self._token_counts = None
+            known = [stage.known_tokens(self.manifest) for stage in self.stages]
+            told = [k for k in known if k is not None]
+            keeping = all(k is not None or stage.keeps_rows for stage, k in zip(self.stages, known))
+            if (
+                self.packer is not None
+                and self.packer.exact_batches(0) is not None
+                and len(told) == 1
+                and keeping
+            ):
+                self._token_counts = TokenCounts(self.manifest, told[0])
+        return self._token_counts  # type: ignore[return-value]
+
     def batch_target(self, epoch: int, parts: list[list[RowRange]], num_streams: int) -> int:
-        """Return the batches every consumer emits in ``epoch`` given all consumers' ``parts``."""
+        """Return the batches every consumer emits in ``epoch`` given all consumers' ``parts``.
+
+        Exact when the tokens of every share are known (:attr:`token_counts`):
+        the largest consumer's batch count, so no consumer has data beyond it
+        and the others pad up to it. Else estimated (see
+        :mod:`~arrowstream.distributed.balance`).
+        """
         packer = self.packer
         assert packer is not None
+        counts = self.token_counts
+        if counts is not None:
+            layout = self.layout(epoch, num_streams)
+            return max(
+                (packer.exact_batches(part_tokens(layout, counts, part)) or 0 for part in parts), default=0
+            )
         sample = self.sample()
         rows = min((sum(hi - lo for _, lo, hi, _ in part) for part in parts), default=0)
         docs, per_batch = packer.per_batch(

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
 from arrowstream.checks import check_int
-from arrowstream.core.stage import Stage
+from arrowstream.core.stage import KnownTokens, Stage
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.io.chunk import Chunk, tokens_to_arrow
 from arrowstream.io.manifest import Manifest
@@ -316,6 +316,26 @@ class Tokenize(Stage):
     def reads_token_ids(self) -> bool:  # type: ignore[override]
         """True for a pre-tokenized column or a token cache: the ids are read, not made."""
         return self.tokenizer is None or self.cache is not None
+
+    def known_tokens(self, manifest: Manifest) -> KnownTokens | None:
+        """Over a column of token ids: each row's ids plus EOS (0 for a null or empty row); else ``None``.
+
+        Per shard, the footers' element counts give the same without a read.
+        """
+        if self.tokenizer is not None:
+            return None
+        eos = int(self.add_eos)
+
+        def per_row(values: pa.Array) -> np.ndarray:
+            lengths = pc.fill_null(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False)
+            lengths = lengths.astype(np.int64)
+            return np.where(lengths > 0, lengths + eos, 0)
+
+        elements, empty = manifest.list_values(self.column), manifest.list_empty_rows(self.column)
+        per_shard = None
+        if elements is not None and empty is not None:
+            per_shard = elements + eos * (manifest.shard_rows - empty)
+        return KnownTokens(self.column, per_row, per_shard)
 
     def wrap_reader(self, reader: ShardReader, *, keep_text: bool) -> Reader:
         """With a token cache, wrap ``reader`` in a :class:`CachedReader` that brings the ids along."""

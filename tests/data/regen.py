@@ -8,10 +8,13 @@ pipeline in :data:`CASES`, states saved at a few steps together with a digest
 of the rest of the stream (``states-v<version>.json``). The test rebuilds each
 pipeline from the stored files, loads each state and compares the digest.
 
-Run it only to add cases for a new state version, never to make a failing test
+Run it only to add cases for a new state version (or, with ``--rest-only``, after a change
+of output an issue asks for, which the file then records), never to make a failing test
 pass: the stored files are the record of what earlier versions wrote::
 
     python tests/data/regen.py             # writes states-v<current version>.json
+    python tests/data/regen.py --rest-only "why"   # an intended change of output: states kept,
+                                                   # what follows them recorded again (and why)
     python tests/data/regen.py --corpus    # also rewrites corpus/ and tokenizer.json (invalidates
                                            # every stored state: only for a new, empty record)
 """
@@ -133,9 +136,31 @@ def write_corpus() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", action="store_true", help="rewrite corpus/ and tokenizer.json first")
+    parser.add_argument(
+        "--rest-only",
+        metavar="WHY",
+        help="keep every stored state, record again what follows each one (after an intended change "
+        "of output, said in WHY)",
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(HERE.parent.parent))
     from arrowstream.state import STATE_VERSION
+
+    if args.rest_only:
+        for path in sorted(HERE.glob("states-v*.json")):
+            stored = json.loads(path.read_text())
+            changed = 0
+            for name, saved in stored["saved"].items():
+                case = {"pipeline": name, **stored["cases"][name]}
+                for entry in saved:
+                    rest = rest_digest(case, entry["state"])
+                    changed += rest != entry["rest"]
+                    entry["rest"] = rest
+            if changed:
+                stored.setdefault("rest_changes", []).append(args.rest_only)
+            path.write_text(json.dumps(stored, indent=1) + "\n")
+            print(f"{path.name}: {changed} stored state(s) now continue differently")
+        return 0
 
     if args.corpus or not CORPUS.is_dir():
         write_corpus()

@@ -1,0 +1,120 @@
+"""Exact token counts of consumers' shares, when the pipeline can tell them before an epoch.
+
+Over a column of token ids (:meth:`~arrowstream.core.stage.Stage.known_tokens`),
+the tokens a share of an epoch gives the packer are known before reading it:
+whole row groups from the Parquet footers, parts of row groups from their
+per-row counts, read once per process and kept. :func:`range_tokens` adds up
+the tokens of a consumer's row range in the order the layout emits it, so the
+even-batches target can be the exact largest batch count of all consumers:
+no consumer then has a document beyond it (nothing is dropped) and the others
+pad up to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from arrowstream.core.stage import KnownTokens
+from arrowstream.io.layout import Layout
+from arrowstream.io.manifest import Manifest
+from arrowstream.io.reader import ShardReader
+from arrowstream.state import RowRange
+
+__all__ = ["TokenCounts", "part_tokens", "range_tokens"]
+
+
+class TokenCounts:
+    """Tokens per row of every shard, read only where the footers do not tell.
+
+    Parameters
+    ----------
+    manifest
+        The dataset's manifest.
+    known
+        What the tokenize stage tells: the column, tokens per row of its
+        values, tokens per shard from the footers.
+
+    Examples
+    --------
+    >>> from arrowstream.io.manifest import read_manifest
+    >>> from arrowstream.testing import example_dir
+    >>> from arrowstream.tokenize import Tokenize
+    >>> m = read_manifest(example_dir())
+    >>> counts = TokenCounts(m, Tokenize(None, column="ids", eos_id=0).known_tokens(m))
+    >>> counts.total(0), counts.rows(0, 1, 3), counts.num_reads   # ids of lengths 3, 1, 2, 4 (+ EOS)
+    (14, 5, 1)
+    """
+
+    def __init__(self, manifest: Manifest, known: KnownTokens) -> None:
+        self.manifest = manifest
+        self.known = known
+        self._lengths: dict[int, np.ndarray] = {}
+        self.num_reads = 0
+
+    def lengths(self, shard: int) -> np.ndarray:
+        """Return the tokens of every row of ``shard`` (read once)."""
+        hit = self._lengths.get(shard)
+        if hit is None:
+            reader = ShardReader(self.manifest, [self.known.column])
+            try:
+                values = reader.read(shard).column(self.known.column).combine_chunks()
+            finally:
+                reader.close()
+            hit = self._lengths[shard] = self.known.per_row(values)
+            self.num_reads += 1
+        return hit
+
+    def total(self, shard: int) -> int:
+        """Return the tokens of ``shard``: from the footers when they tell, else read."""
+        if self.known.per_shard is not None:
+            return int(self.known.per_shard[shard])
+        return int(self.lengths(shard).sum())
+
+    def rows(self, shard: int, lo: int, hi: int) -> int:
+        """Return the tokens of rows ``lo..hi-1`` of ``shard``."""
+        if lo == 0 and hi == int(self.manifest.shard_rows[shard]):
+            return self.total(shard)
+        return int(self.lengths(shard)[lo:hi].sum())
+
+
+def range_tokens(layout: Layout, counts: TokenCounts, stream: int, start: int, end: int) -> int:
+    """Return the tokens of positions ``start..end-1`` of ``stream``, in the layout's emission order.
+
+    Whole shuffle windows add up their row ranges (whole row groups from the
+    footers); a window cut by ``start`` or ``end`` reads its rows' counts and
+    takes those of the positions inside.
+    """
+    total = 0
+    for window in layout.windows(stream):
+        n = window.num_rows
+        lo, hi = max(start, window.start), min(end, window.start + n)
+        if lo >= hi:
+            continue
+        units = zip(window.shards.tolist(), window.row_lo.tolist(), window.row_hi.tolist())
+        if lo == window.start and hi == window.start + n:
+            total += sum(counts.rows(s, a, b) for s, a, b in units)
+            continue
+        rows = np.concatenate([counts.lengths(s)[a:b] for s, a, b in units])
+        emitted = np.arange(lo - window.start, hi - window.start)
+        total += int(rows[window.order[emitted] if window.order is not None else emitted].sum())
+    return total
+
+
+def part_tokens(layout: Layout, counts: TokenCounts, part: Sequence[RowRange]) -> int:
+    """Return the tokens of a consumer's share: its row ranges, less the tokens already emitted.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from arrowstream.io.manifest import read_manifest
+    >>> from arrowstream.testing import example_dir
+    >>> from arrowstream.tokenize import Tokenize
+    >>> m = read_manifest(example_dir())
+    >>> counts = TokenCounts(m, Tokenize(None, column="ids", add_eos=False).known_tokens(m))
+    >>> lay = Layout(np.arange(3), m.shard_rows, epoch=0, seed=None, window=1, num_streams=2)
+    >>> part_tokens(lay, counts, [(0, 0, 6, 0)]), part_tokens(lay, counts, [(1, 0, 6, 2)])
+    (14, 14)
+    """
+    return sum(range_tokens(layout, counts, s, a, b) - skip for s, a, b, skip in part)

@@ -1,0 +1,75 @@
+"""Even batches counted, not estimated, when every consumer's tokens are known before the epoch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from tokenizers import Tokenizer
+
+from arrowstream import read_parquet
+from arrowstream.pipeline.plan import Plan
+from arrowstream.testing import assert_resumes_identically
+
+from .conftest import heavy_tail, named_docs, write_parts
+
+
+def _ids(tmp_path: Path, n: int = 200) -> Path:
+    docs = named_docs(heavy_tail(n, seed=3, cap=60))
+    parts = [{"input_ids": pa.array(docs[a : a + 50], pa.list_(pa.int32()))} for a in range(0, n, 50)]
+    write_parts(tmp_path, parts, row_group_size=10)
+    return tmp_path
+
+
+def _targets(ds, world: int) -> list[int]:
+    return [ds.iter(rank=r, world_size=world).state_dict()["packer"]["target"] for r in range(world)]
+
+
+def test_whole_row_groups_are_counted_from_the_footers(tmp_path: Path) -> None:
+    ds = read_parquet(_ids(tmp_path)).tokenize(None, column="input_ids", eos_id=0).pack(seq_len=16, batch_size=2)
+    plan = Plan.of(ds)
+    targets = _targets(ds, 4)
+    assert len(set(targets)) == 1 and targets[0] > 0
+    # 20 row groups of 10 rows in four streams of 50 rows: no boundary cuts a row group, nothing read
+    assert plan.token_counts is not None and plan.token_counts.num_reads == 0
+    _targets(ds, 3)  # streams of 67, 67 and 66 rows: two row groups are cut, and read
+    assert plan.token_counts.num_reads == 2
+
+
+def test_shuffled_row_ranges_count_the_rows_they_hold(tmp_path: Path) -> None:
+    ds = read_parquet(_ids(tmp_path)).shuffle(seed=1, window=2)
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=16, batch_size=2)
+    _targets(ds, 3)
+    counts = Plan.of(ds).token_counts
+    assert counts is not None and counts.num_reads == 20  # half row groups: every row group's rows
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda ds: ds.filter(pc.field("input_ids").is_valid()).tokenize(None, column="input_ids", eos_id=0).pack(
+            seq_len=16, batch_size=2
+        ),
+        lambda ds: ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=16, batch_size=2, strategy="best_fit"),
+        lambda ds: ds.tokenize(None, column="input_ids", eos_id=0).bucket(batch_size=2),
+    ],
+    ids=["a filter drops rows", "best_fit packs by documents", "bucket batches documents"],
+)
+def test_tokens_are_not_counted_where_they_do_not_tell(tmp_path: Path, build) -> None:
+    assert Plan.of(build(read_parquet(_ids(tmp_path)))).token_counts is None
+
+
+def test_text_is_estimated(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    write_parts(tmp_path, [{"text": ["some words here"] * 30}], row_group_size=10)
+    assert Plan.of(read_parquet(tmp_path).tokenize(tokenizer).pack(seq_len=16, batch_size=2)).token_counts is None
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_counted_even_batches_resume_exactly(tmp_path: Path, shuffle: bool) -> None:
+    ds = read_parquet(_ids(tmp_path), num_epochs=2)
+    if shuffle:
+        ds = ds.shuffle(seed=4, window=3)
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=16, batch_size=2)
+    assert assert_resumes_identically(lambda: ds.iter(rank=2, world_size=3), min_epochs=2) > 10
