@@ -1,4 +1,8 @@
-"""Even batches: how many batches every consumer emits in an epoch.
+"""Even batches, estimated: how many batches every consumer emits in an epoch.
+
+When the pipeline can tell every consumer's tokens before the epoch (token
+ids and ``concat``), the number is counted instead (see
+:mod:`arrowstream.distributed.tokens`); this module estimates it otherwise.
 
 With several consumers (ranks x DataLoader workers) and finite epochs, DDP
 hangs at an epoch end if one rank runs out of batches before the others.

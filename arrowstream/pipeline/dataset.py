@@ -236,13 +236,15 @@ class Dataset:
 
         With several consumers (ranks x workers) and finite epochs,
         ``even_batches=True`` makes every consumer emit the same number of
-        batches per epoch, so no rank waits for another at an epoch end: the
-        number is estimated, identically on every consumer, from Parquet row
-        sizes and a fixed tokenized sample, minus 1% slack. A consumer with
-        data left at that count drops it (``stats["dropped_docs"]``,
-        ``stats["dropped_tokens"]``); one that runs out first emits all-padding
-        batches (``stats["padding_batches"]``). Every document is emitted or
-        counted as dropped, once.
+        batches per epoch, so no rank waits for another at an epoch end. Over
+        token ids with ``concat`` the number is counted: the largest
+        consumer's, so nothing is dropped and the others pad with all-padding
+        batches (``stats["padding_batches"]``). Otherwise it is estimated,
+        identically on every consumer, from Parquet row sizes and a fixed
+        tokenized sample, minus 1% slack, and a consumer with data left at
+        that count drops it (``stats["dropped_docs"]``,
+        ``stats["dropped_tokens"]``). Every document is emitted or counted as
+        dropped, once.
 
         Examples
         --------
