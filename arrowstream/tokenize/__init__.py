@@ -43,54 +43,11 @@ from arrowstream.tokenize.encoders import (
     load_tokenizer,
     tokenizer_hash,
 )
+from arrowstream.tokenize.tokenizer import _special_tokens, check_tokenizer, find_eos_id
 
 __all__ = ["Tokenize", "check_tokenizer", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
 
-_EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
 _INT32_MAX = np.iinfo(np.int32).max
-
-
-def find_eos_id(tokenizer: Tokenizer) -> int | None:
-    """Return the id of the tokenizer's end-of-text special token, or ``None``.
-
-    Looks for the usual names (``<|endoftext|>``, ``</s>``, ``<eos>``, ...)
-    among the special tokens; any other name needs an explicit ``eos_id``.
-    """
-    specials = _special_tokens(tokenizer)
-    for name in _EOS_NAMES:
-        if name in specials:
-            return specials[name]
-    return None
-
-
-def _special_tokens(tokenizer: Tokenizer) -> dict[str, int]:
-    return {
-        tok.content: idx
-        for idx, tok in tokenizer.get_added_tokens_decoder().items()
-        if tok.special
-    }
-
-
-def check_tokenizer(tokenizer: Tokenizer) -> None:
-    """Refuse settings that make ids depend on batching or cut documents silently.
-
-    Raises
-    ------
-    ConfigError
-        Padding is enabled (ids would depend on which documents share a
-        batch) or truncation is enabled (documents would lose tokens silently).
-    """
-    if tokenizer.padding is not None:
-        raise ConfigError(
-            "the tokenizer has padding enabled, which makes a document's ids depend on the "
-            "other documents encoded with it: call `tokenizer.no_padding()` (packing pads for you)"
-        )
-    if tokenizer.truncation is not None:
-        raise ConfigError(
-            f"the tokenizer truncates to {tokenizer.truncation.get('max_length')} tokens, which "
-            "would cut documents silently: call `tokenizer.no_truncation()` (packing splits long "
-            "documents across rows)"
-        )
 
 
 class Tokenize(Stage):
