@@ -168,6 +168,14 @@ MUTANTS = [
         '            "held": None,\n',
         ("tests/test_state.py",),
     ),
+    Mutant(
+        "counted-target-is-the-smallest",
+        "over token ids the batch target is the smallest consumer's count, so the others drop their tail",
+        "arrowstream/pipeline/plan.py",
+        "            return max(\n",
+        "            return min(\n",
+        ("tests/test_topology.py",),
+    ),
 ]
 
 
