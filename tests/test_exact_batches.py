@@ -73,3 +73,45 @@ def test_counted_even_batches_resume_exactly(tmp_path: Path, shuffle: bool) -> N
         ds = ds.shuffle(seed=4, window=3)
     ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=16, batch_size=2)
     assert assert_resumes_identically(lambda: ds.iter(rank=2, world_size=3), min_epochs=2) > 10
+
+
+def _texts(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    words = ["alpha", "beta gamma", "delta epsilon zeta eta", "theta"]
+    texts = [" ".join(words[: 1 + i % 4]) * (1 + i % 5) for i in range(120)]
+    write_parts(root, [{"text": texts[:60]}, {"text": texts[60:]}], row_group_size=10)
+    return root
+
+
+def test_a_complete_read_only_token_cache_counts_text_exactly(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    root, cache = _texts(tmp_path), tmp_path / "cache"
+
+    def build(even_batches: bool = True, **options):
+        ds = read_parquet(root).tokenize(tokenizer, cache=cache, **options)
+        return ds.pack(seq_len=16, batch_size=2, even_batches=even_batches)
+
+    assert Plan.of(build()).token_counts is None  # a writable cache fills as consumers run
+    list(build())  # fills the cache
+    assert Plan.of(build(cache_write=False)).token_counts is not None
+    ds = build(cache_write=False)
+    reference = [t for b in build(even_batches=False) for t in b["input_ids"][b["segment_ids"] > 0].tolist()]
+    counts, emitted, dropped = [], [], 0
+    for rank in range(3):
+        it = ds.iter(rank=rank, world_size=3)
+        batches = list(it)
+        counts.append(len(batches))
+        emitted += [t for b in batches for t in b["input_ids"][b["segment_ids"] > 0].tolist()]
+        dropped += it.stats["dropped_tokens"]
+    assert len(set(counts)) == 1 and dropped == 0
+    assert sorted(emitted) == sorted(reference)  # every token of the epoch, once
+    # 12 row groups in three streams of 40 rows: no row group is cut, only the entries' footers are read
+    assert Plan.of(ds).token_counts.num_reads == 0
+
+
+def test_an_incomplete_read_only_cache_is_estimated(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    root, cache = _texts(tmp_path), tmp_path / "cache"
+    it = read_parquet(root).tokenize(tokenizer, cache=cache).iter()
+    next(it)  # one chunk: some row groups kept, not all
+    it.close()
+    ds = read_parquet(root).tokenize(tokenizer, cache=cache, cache_write=False).pack(seq_len=16, batch_size=2)
+    assert Plan.of(ds).token_counts is None

@@ -35,17 +35,13 @@ class KnownTokens:
 
     Attributes
     ----------
-    column
-        The column to read for a row group's per-row counts.
-    per_row
-        Maps that column's values to tokens per row (0 for a row the stage
-        drops).
+    lengths
+        Reads a shard's tokens per row (0 for a row the stage drops).
     per_shard
-        Tokens per shard as the footers tell them (no read), or ``None``.
+        Tokens per shard as footers tell them (no read), or ``None``.
     """
 
-    column: str
-    per_row: Callable[[pa.Array], np.ndarray]
+    lengths: Callable[[int], np.ndarray]
     per_shard: np.ndarray | None = None
 
 

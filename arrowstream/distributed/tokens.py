@@ -19,7 +19,6 @@ import numpy as np
 from arrowstream.core.stage import KnownTokens
 from arrowstream.io.layout import Layout
 from arrowstream.io.manifest import Manifest
-from arrowstream.io.reader import ShardReader
 from arrowstream.state import RowRange
 
 __all__ = ["TokenCounts", "part_tokens", "range_tokens"]
@@ -33,8 +32,8 @@ class TokenCounts:
     manifest
         The dataset's manifest.
     known
-        What the tokenize stage tells: the column, tokens per row of its
-        values, tokens per shard from the footers.
+        What the tokenize stage tells: how to read a shard's tokens per row,
+        and tokens per shard from footers.
 
     Examples
     --------
@@ -57,12 +56,7 @@ class TokenCounts:
         """Return the tokens of every row of ``shard`` (read once)."""
         hit = self._lengths.get(shard)
         if hit is None:
-            reader = ShardReader(self.manifest, [self.known.column])
-            try:
-                values = reader.read(shard).column(self.known.column).combine_chunks()
-            finally:
-                reader.close()
-            hit = self._lengths[shard] = self.known.per_row(values)
+            hit = self._lengths[shard] = self.known.lengths(shard)
             self.num_reads += 1
         return hit
 

@@ -237,7 +237,8 @@ class Dataset:
         With several consumers (ranks x workers) and finite epochs,
         ``even_batches=True`` makes every consumer emit the same number of
         batches per epoch, so no rank waits for another at an epoch end. Over
-        token ids with ``concat`` the number is counted: the largest
+        token ids (or a complete read-only token cache) with ``concat`` the
+        number is counted: the largest
         consumer's, so nothing is dropped and the others pad with all-padding
         batches (``stats["padding_batches"]``). Otherwise it is estimated,
         identically on every consumer, from Parquet row sizes and a fixed

@@ -275,24 +275,48 @@ class Tokenize(Stage):
         return self.tokenizer is None or self.cache is not None
 
     def known_tokens(self, manifest: Manifest) -> KnownTokens | None:
-        """Over a column of token ids: each row's ids plus EOS (0 for a null or empty row); else ``None``.
+        """Each row's ids plus EOS (0 for a null or empty row), where they are known before reading.
 
-        Per shard, the footers' element counts give the same without a read.
+        Over a column of token ids, per shard from the footers' element
+        counts, per row from the column. From a read-only token cache that
+        holds every row group (``cache_write=False``, filled ahead with
+        ``arrowstream cache``), per shard from the entries' footers, per row
+        from the entries. ``None`` otherwise (text without a complete
+        read-only cache: a writable cache fills while consumers run, so they
+        could disagree on what it holds).
         """
-        if self.tokenizer is not None:
-            return None
         eos = int(self.add_eos)
 
         def per_row(values: pa.Array) -> np.ndarray:
             lengths = pc.fill_null(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False)
-            lengths = lengths.astype(np.int64)
-            return np.where(lengths > 0, lengths + eos, 0)
+            return np.where(lengths > 0, lengths.astype(np.int64) + eos, 0)
 
-        elements, empty = manifest.list_values(self.column), manifest.list_empty_rows(self.column)
-        per_shard = None
-        if elements is not None and empty is not None:
-            per_shard = elements + eos * (manifest.shard_rows - empty)
-        return KnownTokens(self.column, per_row, per_shard)
+        if self.tokenizer is None:
+            column = self.column
+
+            def from_column(shard: int) -> np.ndarray:
+                reader = ShardReader(manifest, [column])
+                try:
+                    return per_row(reader.read(shard).column(column).combine_chunks())
+                finally:
+                    reader.close()
+
+            elements, empty = manifest.list_values(column), manifest.list_empty_rows(column)
+            per_shard = None if elements is None or empty is None else elements + eos * (manifest.shard_rows - empty)
+            return KnownTokens(from_column, per_shard)
+        cache = self.cache
+        if cache is None or cache.writable:
+            return None
+        counts = cache.counts(manifest)
+        if counts is None:
+            return None
+
+        def from_cache(shard: int) -> np.ndarray:
+            ids = cache.read(manifest, shard)
+            assert ids is not None  # every entry was there
+            return per_row(ids)
+
+        return KnownTokens(from_cache, counts[:, 0] + eos * (manifest.shard_rows - counts[:, 1]))
 
     def wrap_reader(self, reader: ShardReader, *, keep_text: bool) -> Reader:
         """With a token cache, wrap ``reader`` in a :class:`CachedReader` that brings the ids along."""

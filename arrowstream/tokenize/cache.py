@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -148,6 +149,44 @@ class TokenCache:
         if len(ids) != int(manifest.shard_rows[shard]):
             return self._stale(path, f"it has {len(ids)} rows, the row group {int(manifest.shard_rows[shard])}")
         return ids
+
+    def counts(self, manifest: Manifest) -> np.ndarray | None:
+        """Return, per shard, ``(ids, rows with no id)`` from the entries' footers, or ``None`` if one is missing.
+
+        Only footers are read: a leaf's value count less its nulls is the ids
+        (a null or empty list takes one null slot).
+
+        Raises
+        ------
+        CacheError
+            An entry is stale or foreign and the cache is read-only.
+        """
+        if not self._check_dir(create=False):
+            return None
+        out = np.zeros((manifest.num_shards, 2), dtype=np.int64)
+        for shard in range(manifest.num_shards):
+            path = self.entry_path(manifest, shard)
+            if not path.is_file():
+                return None
+            try:
+                meta = pq.read_metadata(path)
+                saved = json.loads((meta.metadata or {}).get(_META, b"null"))
+            except (pa.ArrowInvalid, OSError, ValueError) as exc:
+                self._stale(path, f"it cannot be read ({exc})")
+                return None
+            rows = int(manifest.shard_rows[shard])
+            if saved != self._identity(manifest, shard) or meta.num_rows != rows:
+                self._stale(path, f"it was built from {saved!r} ({meta.num_rows} rows)")
+                return None
+            values = nulls = 0
+            for g in range(meta.num_row_groups):
+                chunk = meta.row_group(g).column(0)
+                st = chunk.statistics
+                if st is None or not st.has_null_count:
+                    return None
+                values, nulls = values + chunk.num_values - st.null_count, nulls + st.null_count
+            out[shard] = values, nulls
+        return out
 
     def _stale(self, path: Path, why: str) -> None:
         if not self.writable:
