@@ -139,3 +139,16 @@ def test_the_filter_plan_runs_in_the_calling_thread(tmp_path: Path, monkeypatch:
     got = [ids for b in ds for ids in b.column("input_ids").to_pylist()]
     assert got == [[n + 1, 0] for n in range(0, 30, 2)]
     assert used and not any(used)
+
+
+def test_a_merged_state_counts_pruned_rows_once(tmp_path: Path) -> None:
+    from arrowstream import merge_states
+
+    write_parts(tmp_path, [{"n": list(range(40))}], row_group_size=10)
+    ds = read_parquet(tmp_path, num_epochs=2).filter(pc.field("n") >= 25)
+    its = [ds.iter(rank=r, world_size=2) for r in range(2)]
+    for it in its:
+        next(it)
+    merged = merge_states([it.state_dict() for it in its])
+    assert [it.stats["pruned_rows"] for it in its] == [20, 20]  # each reports the epoch's pruned rows
+    assert merged["stats"]["pruned_rows"] == 20 and merged["stats"]["rows"] == sum(it.stats["rows"] for it in its)

@@ -264,6 +264,10 @@ def own_share(
     return out, deals
 
 
+#: Counters every consumer reports for the whole run, not for its share: merged, they count once.
+_WHOLE_RUN = ("pruned_rows",)
+
+
 def _is_rank(state: Any) -> bool:
     return isinstance(state, dict) and state.get("kind") == "rank"
 
@@ -342,7 +346,10 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     totals: dict[str, int] = {}
     for st in ordered:
         for key, value in st["stats"].items():
-            totals[key] = totals.get(key, 0) + int(value)
+            if key in _WHOLE_RUN:  # every consumer reports the same whole-run figure: count it once
+                totals[key] = max(totals.get(key, 0), int(value))
+            else:
+                totals[key] = totals.get(key, 0) + int(value)
     merged = {
         key: copy.deepcopy(first[key])
         for key in ("format", "version", "dataset", "options_hash", "options")
