@@ -115,3 +115,18 @@ def test_an_incomplete_read_only_cache_is_estimated(tmp_path: Path, tokenizer: T
     it.close()
     ds = read_parquet(root).tokenize(tokenizer, cache=cache, cache_write=False).pack(seq_len=16, batch_size=2)
     assert Plan.of(ds).token_counts is None
+
+
+def test_the_dataset_says_how_batch_counts_are_made_equal(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    ids = read_parquet(_ids(tmp_path / "ids")).tokenize(None, column="input_ids", eos_id=0)
+    assert ids.pack(seq_len=16, batch_size=2).balance.startswith("counted: token ids")
+    assert ids.pack(seq_len=16, batch_size=2, even_batches=False).balance == "off: even_batches=False"
+    assert ids.bucket(batch_size=2).balance.startswith("estimated: bucket")
+    root, cache = _texts(tmp_path), tmp_path / "cache"
+    text = read_parquet(root).tokenize(tokenizer, cache=cache)
+    assert "arrowstream cache" in text.pack(seq_len=16, batch_size=2).balance
+    list(text)
+    counted = read_parquet(root).tokenize(tokenizer, cache=cache, cache_write=False).pack(seq_len=16, batch_size=2)
+    assert counted.balance == "counted: a read-only token cache (whole row groups from the footers)"
+    filtered = read_parquet(root).filter(pc.field("text") != "").tokenize(tokenizer).pack(seq_len=16, batch_size=2)
+    assert filtered.balance.startswith("estimated:")

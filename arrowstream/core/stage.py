@@ -39,10 +39,13 @@ class KnownTokens:
         Reads a shard's tokens per row (0 for a row the stage drops).
     per_shard
         Tokens per shard as footers tell them (no read), or ``None``.
+    source
+        Where the counts come from, for people (``"token ids"``).
     """
 
     lengths: Callable[[int], np.ndarray]
     per_shard: np.ndarray | None = None
+    source: str = "token ids"
 
 
 class Stage(ABC):

@@ -392,6 +392,17 @@ class Dataset:
         return Plan.of(self).num_pruned_rows
 
     @property
+    def balance(self) -> str:
+        """How consumers get equal batch counts, and why: ``"counted: ..."``, ``"estimated: ..."``, ``"off: ..."``.
+
+        Counted: every consumer's tokens are known before the epoch (token
+        ids, or a complete read-only token cache, with ``concat``), nothing is
+        dropped. Estimated: a consumer's data beyond the estimate is dropped
+        and counted. See the guide's "Even batches for finite epochs".
+        """
+        return Plan.of(self).balance
+
+    @property
     def prefetch_depth(self) -> int:
         """Chunks prefetched in a background thread: ``prefetch``, or for ``None`` 2 when ids are read, else 0.
 

@@ -206,6 +206,42 @@ class Plan:
                 self._token_counts = TokenCounts(self.manifest, told[0])
         return self._token_counts  # type: ignore[return-value]
 
+    @property
+    def balance(self) -> str:
+        """How consumers get equal batch counts: ``"counted: ..."``, ``"estimated: ..."`` or ``"off: ..."``, with why.
+
+        Examples
+        --------
+        >>> from arrowstream import read_parquet
+        >>> from arrowstream.testing import example_dir
+        >>> ds = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0)
+        >>> Plan.of(ds.pack(seq_len=4, batch_size=2)).balance
+        'counted: token ids (whole row groups from the footers)'
+        >>> Plan.of(ds.pack(seq_len=4, batch_size=2, strategy="best_fit")).balance
+        'estimated: best_fit does not count its batches from tokens'
+        """
+        packer = self.packer
+        if packer is None:
+            return "off: no packer (items are record batches)"
+        if not packer.even_batches:
+            return "off: even_batches=False"
+        if self.num_epochs is None:
+            return "off: endless epochs (no epoch end to wait at)"
+        if self.token_counts is not None:
+            known = self.token_counts.known
+            how = "whole row groups from the footers" if known.per_shard is not None else "read per row group"
+            return f"counted: {known.source} ({how})"
+        if packer.exact_batches(0) is None:
+            return f"estimated: {packer.name} does not count its batches from tokens"
+        droppers = [s.name for s in self.stages if s.known_tokens(self.manifest) is None and not s.keeps_rows]
+        tokenizers = [s for s in self.stages if s.known_tokens(self.manifest) is not None]
+        if not tokenizers:
+            return (
+                "estimated: text, without a complete read-only token cache (fill one with "
+                "`arrowstream cache` and pass cache_write=False)"
+            )
+        return f"estimated: {', '.join(droppers)} may drop rows before they are read"
+
     def batch_target(self, epoch: int, parts: list[list[RowRange]], num_streams: int) -> int:
         """Return the batches every consumer emits in ``epoch`` given all consumers' ``parts``.
 

@@ -316,7 +316,8 @@ class Tokenize(Stage):
             assert ids is not None  # every entry was there
             return per_row(ids)
 
-        return KnownTokens(from_cache, counts[:, 0] + eos * (manifest.shard_rows - counts[:, 1]))
+        per_shard = counts[:, 0] + eos * (manifest.shard_rows - counts[:, 1])
+        return KnownTokens(from_cache, per_shard, source="a read-only token cache")
 
     def wrap_reader(self, reader: ShardReader, *, keep_text: bool) -> Reader:
         """With a token cache, wrap ``reader`` in a :class:`CachedReader` that brings the ids along."""
