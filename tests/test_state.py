@@ -79,7 +79,7 @@ def test_every_state_reads_into_its_types_and_back_unchanged(tmp_path: Path, str
     # a merged state's shares: next_work and a re-dealt (empty) packer part round-trip too
     merged = merge_states([it.state_dict(), ds.iter(rank=1, world_size=2).state_dict()])
     for consumer in range(3):
-        own, _ = own_share(merged, Consumer(consumer, 3), Plan.of(ds).fresh_work)
+        own, _ = own_share(merged, Consumer(consumer, 3), Plan.of(ds).fresh_deal)
         assert State.from_dict(own).packer == {}  # a re-dealt share: nothing held
         resumed = ds.iter(merged, rank=consumer, world_size=3).state_dict()
         assert State.from_dict(resumed).to_dict() == resumed

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from arrowstream import StateError, merge_states, read_parquet
@@ -319,10 +320,14 @@ def test_merge_across_an_epoch_end_resumes_identically(tmp_path: Path) -> None:
     assert assert_resumes_identically(lambda: ds.iter(merged, rank=1, world_size=2), min_epochs=3) > 3
 
 
-def test_even_batches_hold_after_a_merge_across_an_epoch_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("counted", [True, False])
+def test_even_batches_hold_after_a_merge_across_an_epoch_end(tmp_path: Path, counted: bool) -> None:
     root, expected = _corpus(tmp_path)
     ds = read_parquet(root, batch_rows=4, num_epochs=3).shuffle(seed=0, window=2)
+    if not counted:  # a filter may drop rows: batch counts are estimated, and shares run short unevenly
+        ds = ds.filter(pc.field("input_ids").is_valid())
     ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2)
+    assert ds.balance.startswith("counted" if counted else "estimated")
     target = ds.iter(rank=0, world_size=3).state_dict()["packer"]["target"]
     per_epoch = _with_eos(expected)
     mixed = 0
@@ -343,8 +348,9 @@ def test_even_batches_hold_after_a_merge_across_an_epoch_end(tmp_path: Path) -> 
             counts.append(epochs)
             dropped += it.stats.get("dropped_tokens", 0)
         assert all(c == counts[0] for c in counts), counts  # no rank waits for another
-        assert dropped == 0 and tokens == 3 * per_epoch
-    assert mixed  # at least one of the steps had a consumer one epoch ahead (it ran short)
+        assert tokens + dropped == 3 * per_epoch
+        assert dropped == 0 or not counted
+    assert mixed or counted  # estimated: at least one step had a consumer one epoch ahead (it ran short)
 
 
 def test_a_global_state_from_other_data_is_named_so_before_anything_is_re_dealt(tmp_path: Path) -> None:

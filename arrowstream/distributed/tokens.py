@@ -21,7 +21,7 @@ from arrowstream.io.layout import Layout
 from arrowstream.io.manifest import Manifest
 from arrowstream.state import RowRange
 
-__all__ = ["TokenCounts", "part_tokens", "range_tokens"]
+__all__ = ["TokenCounts", "part_tokens", "range_tokens", "token_cut"]
 
 
 class TokenCounts:
@@ -112,3 +112,44 @@ def part_tokens(layout: Layout, counts: TokenCounts, part: Sequence[RowRange]) -
     (14, 14)
     """
     return sum(range_tokens(layout, counts, s, a, b) - skip for s, a, b, skip in part)
+
+
+def token_cut(layout: Layout, counts: TokenCounts) -> np.ndarray:
+    """Return where ``layout``'s streams should start and end for equal tokens, as row positions.
+
+    The positions follow the layout's row ranges (before any shuffle window
+    permutes rows inside a stream). Each cut falls on the row whose tokens
+    bring the running total nearest to its share; only the row groups a cut
+    falls in are read (with ``.shuffle``'s half row groups, every row group,
+    to weigh its halves).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from arrowstream.io.manifest import read_manifest
+    >>> from arrowstream.testing import example_dir
+    >>> from arrowstream.tokenize import Tokenize
+    >>> m = read_manifest(example_dir())   # ids of lengths 3, 1, 2, 4 repeating: 30 tokens
+    >>> counts = TokenCounts(m, Tokenize(None, column="ids", add_eos=False).known_tokens(m))
+    >>> lay = Layout(np.arange(3), m.shard_rows, epoch=0, seed=None, window=1, num_streams=2)
+    >>> cut = token_cut(lay, counts)
+    >>> cut.tolist(), [int(counts.lengths(0)[:4].sum() + counts.lengths(1)[:2].sum())]
+    ([0, 6, 12], [14])
+    """
+    n = layout.num_streams
+    units = list(zip(layout.unit_shard.tolist(), layout.unit_lo.tolist(), layout.unit_hi.tolist()))
+    if not units:
+        return np.zeros(n + 1, dtype=np.int64)
+    tokens = np.zeros(len(units) + 1, dtype=np.int64)
+    np.cumsum([counts.rows(s, a, b) for s, a, b in units], out=tokens[1:])
+    total = int(tokens[-1])
+    cut = [0]
+    for k in range(1, n):
+        want = total * k / n
+        u = min(int(np.searchsorted(tokens, want, side="right")) - 1, len(units) - 1)
+        s, a, b = units[u]
+        before = int(tokens[u]) + np.concatenate([[0], np.cumsum(counts.lengths(s)[a:b])])
+        r = int(np.argmin(np.abs(before - want)))  # rows of the unit before the cut
+        cut.append(max(cut[-1], int(layout.cum[u]) + r))
+    cut.append(layout.num_rows)
+    return np.array(cut, dtype=np.int64)

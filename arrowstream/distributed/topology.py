@@ -121,27 +121,24 @@ def recut(pool: list[RowRange], parts: int) -> list[list[RowRange]]:
 
 
 #: ``fresh(epoch, consumer)``: a consumer's share of a fresh epoch (its own stream, whole).
-Fresh = Callable[[int, Consumer], list[RowRange]]
+Fresh = Callable[[int, Consumer], Work]
 
 
 @dataclass(frozen=True, slots=True)
 class Deal:
     """All consumers' shares of one epoch's rows not yet emitted.
 
-    ``num_streams`` is the stream count of the epoch's layout the segments
-    refer to; ``parts[i]`` is consumer ``i``'s work.
+    ``num_streams`` and ``by`` are the epoch's layout the row ranges refer
+    to (its stream count, and whether streams hold equal rows or tokens);
+    ``parts[i]`` is consumer ``i``'s work.
     """
 
     num_streams: int
     parts: list[list[RowRange]]
+    by: str = "rows"
 
 
-def _segments(work: dict[str, Any]) -> tuple[int, list[RowRange]]:
-    share = Work.from_dict(work)
-    return share.num_streams, list(share.segments)
-
-
-def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[int, list[RowRange]]]:
+def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[tuple[int, str], list[RowRange]]]:
     """Return, per epoch still open in a global state, its stream count and the rows left, pooled.
 
     The global state's ``epoch`` is the earliest epoch of any consumer. Near
@@ -157,13 +154,14 @@ def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[int, list[RowR
     """
     epoch = int(state["epoch"])
     count = int(state["consumer_count"])
-    out: dict[int, tuple[int, list[RowRange]]] = {}
+    out: dict[int, tuple[tuple[int, str], list[RowRange]]] = {}
 
-    def add(e: int, streams: int, segs: list[RowRange]) -> None:
+    def add(e: int, share: Work, segs: list[RowRange] | None = None) -> None:
+        streams = (share.num_streams, share.by)
         have = out.setdefault(e, (streams, []))
         if have[0] != streams:
-            raise ValueError(f"consumers disagree on the stream count of epoch {e}: {have[0]} and {streams}")
-        have[1].extend(segs)
+            raise ValueError(f"consumers disagree on the streams of epoch {e}: {have[0]} and {streams}")
+        have[1].extend(list(share.segments) if segs is None else segs)
 
     entries = state["consumers"]
     ahead = any(int(e["position"]["epoch"]) > epoch for e in entries)
@@ -173,19 +171,19 @@ def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[int, list[RowR
         at = int(pos["epoch"])
         if at not in (epoch, epoch + 1):
             raise ValueError(f"consumer {i} is in epoch {at}, more than one past epoch {epoch}")
-        streams, work = _segments(entry["work"])
-        left = _left(entry, work)
+        share = Work.from_dict(entry["work"])
+        left = _left(entry, list(share.segments))
         if at == epoch:
-            add(epoch, streams, left)
+            add(epoch, share, left)
             if ahead or dealt:
                 if entry.get("next_work") is not None:
-                    add(epoch + 1, *_segments(entry["next_work"]))
+                    add(epoch + 1, Work.from_dict(entry["next_work"], field="next_work"))
                 else:
-                    add(epoch + 1, count, fresh(epoch + 1, Consumer(i, count)))
+                    add(epoch + 1, fresh(epoch + 1, Consumer(i, count)))
         else:
             if entry.get("next_work") is not None:
                 raise ValueError(f"consumer {i} is one epoch ahead and holds the work of the one after")
-            add(epoch + 1, streams, left)
+            add(epoch + 1, share, left)
     return out
 
 
@@ -206,7 +204,10 @@ def _left(entry: dict[str, Any], work: list[RowRange]) -> list[RowRange]:
 
 def redeal(state: dict[str, Any], parts: int, fresh: Fresh) -> dict[int, Deal]:
     """Cut every open epoch's pooled rows of a global state into ``parts`` equal runs."""
-    return {e: Deal(streams, recut(pooled, parts)) for e, (streams, pooled) in pools(state, fresh).items()}
+    return {
+        e: Deal(streams, recut(pooled, parts), by)
+        for e, ((streams, by), pooled) in pools(state, fresh).items()
+    }
 
 
 def own_share(
@@ -251,7 +252,7 @@ def own_share(
     out = {
         **common,
         "position": Position(epoch, 0, first[1], first[3]).to_dict(),
-        "work": Work(deals[epoch].num_streams, tuple(mine)).to_dict(),
+        "work": Work(deals[epoch].num_streams, tuple(mine), by=deals[epoch].by).to_dict(),
         "consumer": me,
         "stats": {},
         "packer": {},
@@ -260,7 +261,7 @@ def own_share(
     }
     if epoch + 1 in deals:
         nxt = deals[epoch + 1]
-        out["next_work"] = Work(nxt.num_streams, tuple(nxt.parts[consumer.index])).to_dict()
+        out["next_work"] = Work(nxt.num_streams, tuple(nxt.parts[consumer.index]), by=nxt.by).to_dict()
     return out, deals
 
 

@@ -127,6 +127,10 @@ class Layout:
         Contiguous, equal-row ranges the epoch is cut into.
     fragments
         When shuffling, the row ranges each shard is cut into before permuting.
+    cut
+        Where the streams start and end, as row positions in the order of the
+        row ranges (``num_streams + 1`` of them, from 0 to the epoch's rows);
+        ``None`` cuts equal rows. See :func:`arrowstream.distributed.tokens.token_cut`.
 
     Examples
     --------
@@ -146,6 +150,7 @@ class Layout:
         window: int,
         num_streams: int,
         fragments: int = 1,
+        cut: np.ndarray | None = None,
     ) -> None:
         self.epoch = epoch
         self.seed = seed
@@ -169,9 +174,11 @@ class Layout:
         self.cum = np.zeros(self.unit_shard.size + 1, dtype=np.int64)
         np.cumsum(self.unit_hi - self.unit_lo, out=self.cum[1:])
         total = int(self.cum[-1])
-        self.bounds = np.array(
-            [total * s // num_streams for s in range(num_streams + 1)], dtype=np.int64
-        )
+        if cut is None:
+            cut = np.array([total * s // num_streams for s in range(num_streams + 1)], dtype=np.int64)
+        self.bounds = np.asarray(cut, dtype=np.int64)
+        if self.bounds.size != num_streams + 1 or self.bounds[0] != 0 or self.bounds[-1] != total:
+            raise ValueError(f"a cut into {num_streams} streams of {total} rows, got {self.bounds.tolist()}")
 
     @property
     def num_rows(self) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from arrowstream.distributed.topology import Consumer, Deal, RowRange, own_share
+from arrowstream.distributed.topology import Consumer, Deal, own_share
 from arrowstream.errors import StateError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.io.prefetch import Prefetcher
@@ -94,9 +94,9 @@ class DatasetIterator:
                 f"expected a state dict (from `state_dict()`, or JSON-loaded), got "
                 f"{type(state).__name__}: load the file with `json.load` first"
             )
-        fresh = self.plan.fresh_work
-        # epoch -> (stream count, this consumer's work) where it is not a fresh share
-        self._deals: dict[int, tuple[int, list[RowRange]]] = {}
+        fresh = self.plan.fresh_deal
+        # epoch -> this consumer's work (and the layout it refers to) where it is not a fresh share
+        self._deals: dict[int, Work] = {}
         # epoch -> every consumer's parts, for epochs re-dealt by this load (their targets)
         self._parts: dict[int, Deal] = {}
         self._known_targets: dict[int, int | None] = {}
@@ -119,10 +119,10 @@ class DatasetIterator:
             assert saved is not None
             self._check_consumer(saved.consumer)
             self._start_epoch = saved.position.epoch
-            self._deals[self._start_epoch] = (saved.work.num_streams, list(saved.work.segments))
+            self._deals[self._start_epoch] = saved.work
             nxt = saved.next_work
             if nxt is not None:
-                self._deals[self._start_epoch + 1] = (nxt.num_streams, list(nxt.segments))
+                self._deals[self._start_epoch + 1] = nxt
                 if nxt.target_known:
                     self._known_targets[self._start_epoch + 1] = nxt.target
             for epoch in sorted(self._deals):
@@ -131,7 +131,7 @@ class DatasetIterator:
         else:
             saved = None
             self._start_epoch = 0
-            self._deals[0] = (self.consumer.count, fresh(0, self.consumer))
+            self._deals[0] = fresh(0, self.consumer)
         if self._chunks is not None:
             self._chunks.close()
         self._run: PackRun | None = None
@@ -156,7 +156,7 @@ class DatasetIterator:
                     "pipeline only stops between documents: the state was edited or comes from "
                     "a packed pipeline"
                 )
-        first_work = self._deals[self._start_epoch][1]
+        first_work = self._deals[self._start_epoch].segments
         if state is None and first_work:
             start = Position(0, 0, first_work[0][1], 0)
         self._pos = start
@@ -198,19 +198,19 @@ class DatasetIterator:
         stats = {**dict.fromkeys(self._counters, 0), **stats}  # every counter, from the first state on
         if "pruned_rows" in stats:  # derived, so it is exact at any position: epochs begun times rows pruned
             stats["pruned_rows"] = self.plan.num_pruned_rows * (position.epoch + 1)
-        num_streams, work = self._work(position.epoch)
+        share = self._work(position.epoch)
         nxt = position.epoch + 1
         next_work = None
         if nxt in self._deals:
-            streams, segments = self._deals[nxt]
-            next_work = Work(streams, tuple(segments), self._known_targets.get(nxt))
+            ahead = self._deals[nxt]
+            next_work = Work(ahead.num_streams, ahead.segments, self._known_targets.get(nxt), ahead.by)
         return State(
             dataset=self.plan.manifest.describe(),
             options_hash=self.plan.options_hash,
             options=self.plan.options(),
             position=position,
             where=self._where(position),
-            work=Work(num_streams, tuple(work)),
+            work=Work(share.num_streams, share.segments, by=share.by),
             consumer=(self.consumer.index, self.consumer.count),
             stats=stats,
             packer=extra,
@@ -223,21 +223,22 @@ class DatasetIterator:
         """Counters up to the current position: rows, docs, skips by reason, tokens, padding."""
         return self.state_dict()["stats"]
 
-    def _work(self, epoch: int) -> tuple[int, list[RowRange]]:
+    def _work(self, epoch: int) -> Work:
         """Return the layout's stream count and this consumer's segments for ``epoch``."""
         if epoch in self._deals:
             return self._deals[epoch]
-        return self.consumer.count, self.plan.fresh_work(epoch, self.consumer)
+        return self.plan.fresh_deal(epoch, self.consumer)
 
     def _where(self, pos: Position) -> dict[str, Any]:
-        num_streams, work = self._work(pos.epoch)
+        share = self._work(pos.epoch)
+        work = share.segments
         none = {"stream": None, "file": None, "row_group": None, "row": None}
         if pos.segment >= len(work):
             return none
         stream, _, end, _ = work[pos.segment]
         if pos.seq >= end:
             return {**none, "stream": stream}
-        shard, row = self.plan.layout(pos.epoch, num_streams).locate(stream, pos.seq)
+        shard, row = self.plan.layout(pos.epoch, share.num_streams, share.by).locate(stream, pos.seq)
         manifest = self.plan.manifest
         return {
             "stream": stream,
@@ -257,8 +258,9 @@ class DatasetIterator:
             )
 
     def _check_work(self, epoch: int) -> None:
-        num_streams, work = self._work(epoch)
-        layout = self.plan.layout(epoch, num_streams)
+        share = self._work(epoch)
+        num_streams, work = share.num_streams, share.segments
+        layout = self.plan.layout(epoch, num_streams, share.by)
         bad = [
             seg for seg in work
             if len(seg) != 4 or not 0 <= seg[0] < num_streams
@@ -278,7 +280,7 @@ class DatasetIterator:
                 f"the state is in epoch {position.epoch} but this pipeline runs {num_epochs} "
                 f"epoch(s): nothing would be left to read; raise `num_epochs` to continue"
             )
-        _, work = self._work(position.epoch)
+        work = self._work(position.epoch).segments
         if position.segment > len(work):
             raise StateError(
                 f"state position segment {position.segment} is past its {len(work)} work "
@@ -347,9 +349,10 @@ def _targets(
     if epoch in known:
         return known[epoch]
     if epoch in parts:
-        return plan.batch_target(epoch, parts[epoch].parts, parts[epoch].num_streams)
+        deal = parts[epoch]
+        return plan.batch_target(epoch, deal.parts, deal.num_streams, deal.by)
     fresh = [plan.fresh_work(epoch, Consumer(c, consumer.count)) for c in range(consumer.count)]
-    return plan.batch_target(epoch, fresh, consumer.count)
+    return plan.batch_target(epoch, fresh, consumer.count, plan.streams_by)
 
 
 class _Inline:

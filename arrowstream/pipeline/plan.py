@@ -32,16 +32,16 @@ from arrowstream.distributed.balance import (
     doc_target,
     measure_sample,
 )
-from arrowstream.distributed.tokens import TokenCounts, part_tokens
+from arrowstream.distributed.tokens import TokenCounts, part_tokens, token_cut
 from arrowstream.distributed.topology import Consumer, RowRange
-from arrowstream.errors import ConfigError, SchemaError
+from arrowstream.errors import ConfigError, SchemaError, StateError
 from arrowstream.io.chunk import Chunk
 from arrowstream.io.layout import Layout
 from arrowstream.io.manifest import Manifest
 from arrowstream.io.reader import Reader, ShardReader
 from arrowstream.io.source import iter_stream
 from arrowstream.pack import Packer
-from arrowstream.state import Position, hash_options
+from arrowstream.state import Position, Work, hash_options
 
 __all__ = ["Description", "Plan"]
 
@@ -158,14 +158,26 @@ class Plan:
         """Rows per epoch in row groups that filter statistics rule out."""
         return self.manifest.num_rows - int(self.manifest.shard_rows[self.shards].sum())
 
-    def layout(self, epoch: int, num_streams: int = 1) -> Layout:
-        """Return the order of ``epoch`` cut into ``num_streams`` streams (a few kept)."""
-        key = (epoch, num_streams)
+    def layout(self, epoch: int, num_streams: int = 1, by: str = "rows") -> Layout:
+        """Return the order of ``epoch`` cut into ``num_streams`` streams of equal rows or tokens (a few kept).
+
+        Raises
+        ------
+        StateError
+            Streams by tokens asked of a pipeline that cannot count them (a
+            state saved by another pipeline).
+        """
+        key = (epoch, num_streams, by)
         layout = self._layouts.get(key)
         if layout is None:
             if len(self._layouts) >= 4:  # a few at most: they are cheap to rebuild
                 self._layouts.pop(next(iter(self._layouts)), None)
-            layout = self._layouts[key] = Layout(
+            layout = self._layouts[key] = self._layout(epoch, num_streams, by)
+        return layout
+
+    def _layout(self, epoch: int, num_streams: int, by: str) -> Layout:
+        def cut(at: np.ndarray | None) -> Layout:
+            return Layout(
                 self.shards,
                 self.manifest.shard_rows,
                 epoch=epoch,
@@ -173,13 +185,36 @@ class Plan:
                 window=self.window,
                 num_streams=num_streams,
                 fragments=self.fragments,
+                cut=at,
             )
-        return layout
+
+        rows = cut(None)
+        if by == "rows" or num_streams == 1:
+            return rows
+        counts = self.token_counts
+        if counts is None:
+            raise StateError(
+                f"the state's epoch {epoch} was cut into streams of equal tokens, but this pipeline "
+                f"cannot count its tokens before reading ({self.balance}): resume with the pipeline "
+                "that saved it"
+            )
+        return cut(token_cut(rows, counts))
+
+    @property
+    def streams_by(self) -> str:
+        """How fresh epochs are cut into streams: ``"tokens"`` when batch counts are counted, else ``"rows"``."""
+        counted = self.packer is not None and self.packer.even_batches and self.num_epochs is not None
+        return "tokens" if counted and self.token_counts is not None else "rows"
 
     def fresh_work(self, epoch: int, consumer: Consumer) -> list[RowRange]:
         """Return ``consumer``'s share of a fresh ``epoch``: its own stream, whole."""
-        rows = self.layout(epoch, consumer.count).stream_rows(consumer.index)
-        return [(consumer.index, 0, rows, 0)]
+        return list(self.fresh_deal(epoch, consumer).segments)
+
+    def fresh_deal(self, epoch: int, consumer: Consumer) -> Work:
+        """Return ``consumer``'s share of a fresh ``epoch`` with the layout it refers to."""
+        by = self.streams_by
+        rows = self.layout(epoch, consumer.count, by).stream_rows(consumer.index)
+        return Work(consumer.count, ((consumer.index, 0, rows, 0),), by=by)
 
     # -- even batches -----------------------------------------------------------------
 
@@ -242,7 +277,7 @@ class Plan:
             )
         return f"estimated: {', '.join(droppers)} may drop rows before they are read"
 
-    def batch_target(self, epoch: int, parts: list[list[RowRange]], num_streams: int) -> int:
+    def batch_target(self, epoch: int, parts: list[list[RowRange]], num_streams: int, by: str = "rows") -> int:
         """Return the batches every consumer emits in ``epoch`` given all consumers' ``parts``.
 
         Exact when the tokens of every share are known (:attr:`token_counts`):
@@ -254,7 +289,7 @@ class Plan:
         assert packer is not None
         counts = self.token_counts
         if counts is not None:
-            layout = self.layout(epoch, num_streams)
+            layout = self.layout(epoch, num_streams, by)
             return max(
                 (packer.exact_batches(part_tokens(layout, counts, part)) or 0 for part in parts), default=0
             )
@@ -268,7 +303,7 @@ class Plan:
         if docs is not None:  # batches of a fixed number of documents
             return doc_target(parts, sample.docs_per_row, docs)
         return batch_target(
-            self.layout(epoch, num_streams),
+            self.layout(epoch, num_streams, by),
             self.manifest.shard_rows,
             self.read_bytes(),
             sample.token_rate,
@@ -296,23 +331,24 @@ class Plan:
         self,
         reader: ShardReader,
         start: Position,
-        deals: dict[int, tuple[int, list[RowRange]]],
+        deals: dict[int, Work],
         consumer: Consumer,
         pool: Executor | None = None,
     ) -> Iterator[Chunk]:
         """Yield ``consumer``'s processed chunks from ``start`` on.
 
-        ``deals`` maps an epoch to its layout's stream count and the
-        consumer's work in it, where that is not a fresh share (a resumed
+        ``deals`` maps an epoch to the consumer's work in it (with the
+        layout's streams it refers to), where that is not a fresh share (a resumed
         epoch, and maybe the next, re-dealt); other epochs are fresh. Token
         offsets are the packer's business. ``pool`` runs expensive stages a
         few pieces at once.
         """
         epoch, segment, seq = start.epoch, start.segment, start.seq
         head_skip = start.token_offset
-        num_streams, work = deals.get(epoch) or (consumer.count, self.fresh_work(epoch, consumer))
+        deal = deals.get(epoch) or self.fresh_deal(epoch, consumer)
         while self.num_epochs is None or epoch < self.num_epochs:
-            layout = self.layout(epoch, num_streams)
+            layout = self.layout(epoch, deal.num_streams, deal.by)
+            work = list(deal.segments)
             if layout.num_rows == 0 and self.num_epochs is None:
                 raise ConfigError(
                     "the filter leaves no row group to read, so an endless stream would never "
@@ -347,7 +383,8 @@ class Plan:
                     "the data"
                 )
             epoch += 1
-            num_streams, work = deals.get(epoch) or (consumer.count, self.fresh_work(epoch, consumer))
+            deal = deals.get(epoch) or self.fresh_deal(epoch, consumer)
+            work = list(deal.segments)
             segment = 0
             seq, head_skip = (work[0][1], work[0][3]) if work else (0, 0)
 

@@ -47,9 +47,10 @@ from arrowstream.state.packers import (
     Progress,
     SegmentRef,
 )
-from arrowstream.state.parts import Held, Position, RowRange, Work
+from arrowstream.state.parts import STREAMS_BY, Held, Position, RowRange, Work
 
 __all__ = [
+    "STREAMS_BY",
     "READABLE_VERSIONS",
     "STATE_FORMAT",
     "STATE_VERSION",

@@ -29,10 +29,11 @@ __all__ = [
 ]
 
 STATE_FORMAT = "arrowstream.state"
-STATE_VERSION = 3
+STATE_VERSION = 4
 #: Versions this release loads. Version 2 left out empty parts (``held``, ``next_work``,
-#: counters not moved yet); version 3 has the same keys at every step.
-READABLE_VERSIONS = (2, 3)
+#: counters not moved yet); version 3 has the same keys at every step; version 4 says how
+#: each epoch's streams were cut (``work.by``: by rows before, the only way then).
+READABLE_VERSIONS = (2, 3, 4)
 #: The keys of ``position`` that name its place for people (checked on load, not used).
 WHERE_KEYS = ("stream", "file", "row_group", "row")
 

@@ -12,7 +12,10 @@ from typing import Any
 
 from arrowstream.errors import StateError
 
-__all__ = ["Held", "Position", "RowRange", "Work", "count"]
+__all__ = ["STREAMS_BY", "Held", "Position", "RowRange", "Work", "count"]
+
+#: How an epoch's layout cuts its streams: equal rows, or equal tokens.
+STREAMS_BY = ("rows", "tokens")
 
 
 #: A row range, the unit of work: ``(stream, start, end, skip)``, rows ``start..end-1`` of a
@@ -70,20 +73,25 @@ class Position:
 
 @dataclass(frozen=True, slots=True)
 class Work:
-    """A consumer's share of an epoch: the epoch's stream count and its segments, read in order.
+    """A consumer's share of an epoch: the epoch's streams and its row ranges, read in order.
 
-    ``target`` is set only for the next epoch's share after a re-deal
-    (``next_work``): the batches every consumer emits in it, or ``None``.
+    The epoch's layout is cut into ``num_streams`` streams of equal rows
+    (``by="rows"``) or of equal tokens (``by="tokens"``, when every row's
+    tokens are known before the epoch); the row ranges refer to it. A
+    version-2 or -3 state's streams are by rows. ``target`` is set only for
+    the next epoch's share after a re-deal (``next_work``): the batches every
+    consumer emits in it, or ``None``.
 
     Examples
     --------
     >>> Work.from_dict({"num_streams": 2, "segments": [[1, 0, 6, 0]]})
-    Work(num_streams=2, segments=((1, 0, 6, 0),), target=None, target_known=False)
+    Work(num_streams=2, segments=((1, 0, 6, 0),), target=None, by='rows', target_known=False)
     """
 
     num_streams: int
     segments: tuple[RowRange, ...]
     target: int | None = None
+    by: str = "rows"
     #: Whether the state stated ``target`` (a version-2 ``next_work`` may not).
     target_known: bool = field(default=False, compare=False)
 
@@ -101,6 +109,7 @@ class Work:
             segments = tuple(tuple(int(v) for v in seg) for seg in data["segments"])
             target = data.get("target")
             known = "target" in data
+            by = data.get("by", "rows")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StateError(f"state `{field}` is malformed ({exc!r}): the state was edited") from exc
         if streams < 1:
@@ -112,11 +121,17 @@ class Work:
             )
         if target is not None:
             target = count(target, f"{field}.target")
-        return cls(streams, segments, target, known)  # type: ignore[arg-type]
+        if by not in STREAMS_BY:
+            raise StateError(f"state `{field}.by` must be one of {list(STREAMS_BY)!r}, got {by!r}: the state was edited")
+        return cls(streams, segments, target, by, known)  # type: ignore[arg-type]
 
     def to_dict(self, *, with_target: bool = False) -> dict[str, Any]:
         """Return the share as a state holds it (``target`` only for ``next_work``)."""
-        out: dict[str, Any] = {"num_streams": self.num_streams, "segments": [list(s) for s in self.segments]}
+        out: dict[str, Any] = {
+            "num_streams": self.num_streams,
+            "by": self.by,
+            "segments": [list(s) for s in self.segments],
+        }
         if with_target:
             out["target"] = self.target
         return out
