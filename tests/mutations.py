@@ -176,6 +176,14 @@ MUTANTS = [
         "            return min(\n",
         ("tests/test_topology.py",),
     ),
+    Mutant(
+        "counted-streams-by-rows",
+        "a pipeline whose tokens are counted still cuts streams of equal rows, so consumers pad several batches",
+        "arrowstream/pipeline/plan.py",
+        '        return "tokens" if counted and self.token_counts is not None else "rows"\n',
+        '        return "rows"\n',
+        ("tests/test_exact_batches.py",),
+    ),
 ]
 
 

@@ -268,7 +268,7 @@ class DatasetIterator:
         ]
         if bad:
             raise StateError(
-                f"state work {work!r} of epoch {epoch} does not fit that epoch's {num_streams} "
+                f"state work {list(work)!r} of epoch {epoch} does not fit that epoch's {num_streams} "
                 "stream(s): the state was edited or comes from other data"
             )
 

@@ -5,12 +5,12 @@ that is empty now is ``null``; every counter the pipeline can move is there
 from the first state on, at 0)::
 
     {
-      "format": "arrowstream.state", "version": 3,
+      "format": "arrowstream.state", "version": 4,
       "dataset": {"fingerprint": ..., "num_files": ..., "num_shards": ..., "num_rows": ...},
       "options_hash": ..., "options": {...},
       "position": {"epoch": 0, "segment": 0, "seq": 1234, "token_offset": 17,
                    "stream": 0, "file": "part-0.parquet", "row_group": 2, "row": 210},
-      "work": {"num_streams": 1, "segments": [[0, 0, 5000, 0]]},
+      "work": {"num_streams": 1, "by": "rows", "segments": [[0, 0, 5000, 0]]},
       "consumer": {"index": 0, "count": 1},
       "stats": {"rows": ..., "docs": ..., "tokens": ..., "batches": ..., ...},
       "packer": {},
