@@ -12,6 +12,7 @@ __all__ = [
     "CacheError",
     "CacheWarning",
     "ConfigError",
+    "DataLossWarning",
     "EncoderFallbackWarning",
     "PerformanceWarning",
     "SchemaError",
@@ -51,6 +52,10 @@ class CacheError(ArrowStreamError):
 
 class CacheWarning(UserWarning):
     """A stale token cache entry was found and is being rebuilt."""
+
+
+class DataLossWarning(UserWarning):
+    """Documents of an epoch were dropped, counted, to keep batch counts even (an estimated target)."""
 
 
 class PerformanceWarning(UserWarning):

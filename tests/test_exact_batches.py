@@ -152,3 +152,18 @@ def test_streams_of_equal_tokens_pad_at_most_one_batch(tmp_path: Path, shuffle: 
     assert len(set(counts)) == 1 and dropped == 0 and rows == 200
     assert max(padding) <= 1, padding  # shares of equal tokens: their batch counts differ by one at most
     assert ds.iter(rank=0, world_size=world).state_dict()["work"]["by"] == "tokens"
+
+
+def test_a_drop_at_an_estimated_count_is_never_silent(tmp_path: Path) -> None:
+    from arrowstream import DataLossWarning
+
+    ds = read_parquet(_ids(tmp_path)).tokenize(None, column="input_ids", eos_id=0)
+    ds = ds.pack(seq_len=16, batch_size=2, strategy="best_fit", window=16)  # batch counts estimated
+    dropped = 0
+    with pytest.warns(DataLossWarning, match=r"document\(s\) and [\d,]+ token\(s\) dropped") as caught:
+        for rank in range(3):
+            it = ds.iter(rank=rank, world_size=3)
+            list(it)
+            dropped += it.stats["dropped_tokens"]
+    assert dropped > 0 and len(caught) >= 1
+    assert "ds.balance" in str(caught[0].message)

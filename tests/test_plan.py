@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import gc
 import pickle
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from arrowstream.pipeline.plan import Plan
 from .conftest import heavy_tail, write_named_docs
 
 
+@pytest.mark.filterwarnings("ignore::arrowstream.DataLossWarning")  # estimated batch counts: drops are the point
 def test_iterating_leaves_the_description_byte_for_byte_as_it_was(tmp_path: Path) -> None:
     """Nothing is cached in a description, so DataLoader workers get the same bytes whenever it is pickled.
 

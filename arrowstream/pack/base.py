@@ -12,6 +12,7 @@ and :mod:`~arrowstream.pack.bucket`.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,12 +20,35 @@ from typing import Any
 import numpy as np
 
 from arrowstream.checks import check_int
-from arrowstream.errors import ConfigError
-from arrowstream.io.chunk import Chunk
+from arrowstream.errors import ConfigError, DataLossWarning
+from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack.assemble import BATCH_KEYS
 from arrowstream.state import Position
 
-__all__ = ["PackRun", "Packer"]
+__all__ = ["PackRun", "Packer", "drop_at_target"]
+
+
+def drop_at_target(ledger: Ledger, epoch: int, drop: Callable[[], None]) -> None:
+    """Run ``drop`` (which drops and counts what is left of ``epoch`` at the batch target); warn if it dropped.
+
+    The target was estimated (a counted one leaves nothing beyond it): the
+    warning names what was lost and how to lose nothing.
+    """
+    docs, tokens = ledger.counts.get("dropped_docs", 0), ledger.counts.get("dropped_tokens", 0)
+    drop()
+    docs = ledger.counts.get("dropped_docs", 0) - docs
+    tokens = ledger.counts.get("dropped_tokens", 0) - tokens
+    if docs or tokens:
+        warnings.warn(
+            DataLossWarning(
+                f"this consumer reached its estimated batch count for epoch {epoch} with data left: "
+                f"{docs:,} document(s) and {tokens:,} token(s) dropped (counted in stats "
+                "`dropped_docs`/`dropped_tokens`). To drop nothing, let batch counts be counted "
+                "(token ids, or a complete read-only token cache, with strategy='concat'; "
+                "`ds.balance` says which applies), or pass even_batches=False"
+            ),
+            stacklevel=3,
+        )
 
 
 class PackRun(ABC):

@@ -46,6 +46,7 @@ from arrowstream.errors import ConfigError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.assemble import assemble_batch
+from arrowstream.pack.base import drop_at_target
 from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun
 from arrowstream.state import BestFitState, Progress, SegmentRef, State
 
@@ -251,7 +252,8 @@ class _BestFitRun(LookaheadRun):
         B = self.p.batch_size
         while True:
             if self.target is not None and self.emitted >= self.target:
-                self._drop_rest(chunks)  # this consumer's share is used up: count the rest
+                # this consumer's share is used up: count the rest (and say so)
+                drop_at_target(self.ledger, self.epoch, lambda: self._drop_rest(chunks))
                 if not self._next_epoch(chunks):
                     raise StopIteration
                 continue

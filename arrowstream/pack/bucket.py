@@ -47,6 +47,7 @@ from arrowstream.errors import ConfigError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.assemble import PADDED_KEYS, assemble_padded_batch
+from arrowstream.pack.base import drop_at_target
 from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun
 from arrowstream.state import BucketState, Progress, State
 
@@ -380,7 +381,8 @@ class _BucketRun(LookaheadRun):
             self._recover_documents(chunks)
         while True:
             if self.target is not None and self.emitted >= self.target:
-                self._drop_rest(chunks)  # this consumer's share is used up: count the rest
+                # this consumer's share is used up: count the rest (and say so)
+                drop_at_target(self.ledger, self.epoch, lambda: self._drop_rest(chunks))
                 if not self._next_epoch(chunks):
                     raise StopIteration
                 continue

@@ -18,7 +18,7 @@ import numpy as np
 
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack.assemble import assemble_batch
-from arrowstream.pack.base import Packer, PackRun
+from arrowstream.pack.base import Packer, PackRun, drop_at_target
 from arrowstream.state import Position, Progress, State
 
 __all__ = ["ConcatPacker"]
@@ -111,7 +111,8 @@ class _ConcatRun(PackRun):
         need = L * B
         while True:
             if self.target is not None and self.emitted >= self.target:
-                self._drain_epoch(chunks)  # this consumer's share is used up: count the rest
+                # this consumer's share is used up: count the rest (and say so)
+                drop_at_target(self.ledger, self.epoch, lambda: self._drain_epoch(chunks))
                 if not self._next_epoch(chunks):
                     raise StopIteration
                 continue
