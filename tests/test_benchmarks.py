@@ -130,3 +130,15 @@ def test_versions_benchmark_smoke_run_compares_a_checkout_with_itself(tmp_path: 
     report = json.loads(out.read_text())
     assert {"text tok_per_s", "cache tok_per_s", "resume resume_s"} <= set(report)
     assert all(report[k]["ratio"] > 0 for k in ("text tok_per_s", "cache tok_per_s"))
+
+
+def test_balance_benchmark_smoke_run_counts_without_dropping(tmp_path: Path) -> None:
+    out = tmp_path / "balance.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_balance.py"), "--smoke", "--ranks", "3",
+         "--workers", "2", "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["counted"]["dropped_tokens"] == 0 and all(c["passed"] for c in result["checks"])

@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""Even batches on a text corpus: what the estimate drops and pads, and what counting costs.
+
+Every consumer of a run (ranks x DataLoader workers) emits the same number of
+batches per epoch. Over text the number is estimated, and a consumer with data
+beyond it drops the rest (counted, with a warning); a complete read-only token
+cache lets it be counted instead (nothing dropped, at most one padding batch
+per consumer). This script runs all consumers of one epoch, one after the
+other in this process (each reads only its share, so together they make one
+pass), both ways, and prints per epoch:
+
+- the share of the corpus's tokens dropped and the padding, against the
+  tokens emitted;
+- the padding batches per consumer;
+- the time to fill the token cache (what counting costs up front) against
+  one tokenizing pass, both measured here.
+
+Run: ``python benchmarks/bench_balance.py`` (about 1 GB: several minutes on 2
+cores); ``--size-mb 100`` for a quicker look; ``--smoke`` for a tiny corpus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from harness import CheckFailed, Checks, corpus_dir, fmt_table, log, machine_facts, tokenizer_file
+
+
+def run_epoch(ds: Any, world: int, workers: int) -> dict[str, Any]:
+    """Run every consumer's share of one epoch; return the totals and per-consumer counts."""
+    from arrowstream import DataLossWarning
+
+    totals = dict.fromkeys(("tokens", "padding_tokens", "dropped_tokens", "dropped_docs", "docs", "rows"), 0)
+    counts, padding_batches = [], []
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataLossWarning)  # counted below
+        for rank in range(world):
+            for worker in range(workers):
+                it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
+                counts.append(sum(1 for _ in it))
+                stats = it.stats
+                for key in totals:
+                    totals[key] += int(stats.get(key, 0))
+                padding_batches.append(int(stats.get("padding_batches", 0)))
+                it.close()
+    return {
+        **totals,
+        "seconds": time.perf_counter() - t0,
+        "batches_per_consumer": sorted(set(counts)),
+        "padding_batches": padding_batches,
+        "balance": ds.balance,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "arrowstream-bench")
+    parser.add_argument("--size-mb", type=float, default=1000.0, help="MB of text [1000; smoke 5]")
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--vocab-size", type=int, default=32000)
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--smoke", action="store_true", help="a tiny corpus, small batches")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.size_mb, args.seq_len, args.batch_size, args.vocab_size = 5.0, 512, 4, 4000
+    from arrowstream import read_parquet
+
+    checks = Checks()
+    corpus, info = corpus_dir(args.workdir, args.size_mb, seed=0, rows_per_group=1000, mb_per_file=125)
+    tok_path, _ = tokenizer_file(args.workdir, args.vocab_size)
+    log(f"corpus {corpus} ({info['rows']:,} rows, {info['row_groups']} row groups); "
+        f"{args.ranks} ranks x {args.workers} workers, concat {args.seq_len} x {args.batch_size}")
+    cache = Path(tempfile.mkdtemp(prefix="arrowstream-balance-cache-"))
+    pack = {"seq_len": args.seq_len, "batch_size": args.batch_size}
+    try:
+        # one tokenizing pass, all consumers: the estimated mode
+        estimated = run_epoch(read_parquet(corpus).tokenize(str(tok_path)).pack(**pack), args.ranks, args.workers)
+        # filling the token cache (what counting needs first), then the counted mode
+        t0 = time.perf_counter()
+        for _ in read_parquet(corpus).tokenize(str(tok_path), cache=cache):
+            pass
+        fill_s = time.perf_counter() - t0
+        counted_ds = read_parquet(corpus).tokenize(str(tok_path), cache=cache, cache_write=False).pack(**pack)
+        counted = run_epoch(counted_ds, args.ranks, args.workers)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+    corpus_tokens = estimated["tokens"] + estimated["dropped_tokens"]
+    rows = []
+    for name, res in (("estimated (text)", estimated), ("counted (read-only token cache)", counted)):
+        rows.append([
+            name,
+            f"{res['dropped_tokens'] / corpus_tokens:.3%}",
+            f"{res['dropped_docs']:,}",
+            f"{res['padding_tokens'] / max(res['tokens'], 1):.3%}",
+            f"{max(res['padding_batches'])}",
+            ",".join(map(str, res["batches_per_consumer"])),
+        ])
+    print()
+    print(fmt_table(
+        ["mode", "tokens dropped", "documents dropped", "padding / tokens emitted", "padding batches (max per consumer)",
+         "batches per consumer"],
+        rows,
+    ))
+    one_pass = estimated["seconds"]
+    print(f"\ncorpus: {corpus_tokens:,} tokens with EOS; one tokenizing pass (all consumers) {one_pass:.1f} s; "
+          f"filling the token cache {fill_s:.1f} s ({fill_s / one_pass:.2f} x the pass)")
+    print(f"balance: estimated run said {estimated['balance']!r}; counted run said {counted['balance']!r}")
+    failed = None
+    try:
+        checks(len(estimated["batches_per_consumer"]) == 1, "estimated: every consumer emits the same batches",
+               str(estimated["batches_per_consumer"]))
+        checks(len(counted["batches_per_consumer"]) == 1, "counted: every consumer emits the same batches",
+               str(counted["batches_per_consumer"]))
+        checks(counted["dropped_tokens"] == 0, "counted: nothing dropped", str(counted["dropped_tokens"]))
+        checks(max(counted["padding_batches"]) <= 1, "counted: at most one padding batch per consumer",
+               str(counted["padding_batches"]))
+        checks(counted["tokens"] == corpus_tokens, "counted: every token of the corpus emitted",
+               f"{counted['tokens']} vs {corpus_tokens}")
+    except CheckFailed as exc:
+        failed = exc
+    if args.json:
+        args.json.write_text(json.dumps({
+            "args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_facts(), "corpus": info,
+            "estimated": estimated, "counted": counted, "fill_s": fill_s, "checks": checks.items,
+        }, indent=1, default=str))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
