@@ -122,8 +122,8 @@ MUTANTS = [
         "the description keeps the first epoch's order for every epoch: resumes agree only while "
         "the saving and the resuming iterator share one Dataset",
         "arrowstream/pipeline/plan.py",
-        "        key = (epoch, num_streams)\n        layout = self._layouts.get(key)\n",
-        "        key = num_streams  # type: ignore[assignment]\n        layout = self._layouts.get(key)\n"
+        "        key = (epoch, num_streams, by)\n        layout = self._layouts.get(key)\n",
+        "        key = (num_streams, by)  # type: ignore[assignment]\n        layout = self._layouts.get(key)\n"
         "        if layout is not None:\n            layout.epoch = epoch\n",
         ("tests/test_resume_contract.py",),
     ),
