@@ -29,6 +29,7 @@ from arrowstream.core.stage import Stage
 from arrowstream.distributed.balance import (
     Sample,
     batch_target,
+    byte_cut,
     doc_target,
     measure_sample,
 )
@@ -191,6 +192,8 @@ class Plan:
         rows = cut(None)
         if by == "rows" or num_streams == 1:
             return rows
+        if by == "bytes":
+            return cut(byte_cut(rows, self.manifest.shard_rows, self.read_bytes()))
         counts = self.token_counts
         if counts is None:
             raise StateError(
@@ -203,8 +206,10 @@ class Plan:
     @property
     def streams_by(self) -> str:
         """How fresh epochs are cut into streams: ``"tokens"`` when batch counts are counted, else ``"rows"``."""
-        counted = self.packer is not None and self.packer.even_batches and self.num_epochs is not None
-        return "tokens" if counted and self.token_counts is not None else "rows"
+        even = self.packer is not None and self.packer.even_batches and self.num_epochs is not None
+        if not even:
+            return "rows"
+        return "tokens" if self.token_counts is not None else "bytes"
 
     def fresh_work(self, epoch: int, consumer: Consumer) -> list[RowRange]:
         """Return ``consumer``'s share of a fresh ``epoch``: its own stream, whole."""

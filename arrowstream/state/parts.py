@@ -14,8 +14,9 @@ from arrowstream.errors import StateError
 
 __all__ = ["STREAMS_BY", "Held", "Position", "RowRange", "Work", "count"]
 
-#: How an epoch's layout cuts its streams: equal rows, or equal tokens.
-STREAMS_BY = ("rows", "tokens")
+#: How an epoch's layout cuts its streams: equal rows, equal tokens (counted), or equal
+#: Parquet bytes of the columns read (estimated).
+STREAMS_BY = ("rows", "tokens", "bytes")
 
 
 #: A row range, the unit of work: ``(stream, start, end, skip)``, rows ``start..end-1`` of a
