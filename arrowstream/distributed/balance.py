@@ -6,18 +6,21 @@ ids and ``concat``), the number is counted instead (see
 
 With several consumers (ranks x DataLoader workers) and finite epochs, DDP
 hangs at an epoch end if one rank runs out of batches before the others.
-Consumers get equal *rows*, not equal *tokens*, so their natural batch counts
-differ a little. Every consumer therefore emits the same number of batches,
-computed identically everywhere from information all of them share:
+Each epoch is cut into shares of equal Parquet bytes (:func:`byte_cut`; equal
+rows when a batch takes a fixed number of documents), a stand-in for equal
+tokens, and every consumer emits the same number of batches, computed
+identically everywhere from information all of them share:
 
     estimate(part) = token_rate * Parquet bytes of the part's rows
     target = floor(min over parts of estimate * (1 - slack) / (seq_len * batch_size))
 
-``token_rate`` is measured on a fixed sample (the first rows of the first row
-groups, run through the pipeline's stages); Parquet bytes are the uncompressed
+``token_rate`` is measured on a fixed sample (the first rows of up to 8 row
+groups spread over the epoch, run through the pipeline's stages, weighed by
+their share of their row group's bytes); Parquet bytes are the uncompressed
 sizes of the columns the pipeline reads, from the footers (columns it does not
 read do not count, however large). The packer drops and counts what a consumer has
-beyond the target and pads with all-padding batches when it runs short.
+beyond the target (with a warning) and pads with all-padding batches when it
+runs short.
 
 Length bucketing (:mod:`arrowstream.pack.bucket`) emits batches of varying tokens, so
 it divides by what a batch consumes instead, simulated on the same sample's
@@ -140,7 +143,7 @@ def batch_target(
     >>> rows, sizes = np.array([10, 10]), np.array([1000.0, 1000.0])  # 2 row groups
     >>> lay = Layout(np.arange(2), rows, epoch=0, seed=None, window=1, num_streams=2)
     >>> batch_target(lay, rows, sizes, 0.5, [[(0, 0, 10, 0)], [(1, 0, 10, 0)]], tokens_per_batch=100)
-    4
+    5
     """
     row_bytes = shard_bytes / np.maximum(shard_rows, 1)
     estimates = [

@@ -119,6 +119,11 @@ class Packer(ABC):
         """
         return None, float(self.seq_len * self.batch_size)
 
+    @property
+    def counts_documents(self) -> bool:
+        """Whether a batch takes a fixed number of documents (then shares of equal rows keep counts even)."""
+        return False
+
     def exact_batches(self, num_tokens: int) -> int | None:
         """Return the batches this packer makes of ``num_tokens`` tokens, or ``None`` if tokens do not tell.
 

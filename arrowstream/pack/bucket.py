@@ -260,6 +260,11 @@ class BucketPacker(Packer):
         assert self.max_tokens is not None
         return len(lengths) / max(1, self.max_tokens // self.padded(max(lengths, default=0)))
 
+    @property
+    def counts_documents(self) -> bool:
+        """With ``batch_size``, a batch takes that many documents."""
+        return self.batch_size is not None
+
     def per_batch(
         self, lengths: np.ndarray, *, num_docs: float, docs_per_read: float = 1.0
     ) -> tuple[float | None, float]:

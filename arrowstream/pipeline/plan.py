@@ -205,10 +205,16 @@ class Plan:
 
     @property
     def streams_by(self) -> str:
-        """How fresh epochs are cut into streams: ``"tokens"`` when batch counts are counted, else ``"rows"``."""
+        """How fresh epochs are cut into streams for even batches.
+
+        ``"tokens"`` when batch counts are counted; ``"bytes"`` (Parquet bytes
+        of the columns read, a stand-in for tokens) when they are estimated;
+        ``"rows"`` without even batches, or when a batch takes a fixed number
+        of documents (``.bucket(batch_size=...)``).
+        """
         even = self.packer is not None and self.packer.even_batches and self.num_epochs is not None
-        if not even:
-            return "rows"
+        if not even or self.packer.counts_documents:  # type: ignore[union-attr]
+            return "rows"  # batches of a fixed number of documents: equal rows keep counts even
         return "tokens" if self.token_counts is not None else "bytes"
 
     def fresh_work(self, epoch: int, consumer: Consumer) -> list[RowRange]:
