@@ -167,3 +167,28 @@ def test_a_drop_at_an_estimated_count_is_never_silent(tmp_path: Path) -> None:
             dropped += it.stats["dropped_tokens"]
     assert dropped > 0 and len(caught) >= 1
     assert "ds.balance" in str(caught[0].message)
+
+
+def test_estimated_shares_hold_equal_bytes_and_bucket_by_documents_equal_rows(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    root = _texts(tmp_path)
+    text = read_parquet(root).tokenize(tokenizer)
+    state = text.pack(seq_len=16, batch_size=2).iter(rank=0, world_size=3).state_dict()
+    assert state["work"]["by"] == "bytes"
+    assert text.bucket(batch_size=4).iter(rank=0, world_size=3).state_dict()["work"]["by"] == "rows"
+    assert text.bucket(max_tokens=64).iter(rank=0, world_size=3).state_dict()["work"]["by"] == "bytes"
+
+
+def test_the_token_rate_sample_weighs_its_rows_by_their_bytes(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    # each row group starts with short documents and ends with long ones (the same tokens per byte):
+    # its first rows are not its average rows, so taking them as a plain share of the row group's
+    # bytes gives 2.5 times too many bytes, and too low a rate
+    texts = [("word " * (50 if i % 400 < 200 else 200)).strip() for i in range(3200)]
+    write_parts(tmp_path, [{"text": texts}], row_group_size=400)  # 8 row groups: 128 rows sampled of each
+    ds = read_parquet(tmp_path).tokenize(tokenizer).pack(seq_len=16, batch_size=2)
+    plan = Plan.of(ds)
+    sample = plan.sample()
+    tokens = sum(int(b["num_tokens"]) for b in read_parquet(tmp_path).tokenize(tokenizer).pack(seq_len=16, batch_size=2))
+    true_rate = tokens / float(plan.read_bytes().sum())
+    assert abs(sample.token_rate / true_rate - 1) < 0.15, (sample.token_rate, true_rate)
