@@ -178,10 +178,18 @@ MUTANTS = [
     ),
     Mutant(
         "counted-streams-by-rows",
-        "a pipeline whose tokens are counted still cuts streams of equal rows, so consumers pad several batches",
+        "shares are cut by equal rows, counted or estimated, so consumers pad several batches",
         "arrowstream/pipeline/plan.py",
-        '        return "tokens" if counted and self.token_counts is not None else "rows"\n',
+        '        return "tokens" if self.token_counts is not None else "bytes"\n',
         '        return "rows"\n',
+        ("tests/test_exact_batches.py",),
+    ),
+    Mutant(
+        "token-rate-sample-prorated-by-rows",
+        "the token-rate sample takes its first rows as an average share of their row group's bytes",
+        "arrowstream/distributed/balance.py",
+        "            nbytes += float(shard_bytes[shard]) * (batch.nbytes / table.nbytes if table.nbytes else rows / total)\n",
+        "            nbytes += rows / total * float(shard_bytes[shard])\n",
         ("tests/test_exact_batches.py",),
     ),
 ]

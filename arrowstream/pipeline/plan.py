@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from arrowstream.core.execute import run_stages
-from arrowstream.core.stage import Stage
+from arrowstream.core.stage import KnownTokens, Stage
 from arrowstream.distributed.balance import (
     Sample,
     batch_target,
@@ -101,6 +101,7 @@ class Plan:
         self._sample: Sample | None = None
         self._read_bytes: np.ndarray | None = None
         self._token_counts: TokenCounts | None | bool = False  # False: not worked out yet
+        self._known: list[KnownTokens | None] = []  # what each stage tells of its tokens
 
     @classmethod
     def of(cls, description: Description) -> Plan:
@@ -240,7 +241,7 @@ class Plan:
         """
         if self._token_counts is False:
             self._token_counts = None
-            known = [stage.known_tokens(self.manifest) for stage in self.stages]
+            known = self._known = [stage.known_tokens(self.manifest) for stage in self.stages]
             told = [k for k in known if k is not None]
             keeping = all(k is not None or stage.keeps_rows for stage, k in zip(self.stages, known))
             if (
@@ -279,9 +280,10 @@ class Plan:
             return f"counted: {known.source} ({how})"
         if packer.exact_batches(0) is None:
             return f"estimated: {packer.name} does not count its batches from tokens"
-        droppers = [s.name for s in self.stages if s.known_tokens(self.manifest) is None and not s.keeps_rows]
-        tokenizers = [s for s in self.stages if s.known_tokens(self.manifest) is not None]
-        if not tokenizers:
+        self.token_counts  # noqa: B018 (asks every stage once, kept in self._known)
+        known = self._known
+        droppers = [s.name for s, k in zip(self.stages, known) if k is None and not s.keeps_rows]
+        if all(k is None for k in known):
             return (
                 "estimated: text, without a complete read-only token cache (fill one with "
                 "`arrowstream cache` and pass cache_write=False)"
