@@ -192,3 +192,18 @@ def test_the_token_rate_sample_weighs_its_rows_by_their_bytes(tmp_path: Path, to
     tokens = sum(int(b["num_tokens"]) for b in read_parquet(tmp_path).tokenize(tokenizer).pack(seq_len=16, batch_size=2))
     true_rate = tokens / float(plan.read_bytes().sum())
     assert abs(sample.token_rate / true_rate - 1) < 0.15, (sample.token_rate, true_rate)
+
+
+def test_counting_keeps_a_few_row_groups_of_counts_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import arrowstream.distributed.tokens as tokens
+
+    monkeypatch.setattr(tokens, "KEPT_SHARDS", 3)
+    ds = read_parquet(_ids(tmp_path)).shuffle(seed=2, window=2)
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=64, batch_size=4)
+    counts, dropped = [], 0
+    for rank in range(3):
+        it = ds.iter(rank=rank, world_size=3)
+        counts.append(sum(1 for _ in it))
+        dropped += it.stats["dropped_tokens"]
+    assert len(set(counts)) == 1 and dropped == 0  # still exact
+    assert len(Plan.of(ds).token_counts._lengths) <= 3  # flat memory, whatever the corpus

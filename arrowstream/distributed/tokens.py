@@ -12,6 +12,7 @@ pad up to it.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,7 +22,10 @@ from arrowstream.io.layout import Layout
 from arrowstream.io.manifest import Manifest
 from arrowstream.state import RowRange
 
-__all__ = ["TokenCounts", "part_tokens", "range_tokens", "token_cut"]
+__all__ = ["KEPT_SHARDS", "TokenCounts", "part_tokens", "range_tokens", "token_cut"]
+
+#: Row groups whose per-row token counts a :class:`TokenCounts` keeps at once.
+KEPT_SHARDS = 64
 
 
 class TokenCounts:
@@ -49,15 +53,21 @@ class TokenCounts:
     def __init__(self, manifest: Manifest, known: KnownTokens) -> None:
         self.manifest = manifest
         self.known = known
-        self._lengths: dict[int, np.ndarray] = {}
+        # a few row groups' per-row counts (memory stays flat whatever the corpus), and the
+        # sums asked of row ranges (two integers a range)
+        self._lengths: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._sums: dict[tuple[int, int, int], int] = {}
         self.num_reads = 0
 
     def lengths(self, shard: int) -> np.ndarray:
-        """Return the tokens of every row of ``shard`` (read once)."""
-        hit = self._lengths.get(shard)
+        """Return the tokens of every row of ``shard`` (the last :data:`KEPT_SHARDS` read are kept)."""
+        hit = self._lengths.pop(shard, None)
         if hit is None:
-            hit = self._lengths[shard] = self.known.lengths(shard)
+            hit = self.known.lengths(shard)
             self.num_reads += 1
+            while len(self._lengths) >= KEPT_SHARDS:
+                self._lengths.popitem(last=False)
+        self._lengths[shard] = hit
         return hit
 
     def total(self, shard: int) -> int:
@@ -70,7 +80,10 @@ class TokenCounts:
         """Return the tokens of rows ``lo..hi-1`` of ``shard``."""
         if lo == 0 and hi == int(self.manifest.shard_rows[shard]):
             return self.total(shard)
-        return int(self.lengths(shard)[lo:hi].sum())
+        key = (shard, lo, hi)
+        if key not in self._sums:
+            self._sums[key] = int(self.lengths(shard)[lo:hi].sum())
+        return self._sums[key]
 
 
 def range_tokens(layout: Layout, counts: TokenCounts, stream: int, start: int, end: int) -> int:

@@ -101,7 +101,7 @@ class Plan:
         self._sample: Sample | None = None
         self._read_bytes: np.ndarray | None = None
         self._token_counts: TokenCounts | None | bool = False  # False: not worked out yet
-        self._known: list[KnownTokens | None] = []  # what each stage tells of its tokens
+        self._known: list[KnownTokens | None] | None = None  # what each stage tells of its tokens
 
     @classmethod
     def of(cls, description: Description) -> Plan:
@@ -241,7 +241,7 @@ class Plan:
         """
         if self._token_counts is False:
             self._token_counts = None
-            known = self._known = [stage.known_tokens(self.manifest) for stage in self.stages]
+            known = self._stage_tokens()
             told = [k for k in known if k is not None]
             keeping = all(k is not None or stage.keeps_rows for stage, k in zip(self.stages, known))
             if (
@@ -252,6 +252,12 @@ class Plan:
             ):
                 self._token_counts = TokenCounts(self.manifest, told[0])
         return self._token_counts  # type: ignore[return-value]
+
+    def _stage_tokens(self) -> list[KnownTokens | None]:
+        """What each stage tells of its tokens before reading (asked once: a cache reads footers)."""
+        if self._known is None:
+            self._known = [stage.known_tokens(self.manifest) for stage in self.stages]
+        return self._known
 
     @property
     def balance(self) -> str:
@@ -280,8 +286,7 @@ class Plan:
             return f"counted: {known.source} ({how})"
         if packer.exact_batches(0) is None:
             return f"estimated: {packer.name} does not count its batches from tokens"
-        self.token_counts  # noqa: B018 (asks every stage once, kept in self._known)
-        known = self._known
+        known = self._stage_tokens()
         droppers = [s.name for s, k in zip(self.stages, known) if k is None and not s.keeps_rows]
         if all(k is None for k in known):
             return (
