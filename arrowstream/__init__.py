@@ -28,6 +28,7 @@ from arrowstream.pack import ConcatPacker, Packer
 from arrowstream.pack.bestfit import BestFitPacker
 from arrowstream.pack.bucket import BucketPacker
 from arrowstream.pipeline.dataset import Dataset, read_parquet
+from arrowstream.pipeline.indexing import build_length_index
 from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.tokenize import Tokenize
 from arrowstream.tokenize.encoders import Encoder
@@ -58,6 +59,7 @@ __all__ = [
     "StateMismatchError",
     "Tokenize",
     "analyze",
+    "build_length_index",
     "merge_states",
     "read_manifest",
     "read_parquet",

@@ -1,8 +1,10 @@
 """The ``arrowstream`` command: ``inspect``, ``analyze``, ``demo`` and ``stream``.
 
 ``inspect PATH`` prints the files, row groups, rows, bytes and schema of a
-dataset (footers only). ``cache PATH`` tokenizes a dataset ahead of time into
-a token cache, with a progress bar. ``analyze PATH`` reports document lengths and what
+dataset (footers only), the length indexes beside it and, with
+``--tokenizer``, how even batches are split. ``cache PATH`` tokenizes a dataset ahead of time into
+a token cache, with a progress bar. ``index PATH`` counts every document's
+tokens into a length index, so even batches over text are exact. ``analyze PATH`` reports document lengths and what
 each batching strategy would cost, as text, JSON and a PNG. ``demo`` builds a sample dataset and tokenizer offline,
 streams packed batches, stops midway, saves the state, resumes in a fresh
 iterator and shows that the resumed stream matches. ``stream PATH`` runs a
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
+from pyarrow.fs import FileSelector, FileType
 from tqdm import tqdm
 
 from arrowstream import __version__
@@ -32,9 +35,11 @@ from arrowstream.analysis import analyze
 from arrowstream.errors import ArrowStreamError
 from arrowstream.io.manifest import read_manifest
 from arrowstream.pipeline.dataset import read_parquet
+from arrowstream.pipeline.indexing import build_length_index
 from arrowstream.pipeline.plan import Plan
 from arrowstream.testing.data import sample_tokenizer, write_dataset
 from arrowstream.tokenize.cache import IDS_COLUMN, CachedReader
+from arrowstream.tokenize.lengths import INDEX_DIR, LengthIndex
 
 __all__ = ["main"]
 
@@ -82,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="directory, glob, file or URI")
     p.add_argument("--columns", help="comma-separated columns to check across files")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--tokenizer",
+        help="a tokenizer.json: also say how even batches are split for it (counted with a length index)",
+    )
+    p.add_argument("--column", default="text", help="the text column --tokenizer reads (default: text)")
     p.set_defaults(func=_inspect)
 
     p = sub.add_parser("analyze", help="document lengths and what each batching strategy costs")
@@ -106,6 +116,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--column", default="text", help="text column (default: text)")
     p.add_argument("--no-special-tokens", action="store_true", help="encode with add_special_tokens=False")
     p.set_defaults(func=_cache)
+
+    p = sub.add_parser("index", help="count every document's tokens, so even batches are exact")
+    p.add_argument("path", help="directory, glob, file or URI")
+    p.add_argument("--tokenizer", required=True, help="path to a tokenizer.json")
+    p.add_argument("--column", default="text", help="text column (default: text)")
+    p.add_argument("--no-special-tokens", action="store_true", help="encode with add_special_tokens=False")
+    p.add_argument(
+        "--index",
+        help="directory to keep the index in (default: PATH's root/_arrowstream_index, where "
+        "pipelines look for it)",
+    )
+    p.set_defaults(func=_index)
 
     p = sub.add_parser("demo", help="stream, checkpoint and resume on built-in sample data")
     p.add_argument("--workdir", help="where to write the sample data (default: a temp dir)")
@@ -145,11 +167,15 @@ def _inspect(args: argparse.Namespace) -> int:
         }
         for i in range(m.num_files)
     ]
+    indexes = _indexes(args.path)
+    balance = _balance(args)
     if args.json:
         print(
             json.dumps(
                 {
                     "root": m.root,
+                    "length_indexes": indexes,
+                    **({} if balance is None else {"balance": balance}),
                     "files": files,
                     "schema": {f.name: str(f.type) for f in m.schema},
                     **m.describe(),
@@ -177,7 +203,42 @@ def _inspect(args: argparse.Namespace) -> int:
         print("columns that differ between files (left out; select others with --columns):")
         for name, problem in m.drift.items():
             print(f"  {name}: {problem}")
+    for index in indexes:
+        print(
+            f"length index: column {index['column']!r}, tokenizer {index['tokenizer']}, covers "
+            f"{index['files_covered']} of {m.num_files} files ({index['dir']})"
+        )
+    if balance is not None:
+        print(f"even batches (concat) with this tokenizer: {balance}")
     return 0
+
+
+def _balance(args: argparse.Namespace) -> str | None:
+    """Return how even batches are split for ``--tokenizer`` with ``concat``, or ``None`` without one."""
+    if args.tokenizer is None:
+        return None
+    _check_tokenizer(args.tokenizer)
+    ds = read_parquet(args.path, columns=[args.column]).tokenize(args.tokenizer, column=args.column, add_eos=False)
+    return Plan.of(ds.pack(seq_len=2048, batch_size=8)).balance
+
+
+def _indexes(path: str) -> list[dict[str, Any]]:
+    """Return the length indexes beside the data: their setting and the files they cover."""
+    m = read_manifest(path)
+    found = []
+    base = f"{m.root.rstrip('/')}/{INDEX_DIR}"
+    for info in m.filesystem.get_file_info(FileSelector(base, allow_not_found=True)):
+        if info.type != FileType.Directory:
+            continue
+        try:
+            with m.filesystem.open_input_stream(f"{info.path}/index.json") as f:
+                setting = json.loads(f.read())
+        except (OSError, ValueError):
+            continue
+        index = LengthIndex(m, {k: v for k, v in setting.items() if k != "format"})
+        covered = sum(index.entry(fi, quiet=True) is not None for fi in range(m.num_files))
+        found.append({"dir": info.path, **setting, "files_covered": covered})
+    return found
 
 
 def _analyze(args: argparse.Namespace) -> int:
@@ -205,9 +266,38 @@ def _analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_tokenizer(path: str) -> None:
+    if not Path(path).is_file():
+        raise _UsageError(f"--tokenizer {path!r} is not a file: pass the path of a tokenizer.json")
+
+
+def _index(args: argparse.Namespace) -> int:
+    _check_tokenizer(args.tokenizer)
+    total = read_manifest(args.path, columns=[args.column]).num_shards
+    with tqdm(total=total, desc="counting tokens", unit="row group", file=sys.stderr) as bar:
+        summary = build_length_index(
+            args.path,
+            args.tokenizer,
+            column=args.column,
+            add_special_tokens=not args.no_special_tokens,
+            length_index=args.index,
+            progress=bar.update,
+        )
+    where = (
+        "pipelines over this data find it"
+        if args.index is None
+        else "pass this directory as `.tokenize(..., length_index=...)`"
+    )
+    print(
+        f"length index {summary.dir}: {summary.num_files:,} files ({summary.num_built:,} counted now, "
+        f"{summary.num_files - summary.num_built:,} already there), {summary.num_docs:,} documents, "
+        f"{summary.num_tokens:,} tokens, {summary.seconds:.1f} s; {where}"
+    )
+    return 0
+
+
 def _cache(args: argparse.Namespace) -> int:
-    if not Path(args.tokenizer).is_file():
-        raise _UsageError(f"--tokenizer {args.tokenizer!r} is not a file: pass the path of a tokenizer.json")
+    _check_tokenizer(args.tokenizer)
     ds = read_parquet(args.path, columns=[args.column]).tokenize(
         args.tokenizer,
         column=args.column,

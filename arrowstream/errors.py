@@ -47,11 +47,11 @@ class StateMismatchError(StateError):
 
 
 class CacheError(ArrowStreamError):
-    """A token cache entry does not match the data or setting and cannot be rebuilt."""
+    """A token cache or length index entry does not match the data or setting, or is missing where required."""
 
 
 class CacheWarning(UserWarning):
-    """A stale token cache entry was found and is being rebuilt."""
+    """A stale token cache entry is being rebuilt, or a stale length index is not used."""
 
 
 class DataLossWarning(UserWarning):

@@ -171,9 +171,9 @@ MUTANTS = [
     Mutant(
         "counted-target-is-the-smallest",
         "over token ids the batch target is the smallest consumer's count, so the others drop their tail",
-        "arrowstream/pipeline/plan.py",
-        "            return max(\n",
-        "            return min(\n",
+        "arrowstream/distributed/tokens.py",
+        "        return [max(counts, default=0)] * len(counts)\n",
+        "        return [min(counts, default=0)] * len(counts)\n",
         ("tests/test_topology.py",),
     ),
     Mutant(
@@ -191,6 +191,55 @@ MUTANTS = [
         "            nbytes += float(shard_bytes[shard]) * (batch.nbytes / table.nbytes if table.nbytes else rows / total)\n",
         "            nbytes += rows / total * float(shard_bytes[shard])\n",
         ("tests/test_exact_batches.py",),
+    ),
+    Mutant(
+        "index-counts-skipped-documents",
+        "the length index gives a skipped (null or empty) document its EOS",
+        "arrowstream/tokenize/known.py",
+        "        return np.where(lengths > 0, lengths + eos, 0)\n",
+        "        return lengths + eos\n",
+        ("tests/test_length_index.py",),
+    ),
+    Mutant(
+        "stale-index-entry-used",
+        "a length index entry built from another version of its file is used",
+        "arrowstream/tokenize/lengths.py",
+        "        if identity != expected:\n",
+        "        if identity[\"relpath\"] != expected[\"relpath\"]:\n",
+        ("tests/test_length_index.py",),
+    ),
+    Mutant(
+        "cache-encodes-empty-texts",
+        "the token cache keeps ids (a BOS) for an empty text the stage would drop",
+        "arrowstream/tokenize/__init__.py",
+        "        present = pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False) > 0\n",
+        "        present = valid\n",
+        ("tests/test_length_index.py",),
+    ),
+    Mutant(
+        "every-worker-pads-to-the-largest",
+        "with DataLoader workers every worker pads to the largest count (a rank pads once per worker)",
+        "arrowstream/distributed/tokens.py",
+        "    if per_rank <= 1 or len(counts) % per_rank:\n",
+        "    if True:\n",
+        ("tests/test_exact_batches.py",),
+    ),
+    Mutant(
+        "simulated-chunks-ignore-shuffle-order",
+        "the stand-in chunks a packer is run over to count its batches keep the rows' stored order",
+        "arrowstream/distributed/tokens.py",
+        "            if window.order is not None:\n                rows = rows[window.order]\n",
+        "",
+        ("tests/test_exact_batches.py", "tests/test_length_index.py"),
+    ),
+    Mutant(
+        "simulated-chunks-on-the-stream-grid",
+        "the stand-in chunks are cut on a grid from the stream's start, not each window's",
+        "arrowstream/distributed/tokens.py",
+        "                b = min((a // batch_rows + 1) * batch_rows, n)\n                lengths = rows[a:b].copy()\n",
+        "                b = min(((window.start + a) // batch_rows + 1) * batch_rows - window.start, n)\n"
+        "                lengths = rows[a:b].copy()\n",
+        ("tests/test_exact_batches.py", "tests/test_length_index.py"),
     ),
 ]
 

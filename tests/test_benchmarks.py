@@ -141,4 +141,5 @@ def test_balance_benchmark_smoke_run_counts_without_dropping(tmp_path: Path) -> 
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["counted"]["dropped_tokens"] == 0 and all(c["passed"] for c in result["checks"])
+    assert result["counted"]["dropped_tokens"] == 0 and result["indexed"]["dropped_tokens"] == 0
+    assert all(c["passed"] for c in result["checks"]) and result["index_s"] > 0

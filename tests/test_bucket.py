@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,11 +27,15 @@ from .conftest import heavy_tail as _heavy_tail
 from .conftest import write_named_docs as _write
 
 EOS = 0
-def _pipeline(root: Path, *, num_epochs: int | None = 1, batch_rows: int = 5, **bucket: object) -> Dataset:
+def _pipeline(
+    root: Path, *, num_epochs: int | None = 1, batch_rows: int = 5, filtered: bool = False, **bucket: object
+) -> Dataset:
     options = {"batch_size": 3, "window": 20, **bucket}
     if "max_tokens" in bucket:
         options.pop("batch_size")
     ds = read_parquet(root, batch_rows=batch_rows, num_epochs=num_epochs)
+    if filtered:  # a filter keeping every row: batch counts can no longer be counted ahead
+        ds = ds.filter(pc.field("input_ids").is_valid())
     return ds.tokenize(None, column="input_ids", eos_id=EOS).bucket(**options)
 
 
@@ -248,15 +253,17 @@ def test_elastic_resume_emits_held_documents_exactly_once(
     _check_epoch(seen, lengths, max_len=ds.packer.max_len)
 
 
-@pytest.mark.filterwarnings("ignore::arrowstream.DataLossWarning")  # estimated batch counts: drops are the point
+@pytest.mark.filterwarnings("ignore::arrowstream.DataLossWarning")  # estimated batch counts may drop
+@pytest.mark.parametrize("counted", [True, False])
 @pytest.mark.parametrize("options", [{"batch_size": 3}, {"max_tokens": 80}])
 def test_even_batches_give_equal_counts_and_account_for_every_document(
-    tmp_path: Path, options: dict
+    tmp_path: Path, options: dict, counted: bool
 ) -> None:
     lengths = _heavy_tail(200, seed=7)
     root = _write(tmp_path, lengths)
-    ds = _pipeline(root, num_epochs=2, **options)
-    counts, docs, tokens, dropped_docs, dropped_tokens, padding = [], 0, 0, 0, 0, 0
+    ds = _pipeline(root, num_epochs=2, filtered=not counted, **options)
+    assert ds.balance.startswith("counted" if counted else "estimated")
+    counts, docs, tokens, dropped_docs, dropped_tokens, padding, drained = [], 0, 0, 0, 0, 0, 0
     for rank in range(3):
         it = ds.iter(rank=rank, world_size=3)
         per_epoch: Counter = Counter()
@@ -268,11 +275,14 @@ def test_even_batches_give_equal_counts_and_account_for_every_document(
         stats = it.stats
         dropped_docs += stats.get("dropped_docs", 0)
         dropped_tokens += stats.get("dropped_tokens", 0) + stats.get("truncated_tokens", 0)
+        drained += stats.get("dropped_tokens", 0)
         padding += stats.get("padding_batches", 0)
     assert all(c == counts[0] for c in counts) and len(counts[0]) == 2
     assert docs + dropped_docs == 2 * len(lengths)
     assert tokens + dropped_tokens == 2 * sum(n + 1 for n in lengths)
-    if "batch_size" in options:  # rows are exact and every row is a document: never short
+    if counted:  # the packer run over the known lengths: nothing beyond the count
+        assert dropped_docs == 0 and drained == 0
+    elif "batch_size" in options:  # rows are exact and every row is a document: never short
         assert padding == 0 and dropped_docs <= 2 * 3 * 2 * options["batch_size"]
 
 

@@ -47,19 +47,55 @@ def test_shuffled_row_ranges_count_the_rows_they_hold(tmp_path: Path) -> None:
     assert counts is not None and counts.num_reads == 20  # half row groups: every row group's rows
 
 
-@pytest.mark.parametrize(
-    "build",
-    [
-        lambda ds: ds.filter(pc.field("input_ids").is_valid()).tokenize(None, column="input_ids", eos_id=0).pack(
-            seq_len=16, batch_size=2
-        ),
-        lambda ds: ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=16, batch_size=2, strategy="best_fit"),
-        lambda ds: ds.tokenize(None, column="input_ids", eos_id=0).bucket(batch_size=2),
-    ],
-    ids=["a filter drops rows", "best_fit packs by documents", "bucket batches documents"],
-)
-def test_tokens_are_not_counted_where_they_do_not_tell(tmp_path: Path, build) -> None:
-    assert Plan.of(build(read_parquet(_ids(tmp_path)))).token_counts is None
+def test_tokens_are_not_counted_behind_a_filter(tmp_path: Path) -> None:
+    ds = read_parquet(_ids(tmp_path)).filter(pc.field("input_ids").is_valid())
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=16, batch_size=2)
+    assert Plan.of(ds).token_counts is None  # a filter may drop rows nobody can count ahead
+
+
+STRATEGIES = {
+    "concat": lambda ds: ds.pack(seq_len=16, batch_size=2),
+    "best_fit": lambda ds: ds.pack(seq_len=16, batch_size=2, strategy="best_fit", window=12),
+    "bucket batch_size": lambda ds: ds.bucket(batch_size=3, window=12),
+    "bucket max_tokens": lambda ds: ds.bucket(max_tokens=96, window=12),
+}
+
+
+def _emitted(batch) -> list[int]:
+    ids, labels = batch["input_ids"], batch["labels"]
+    real = batch["segment_ids"] > 0 if "segment_ids" in batch else batch["attention_mask"] > 0
+    return ids[real & (ids > 0)].tolist() if labels is not None else []
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize(("world", "workers"), [(1, 2), (2, 1), (3, 2), (4, 1), (4, 2)])
+def test_every_strategy_counts_exactly_and_drops_nothing(
+    tmp_path: Path, strategy: str, shuffle: bool, world: int, workers: int
+) -> None:
+    from collections import Counter
+
+    from .conftest import heavy_tail, named_docs
+
+    docs = named_docs(heavy_tail(200, seed=3, cap=60))
+    ds = read_parquet(_ids(tmp_path), batch_rows=8)
+    if shuffle:
+        ds = ds.shuffle(seed=5, window=2)
+    ds = STRATEGIES[strategy](ds.tokenize(None, column="input_ids", eos_id=0))
+    assert ds.balance.startswith("counted: token ids")
+    seen: Counter = Counter()
+    steps, dropped = [], 0
+    for rank in range(world):
+        steps.append(0)
+        for worker in range(workers):
+            it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
+            for batch in it:
+                steps[-1] += 1
+                seen.update(_emitted(batch))
+            dropped += it.stats["dropped_docs"] + it.stats["dropped_tokens"]
+    assert dropped == 0
+    assert seen == Counter(t for doc in docs for t in doc)  # every document's tokens, once
+    assert len(set(steps)) == 1  # every rank takes the same steps
 
 
 def test_text_is_estimated(tmp_path: Path, tokenizer: Tokenizer) -> None:
@@ -122,7 +158,9 @@ def test_the_dataset_says_how_batch_counts_are_made_equal(tmp_path: Path, tokeni
     ids = read_parquet(_ids(tmp_path / "ids")).tokenize(None, column="input_ids", eos_id=0)
     assert ids.pack(seq_len=16, batch_size=2).balance.startswith("counted: token ids")
     assert ids.pack(seq_len=16, batch_size=2, even_batches=False).balance == "off: even_batches=False"
-    assert ids.bucket(batch_size=2).balance.startswith("estimated: bucket")
+    assert ids.bucket(batch_size=2).balance == (
+        "counted: token ids (whole row groups from the footers; batches by running bucket on the lengths)"
+    )
     root, cache = _texts(tmp_path), tmp_path / "cache"
     text = read_parquet(root).tokenize(tokenizer, cache=cache)
     assert "arrowstream cache" in text.pack(seq_len=16, batch_size=2).balance
@@ -141,15 +179,16 @@ def test_streams_of_equal_tokens_pad_at_most_one_batch(tmp_path: Path, shuffle: 
         ds = ds.shuffle(seed=6, window=2)
     # batches of 256 tokens, documents of at most 61: a cut is off by half a document at most
     ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=64, batch_size=4)
-    counts, padding, dropped, rows = [], [], 0, 0
+    per_rank, padding, dropped, rows = [], [], 0, 0
     for rank in range(world):
+        per_rank.append(0)
         for worker in range(workers):
             it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
-            counts.append(sum(1 for _ in it))
+            per_rank[-1] += sum(1 for _ in it)
             padding.append(it.stats["padding_batches"])
             dropped += it.stats["dropped_tokens"]
             rows += it.stats["rows"]
-    assert len(set(counts)) == 1 and dropped == 0 and rows == 200
+    assert len(set(per_rank)) == 1 and dropped == 0 and rows == 200  # every rank takes the same steps
     assert max(padding) <= 1, padding  # shares of equal tokens: their batch counts differ by one at most
     assert ds.iter(rank=0, world_size=world).state_dict()["work"]["by"] == "tokens"
 
@@ -157,8 +196,8 @@ def test_streams_of_equal_tokens_pad_at_most_one_batch(tmp_path: Path, shuffle: 
 def test_a_drop_at_an_estimated_count_is_never_silent(tmp_path: Path) -> None:
     from arrowstream import DataLossWarning
 
-    ds = read_parquet(_ids(tmp_path)).tokenize(None, column="input_ids", eos_id=0)
-    ds = ds.pack(seq_len=16, batch_size=2, strategy="best_fit", window=16)  # batch counts estimated
+    ds = read_parquet(_ids(tmp_path)).filter(pc.field("input_ids").is_valid())  # batch counts estimated
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=16, batch_size=2, strategy="best_fit", window=16)
     dropped = 0
     with pytest.warns(DataLossWarning, match=r"document\(s\) and [\d,]+ token\(s\) dropped") as caught:
         for rank in range(3):
@@ -207,3 +246,42 @@ def test_counting_keeps_a_few_row_groups_of_counts_at_once(tmp_path: Path, monke
         dropped += it.stats["dropped_tokens"]
     assert len(set(counts)) == 1 and dropped == 0  # still exact
     assert len(Plan.of(ds).token_counts._lengths) <= 3  # flat memory, whatever the corpus
+
+
+@pytest.mark.parametrize(("world", "workers"), [(3, 2), (4, 2), (2, 3)])
+def test_a_ranks_workers_end_when_their_data_does_and_the_rank_pads_once(
+    tmp_path: Path, world: int, workers: int
+) -> None:
+    # batches of 32 tokens, documents up to 61: the workers' own batch counts differ
+    ds = read_parquet(_ids(tmp_path)).tokenize(None, column="input_ids", eos_id=0).pack(seq_len=16, batch_size=2)
+    counts, natural, dropped = [], [], 0
+    for rank in range(world):
+        for worker in range(workers):
+            it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
+            counts.append(sum(1 for _ in it))
+            natural.append(counts[-1] - it.stats["padding_batches"])
+            dropped += it.stats["dropped_tokens"]
+    ranks = [sum(counts[r * workers : (r + 1) * workers]) for r in range(world)]
+    assert len(set(ranks)) == 1 and dropped == 0  # DDP needs equal steps per rank, and nothing is dropped
+    assert len(set(counts)) > 1  # workers of a rank may end at different times
+    # the rank's padding, not each worker's: never more than padding every worker to the largest count
+    padding = ranks[0] * world - sum(natural)
+    assert padding < max(natural) * len(natural) - sum(natural), (counts, natural)
+    # and spread over the rank's workers with the fewest batches first
+    for r in range(world):
+        own = counts[r * workers : (r + 1) * workers]
+        nat = natural[r * workers : (r + 1) * workers]
+        assert max(own) - min(own) <= max(max(nat) - min(nat), 1)
+
+
+@pytest.mark.parametrize("strategy", ["best_fit", "bucket batch_size", "bucket max_tokens"])
+def test_counted_packings_resume_exactly(tmp_path: Path, strategy: str) -> None:
+    root = _ids(tmp_path)
+
+    def build():
+        ds = read_parquet(root, num_epochs=2, batch_rows=8).shuffle(seed=4, window=3)
+        return STRATEGIES[strategy](ds.tokenize(None, column="input_ids", eos_id=0))
+
+    assert build().balance.startswith("counted")
+    steps = assert_resumes_identically(lambda: build().iter(rank=1, world_size=3), every=3, min_epochs=2)
+    assert steps > 10

@@ -16,7 +16,7 @@ from arrowstream import ConfigError, merge_states, read_parquet
 from arrowstream.pack.assemble import BATCH_KEYS
 from arrowstream.pytorch import StatefulLoader
 
-from .conftest import named_docs, write_parts
+from .conftest import heavy_tail, named_docs, write_parts
 
 NUM_DOCS = 120
 
@@ -174,3 +174,41 @@ def test_unpacked_pipelines_and_batch_sizes_are_refused(tmp_path: Path) -> None:
         read_parquet(tmp_path).to_torch()
     with pytest.raises(ConfigError, match="batch_size"):
         StatefulLoader(ds.to_torch(), batch_size=4)
+
+
+def _uneven(tmp_path: Path):
+    """Counted even batches where a rank's two workers end at different times."""
+    docs = named_docs(heavy_tail(200, seed=3, cap=60))
+    parts = [{"input_ids": pa.array(docs[a : a + 50], pa.list_(pa.int32()))} for a in range(0, 200, 50)]
+    write_parts(tmp_path, parts, row_group_size=10)
+    ds = read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0).pack(seq_len=16, batch_size=2)
+    return ds, Counter(t for doc in docs for t in doc)
+
+
+def test_every_rank_takes_the_same_steps_though_its_workers_end_apart(tmp_path: Path) -> None:
+    ds, expected = _uneven(tmp_path)
+    seen: Counter = Counter()
+    steps, per_worker = [], []
+    for rank in range(3):
+        tds = ds.to_torch(rank=rank, world_size=3)
+        batches = list(torch.utils.data.DataLoader(tds, batch_size=None, num_workers=2))
+        steps.append(len(batches))
+        seen += _tokens(batches)
+        per_worker += [sum(1 for _ in ds.iter(rank=rank, world_size=3, worker=w, num_workers=2)) for w in range(2)]
+    assert len(set(steps)) == 1 and seen == expected
+    assert len(set(per_worker)) > 1  # the DataLoader went on with the worker that had more
+
+
+@pytest.mark.parametrize("stop", [3, 12, 29, 30])
+def test_the_loader_resumes_exactly_when_its_workers_end_apart(tmp_path: Path, stop: int) -> None:
+    ds, _ = _uneven(tmp_path)
+    tds = ds.to_torch(rank=1, world_size=3)
+    whole = [b["input_ids"].tolist() for b in StatefulLoader(tds, num_workers=2)]
+    loader = StatefulLoader(ds.to_torch(rank=1, world_size=3), num_workers=2)
+    it = iter(loader)
+    head = [next(it)["input_ids"].tolist() for _ in range(stop)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    again = StatefulLoader(ds.to_torch(rank=1, world_size=3), num_workers=2)
+    again.load_state_dict(state)
+    assert head + [b["input_ids"].tolist() for b in again] == whole
+    assert len(whole) == 31  # 16 + 15: after 30 batches, worker 1 has ended

@@ -105,13 +105,14 @@ def test_even_batches_give_equal_counts_and_account_for_every_document(
             tokens += _all_tokens(batches)
             dropped_docs += it.stats.get("dropped_docs", 0)
             dropped_tokens += it.stats.get("dropped_tokens", 0)
-    assert len(set(counts)) == 1 and counts[0] > 0  # no rank waits for another
-    # token ids: every consumer's tokens are known, so the count is the largest consumer's
+    per_rank = [sum(counts[r * num_workers : (r + 1) * num_workers]) for r in range(world_size)]
+    assert len(set(per_rank)) == 1 and per_rank[0] > 0  # no rank waits for another
+    # token ids: every consumer's tokens are known, so the count is the largest rank's
     # and nothing is dropped; the others pad up to it
     assert seen == expected and tokens == _with_eos(expected) and emitted_docs == NUM_DOCS
     assert dropped_docs == dropped_tokens == 0
     assert min(padding) == 0  # the largest consumer pads nothing: padding only up to it
-    assert sum(padding) == counts[0] * len(counts) - natural
+    assert sum(padding) == sum(counts) - natural
 
 
 @pytest.mark.parametrize(

@@ -13,16 +13,25 @@ pad up to it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from arrowstream.core.stage import KnownTokens
+from arrowstream.io.chunk import Chunk
 from arrowstream.io.layout import Layout
 from arrowstream.io.manifest import Manifest
 from arrowstream.state import RowRange
 
-__all__ = ["KEPT_SHARDS", "TokenCounts", "part_tokens", "range_tokens", "token_cut"]
+__all__ = [
+    "KEPT_SHARDS",
+    "TokenCounts",
+    "part_chunks",
+    "part_tokens",
+    "range_tokens",
+    "rank_targets",
+    "token_cut",
+]
 
 #: Row groups whose per-row token counts a :class:`TokenCounts` keeps at once.
 KEPT_SHARDS = 64
@@ -127,6 +136,68 @@ def part_tokens(layout: Layout, counts: TokenCounts, part: Sequence[RowRange]) -
     return sum(range_tokens(layout, counts, s, a, b) - skip for s, a, b, skip in part)
 
 
+def part_chunks(
+    layout: Layout, counts: TokenCounts, part: Sequence[RowRange], batch_rows: int
+) -> Iterator[Chunk]:
+    """Yield stand-ins for the chunks a consumer's share gives its packer: the documents' lengths, no tokens.
+
+    The chunks are cut where the pipeline cuts them (a grid of
+    ``batch_rows`` rows from each shuffle window's start, and the segments'
+    ends), hold the documents in the order they are emitted, leave out those
+    without tokens (as the tokenize stage does) and take off the tokens a
+    segment's first document already gave. Their tokens are views of one
+    zero array, so a packer run over them (:meth:`~arrowstream.pack.base.Packer.count_batches`)
+    makes exactly the pipeline's decisions with memory that does not grow
+    with the share.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from arrowstream.io.manifest import read_manifest
+    >>> from arrowstream.testing import example_dir
+    >>> from arrowstream.tokenize import Tokenize
+    >>> m = read_manifest(example_dir())   # ids of lengths 3, 1, 2, 4 repeating
+    >>> counts = TokenCounts(m, Tokenize(None, column="ids", add_eos=False).known_tokens(m))
+    >>> lay = Layout(np.arange(3), m.shard_rows, epoch=0, seed=None, window=1, num_streams=1)
+    >>> [np.diff(c.offsets).tolist() for c in part_chunks(lay, counts, [(0, 1, 6, 0)], batch_rows=3)]  # grid of 3 rows from each row group
+    [[1, 2], [4], [3, 1]]
+    """
+    zeros = np.zeros(0, dtype=np.int32)
+    for k, (stream, lo, hi, skip) in enumerate(part):
+        for window in layout.windows(stream):
+            offset, n = max(0, lo - window.start), min(window.num_rows, hi - window.start)
+            if offset >= n:
+                continue
+            units = zip(window.shards.tolist(), window.row_lo.tolist(), window.row_hi.tolist())
+            rows = np.concatenate([counts.lengths(s)[a:b] for s, a, b in units])
+            if window.order is not None:
+                rows = rows[window.order]
+            a = offset
+            while a < n:
+                b = min((a // batch_rows + 1) * batch_rows, n)
+                lengths = rows[a:b].copy()
+                if skip and window.start + a == lo:
+                    lengths[0] -= skip  # tokens the first document already gave
+                keep = lengths > 0
+                kept = lengths[keep]
+                offsets = np.zeros(kept.size + 1, dtype=np.int64)
+                np.cumsum(kept, out=offsets[1:])
+                if zeros.size < offsets[-1]:
+                    zeros = np.zeros(int(offsets[-1]) * 2, dtype=np.int32)
+                yield Chunk(
+                    epoch=layout.epoch,
+                    shard=int(window.shards[0]),
+                    seq_start=window.start + a,
+                    seq_end=window.start + b,
+                    row_start=a,
+                    seq=np.arange(window.start + a, window.start + b, dtype=np.int64)[keep],
+                    tokens=zeros[: int(offsets[-1])],
+                    offsets=offsets,
+                    segment=k,
+                )
+                a = b
+
+
 def token_cut(layout: Layout, counts: TokenCounts) -> np.ndarray:
     """Return where ``layout``'s streams should start and end for equal tokens, as row positions.
 
@@ -166,3 +237,35 @@ def token_cut(layout: Layout, counts: TokenCounts) -> np.ndarray:
         cut.append(max(cut[-1], int(layout.cum[u]) + r))
     cut.append(layout.num_rows)
     return np.array(cut, dtype=np.int64)
+
+
+def rank_targets(natural: Sequence[int], per_rank: int) -> list[int]:
+    """Return each consumer's target when every rank's total must be equal, from their own batch counts.
+
+    ``natural`` holds every consumer's exact batch count, rank-major
+    (``per_rank`` DataLoader workers a rank). DDP needs every rank to take
+    the same number of steps, not every worker: a rank's workers may end at
+    different times (the DataLoader goes on with the others). So the rank
+    total is the largest rank's, and each rank's padding goes to its workers
+    with the fewest batches first, so they end as close together as they can.
+    No target is below its consumer's own count (nothing is dropped).
+
+    Examples
+    --------
+    >>> rank_targets([5, 4, 4, 4], per_rank=2)   # rank 0 has 9 batches, rank 1 has 8
+    [5, 4, 5, 4]
+    >>> rank_targets([5, 4, 4, 4], per_rank=1)   # every consumer is a rank
+    [5, 5, 5, 5]
+    """
+    counts = [int(n) for n in natural]
+    if per_rank <= 1 or len(counts) % per_rank:
+        return [max(counts, default=0)] * len(counts)
+    ranks = [counts[r : r + per_rank] for r in range(0, len(counts), per_rank)]
+    total = max(sum(rank) for rank in ranks)
+    out: list[int] = []
+    for rank in ranks:
+        targets = list(rank)
+        for _ in range(total - sum(rank)):  # a few batches: one at a time to the lowest, first wins ties
+            targets[targets.index(min(targets))] += 1
+        out += targets
+    return out

@@ -47,16 +47,20 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Consumer:
-    """One iterator's place among all: ``index`` of ``count``.
+    """One iterator's place among all: ``index`` of ``count``, ``per_rank`` consumers a rank.
+
+    ``per_rank`` (the DataLoader workers of a rank) decides only how counted
+    even batches are shared out: equal totals per rank, not per worker.
 
     Examples
     --------
     >>> Consumer.of(rank=1, world_size=2, worker=1, num_workers=3)
-    Consumer(index=4, count=6)
+    Consumer(index=4, count=6, per_rank=3)
     """
 
     index: int
     count: int
+    per_rank: int = 1
 
     @classmethod
     def of(cls, *, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> Consumer:
@@ -72,7 +76,7 @@ class Consumer:
             raise ConfigError(f"`rank` must be below `world_size` ({world_size}), got {rank}")
         if worker >= num_workers:
             raise ConfigError(f"`worker` must be below `num_workers` ({num_workers}), got {worker}")
-        return cls(rank * num_workers + worker, world_size * num_workers)
+        return cls(rank * num_workers + worker, world_size * num_workers, num_workers)
 
 
 def remaining(work: list[RowRange], segment: int, seq: int, token_offset: int) -> list[RowRange]:

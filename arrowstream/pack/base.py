@@ -12,6 +12,7 @@ and :mod:`~arrowstream.pack.bucket`.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -44,8 +45,9 @@ def drop_at_target(ledger: Ledger, epoch: int, drop: Callable[[], None]) -> None
                 f"this consumer reached its estimated batch count for epoch {epoch} with data left: "
                 f"{docs:,} document(s) and {tokens:,} token(s) dropped (counted in stats "
                 "`dropped_docs`/`dropped_tokens`). To drop nothing, let batch counts be counted "
-                "(token ids, or a complete read-only token cache, with strategy='concat'; "
-                "`ds.balance` says which applies), or pass even_batches=False"
+                "(token ids, a length index from `arrowstream index`, or a complete read-only "
+                "token cache, and no filter; `ds.balance` says which applies), or pass "
+                "even_batches=False"
             ),
             stacklevel=3,
         )
@@ -129,9 +131,42 @@ class Packer(ABC):
 
         Known before an epoch (see :meth:`~arrowstream.core.stage.Stage.known_tokens`),
         it gives every consumer its exact batch count; ``None`` (the default)
-        leaves the count to an estimate.
+        leaves the count to a run of the packer over the documents' lengths
+        (:meth:`count_batches`), or to an estimate when lengths are unknown.
         """
         return None
+
+    def count_batches(self, chunks: Iterator[Chunk]) -> int:
+        """Return the batches this packer makes of one epoch's ``chunks``, as a run with a target would.
+
+        Where :meth:`exact_batches` cannot tell (the packing decides the
+        count), the even-batches target runs the packer itself over stand-in
+        chunks of the known lengths: the decisions are the pipeline's, so the
+        count is exact. The last partial batch counts whatever ``drop_last``
+        says, since a run with a target pads it.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from arrowstream.io.chunk import Chunk
+        >>> from arrowstream.pack import ConcatPacker
+        >>> chunk = Chunk(epoch=0, shard=0, seq_start=0, seq_end=3, row_start=0, seq=np.arange(3),
+        ...               tokens=np.zeros(9, np.int32), offsets=np.array([0, 2, 5, 9]))
+        >>> ConcatPacker(seq_len=4, batch_size=2, drop_last=True).count_batches(iter([chunk]))
+        2
+        """
+        packer = self
+        if self.drop_last:
+            packer = copy.copy(self)
+            packer.drop_last = False
+        run = packer.start(None)
+        count = 0
+        while True:
+            try:
+                run.next_batch(chunks)
+            except StopIteration:
+                return count
+            count += 1
 
     def spec(self) -> dict[str, Any]:
         """Return the JSON-able options that define the packer's output."""

@@ -235,16 +235,18 @@ class Dataset:
         See :mod:`arrowstream.pack.bestfit`.
 
         With several consumers (ranks x workers) and finite epochs,
-        ``even_batches=True`` makes every consumer emit the same number of
+        ``even_batches=True`` makes every rank emit the same number of
         batches per epoch, so no rank waits for another at an epoch end. Over
-        token ids (or a complete read-only token cache) with ``concat`` the
-        number is counted: the largest
-        consumer's, so nothing is dropped and the others pad with all-padding
-        batches (``stats["padding_batches"]``). Otherwise it is estimated,
-        identically on every consumer, from Parquet row sizes and a fixed
-        tokenized sample, minus 1% slack, and a consumer with data left at
-        that count drops it (``stats["dropped_docs"]``,
-        ``stats["dropped_tokens"]``). Every document is emitted or counted as
+        token ids, or text with a length index or a complete read-only token
+        cache, the number is counted (for ``best_fit`` and ``bucket`` by
+        running the packer over every share's lengths): the largest rank's, so
+        nothing is dropped and the others pad with all-padding batches
+        (``stats["padding_batches"]``); a rank's DataLoader workers may end
+        at different times. Otherwise it is estimated, identically on every
+        consumer, from the Parquet bytes of each share and a tokenized
+        sample, and a consumer with data left at that count drops it
+        (``stats["dropped_docs"]``, ``stats["dropped_tokens"]``, a
+        ``DataLossWarning``). Every document is emitted or counted as
         dropped, once.
 
         Examples
@@ -396,9 +398,10 @@ class Dataset:
         """How consumers get equal batch counts, and why: ``"counted: ..."``, ``"estimated: ..."``, ``"off: ..."``.
 
         Counted: every consumer's tokens are known before the epoch (token
-        ids, or a complete read-only token cache, with ``concat``), nothing is
-        dropped. Estimated: a consumer's data beyond the estimate is dropped
-        and counted. See the guide's "Even batches for finite epochs".
+        ids, a length index, or a complete read-only token cache; no filter),
+        nothing is dropped. Estimated: a consumer's data beyond the estimate
+        is dropped and counted, with a warning. See the guide's "Even batches
+        for finite epochs".
         """
         return Plan.of(self).balance
 

@@ -350,9 +350,9 @@ def _targets(
         return known[epoch]
     if epoch in parts:
         deal = parts[epoch]
-        return plan.batch_target(epoch, deal.parts, deal.num_streams, deal.by)
+        return plan.batch_targets(epoch, deal.parts, deal.num_streams, deal.by, consumer.per_rank)[consumer.index]
     fresh = [plan.fresh_work(epoch, Consumer(c, consumer.count)) for c in range(consumer.count)]
-    return plan.batch_target(epoch, fresh, consumer.count, plan.streams_by)
+    return plan.batch_targets(epoch, fresh, consumer.count, plan.streams_by, consumer.per_rank)[consumer.index]
 
 
 class _Inline:

@@ -20,12 +20,12 @@ import copy
 import weakref
 from collections.abc import Iterator
 from concurrent.futures import Executor
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from arrowstream.core.execute import run_stages
-from arrowstream.core.stage import KnownTokens, Stage
+from arrowstream.core.stage import KnownTokens
 from arrowstream.distributed.balance import (
     Sample,
     batch_target,
@@ -33,33 +33,28 @@ from arrowstream.distributed.balance import (
     doc_target,
     measure_sample,
 )
-from arrowstream.distributed.tokens import TokenCounts, part_tokens, token_cut
+from arrowstream.distributed.tokens import (
+    TokenCounts,
+    part_chunks,
+    part_tokens,
+    rank_targets,
+    token_cut,
+)
 from arrowstream.distributed.topology import Consumer, RowRange
-from arrowstream.errors import ConfigError, SchemaError, StateError
+from arrowstream.errors import ConfigError, StateError
 from arrowstream.io.chunk import Chunk
 from arrowstream.io.layout import Layout
-from arrowstream.io.manifest import Manifest
 from arrowstream.io.reader import Reader, ShardReader
 from arrowstream.io.source import iter_stream
-from arrowstream.pack import Packer
+from arrowstream.pipeline.options import (
+    Description,
+    columns_to_read,
+    pipeline_options,
+    prefetch_depth,
+)
 from arrowstream.state import Position, Work, hash_options
 
-__all__ = ["Description", "Plan"]
-
-
-class Description(Protocol):
-    """What a plan reads off a pipeline description (:class:`~arrowstream.Dataset` has it all)."""
-
-    manifest: Manifest
-    columns: tuple[str, ...] | None
-    num_epochs: int | None
-    batch_rows: int
-    prefetch: int | None
-    seed: int | None
-    window: int
-    fragments: int
-    stages: tuple[Stage, ...]
-    packer: Packer | None
+__all__ = ["Plan"]
 
 
 #: id(description) -> (weak reference to it, its plan)
@@ -94,7 +89,7 @@ class Plan:
         self.columns = columns_to_read(description)
         self._options = pipeline_options(description, self.columns)
         self.options_hash = hash_options(self._options)
-        self.prefetch_depth = _prefetch_depth(description.prefetch, self.stages)
+        self.prefetch_depth = prefetch_depth(description.prefetch, self.stages)
         self.num_inflight = max((s.num_inflight for s in self.stages if s.expensive), default=1)
         self._shards: np.ndarray | None = None
         self._layouts: dict[tuple[int, int], Layout] = {}
@@ -102,6 +97,7 @@ class Plan:
         self._read_bytes: np.ndarray | None = None
         self._token_counts: TokenCounts | None | bool = False  # False: not worked out yet
         self._known: list[KnownTokens | None] | None = None  # what each stage tells of its tokens
+        self._targets: dict[tuple[Any, ...], list[int]] = {}
 
     @classmethod
     def of(cls, description: Description) -> Plan:
@@ -232,25 +228,22 @@ class Plan:
 
     @property
     def token_counts(self) -> TokenCounts | None:
-        """Exact tokens of any share, when the stages tell them and the packer counts batches by tokens.
+        """Exact tokens of any share and document, when the stages tell them before an epoch.
 
         One stage must say each row's tokens (:meth:`~arrowstream.core.stage.Stage.known_tokens`:
-        the tokenize stage over token ids), every other keep its rows, and
-        the packer count its batches from tokens (``concat``). ``None``
+        the tokenize stage over token ids, a complete read-only token cache or
+        a length index) and every other keep its rows. Then every consumer's
+        batch count is known: from its tokens (``concat``), or by running the
+        packer over its documents' lengths (``best_fit``, ``bucket``). ``None``
         otherwise: the even-batches target is then estimated.
         """
         if self._token_counts is False:
             self._token_counts = None
-            known = self._stage_tokens()
-            told = [k for k in known if k is not None]
-            keeping = all(k is not None or stage.keeps_rows for stage, k in zip(self.stages, known))
-            if (
-                self.packer is not None
-                and self.packer.exact_batches(0) is not None
-                and len(told) == 1
-                and keeping
-            ):
-                self._token_counts = TokenCounts(self.manifest, told[0])
+            if self.packer is not None:
+                known = self._stage_tokens()
+                told = [k for k in known if k is not None]
+                if len(told) == 1 and all(k is not None or s.keeps_rows for s, k in zip(self.stages, known)):
+                    self._token_counts = TokenCounts(self.manifest, told[0])
         return self._token_counts  # type: ignore[return-value]
 
     def _stage_tokens(self) -> list[KnownTokens | None]:
@@ -265,13 +258,17 @@ class Plan:
 
         Examples
         --------
+        >>> import pyarrow.compute as pc
         >>> from arrowstream import read_parquet
         >>> from arrowstream.testing import example_dir
         >>> ds = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0)
         >>> Plan.of(ds.pack(seq_len=4, batch_size=2)).balance
         'counted: token ids (whole row groups from the footers)'
         >>> Plan.of(ds.pack(seq_len=4, batch_size=2, strategy="best_fit")).balance
-        'estimated: best_fit does not count its batches from tokens'
+        'counted: token ids (whole row groups from the footers; batches by running best_fit on the lengths)'
+        >>> Plan.of(read_parquet(example_dir()).filter(pc.field("n") > 0).tokenize(None, column="ids", eos_id=0)
+        ...         .pack(seq_len=4, batch_size=2)).balance
+        'estimated: filter may drop rows before they are read'
         """
         packer = self.packer
         if packer is None:
@@ -283,34 +280,60 @@ class Plan:
         if self.token_counts is not None:
             known = self.token_counts.known
             how = "whole row groups from the footers" if known.per_shard is not None else "read per row group"
+            if packer.exact_batches(0) is None:
+                how += f"; batches by running {packer.name} on the lengths"
             return f"counted: {known.source} ({how})"
-        if packer.exact_batches(0) is None:
-            return f"estimated: {packer.name} does not count its batches from tokens"
         known = self._stage_tokens()
         droppers = [s.name for s, k in zip(self.stages, known) if k is None and not s.keeps_rows]
         if all(k is None for k in known):
             return (
-                "estimated: text, without a complete read-only token cache (fill one with "
-                "`arrowstream cache` and pass cache_write=False)"
+                "estimated: text without a length index (build one with `arrowstream index PATH "
+                "--tokenizer T`) or a complete read-only token cache (`arrowstream cache`, then "
+                "cache_write=False)"
             )
         return f"estimated: {', '.join(droppers)} may drop rows before they are read"
 
-    def batch_target(self, epoch: int, parts: list[list[RowRange]], num_streams: int, by: str = "rows") -> int:
-        """Return the batches every consumer emits in ``epoch`` given all consumers' ``parts``.
+    def batch_targets(
+        self, epoch: int, parts: list[list[RowRange]], num_streams: int, by: str = "rows", per_rank: int = 1
+    ) -> list[int]:
+        """Return the batches each consumer emits in ``epoch`` given all consumers' ``parts`` (rank-major).
 
         Exact when the tokens of every share are known (:attr:`token_counts`):
-        the largest consumer's batch count, so no consumer has data beyond it
-        and the others pad up to it. Else estimated (see
+        every rank emits as many batches as the largest rank's consumers give
+        together, so no consumer has data beyond its target; a rank's
+        padding goes to its workers with the fewest batches
+        (:func:`~arrowstream.distributed.tokens.rank_targets`; ``per_rank``
+        consumers a rank). Else estimated, the same for every consumer (see
         :mod:`~arrowstream.distributed.balance`).
         """
+        key = (epoch, tuple(tuple(p) for p in parts), num_streams, by, per_rank)
+        hit = self._targets.get(key)
+        if hit is None:
+            if len(self._targets) >= 4:  # a few epochs' worth: every iterator of a process asks the same
+                self._targets.pop(next(iter(self._targets)), None)
+            hit = self._targets[key] = self._batch_targets(epoch, parts, num_streams, by, per_rank)
+        return list(hit)
+
+    def _batch_targets(
+        self, epoch: int, parts: list[list[RowRange]], num_streams: int, by: str, per_rank: int
+    ) -> list[int]:
         packer = self.packer
         assert packer is not None
         counts = self.token_counts
         if counts is not None:
             layout = self.layout(epoch, num_streams, by)
-            return max(
-                (packer.exact_batches(part_tokens(layout, counts, part)) or 0 for part in parts), default=0
-            )
+            natural = []
+            for part in parts:
+                exact = packer.exact_batches(part_tokens(layout, counts, part))
+                if exact is None:  # the packing decides: run it over the documents' lengths
+                    exact = packer.count_batches(part_chunks(layout, counts, part, self.batch_rows))
+                natural.append(exact)
+            return rank_targets(natural, per_rank)
+        return [self._estimated_target(epoch, parts, num_streams, by)] * len(parts)
+
+    def _estimated_target(self, epoch: int, parts: list[list[RowRange]], num_streams: int, by: str) -> int:
+        packer = self.packer
+        assert packer is not None
         sample = self.sample()
         rows = min((sum(hi - lo for _, lo, hi, _ in part) for part in parts), default=0)
         docs, per_batch = packer.per_batch(
@@ -419,52 +442,3 @@ class Plan:
         path = m.paths[int(m.shard_file[chunk.shard])]
         rows = f"{chunk.row_start}..{chunk.row_start + chunk.seq_end - chunk.seq_start - 1}"
         return f"in {path!r}, row group {int(m.shard_row_group[chunk.shard])}, rows {rows}"
-
-
-def columns_to_read(description: Description) -> tuple[str, ...]:
-    """Return the columns a pipeline reads: ``columns=`` if given; else, packed, those its stages name; else all.
-
-    Raises
-    ------
-    SchemaError
-        A column to read drifts between files (missing or of another type).
-    """
-    if description.columns is not None:
-        return description.columns
-    manifest = description.manifest
-    names = list(manifest.schema.names)
-    if description.packer is not None:
-        needed: set[str] | None = set()
-        for stage in description.stages:
-            cols = stage.columns()
-            needed = None if cols is None or needed is None else needed | cols
-        if needed is not None:
-            return tuple(n for n in names if n in needed)
-    if manifest.drift:
-        problem = next(iter(manifest.drift.values()))
-        raise SchemaError(
-            f"{problem}; this pipeline reads every column: pass `columns=` to read_parquet "
-            "with the columns it needs"
-        )
-    return tuple(names)
-
-
-def pipeline_options(description: Description, columns: tuple[str, ...]) -> dict[str, Any]:
-    """Return the JSON-able options that define a pipeline's output (they enter every state)."""
-    source: dict[str, Any] = {"columns": list(columns)}
-    if description.packer is None:
-        source["batch_rows"] = description.batch_rows
-    if description.seed is not None:
-        source["shuffle"] = {"seed": description.seed, "window": description.window, "fragments": description.fragments}
-    return {
-        "source": source,
-        "stages": [{"name": s.name, **s.spec()} for s in description.stages],
-        "pack": None if description.packer is None else description.packer.spec(),
-    }
-
-
-def _prefetch_depth(prefetch: int | None, stages: tuple[Stage, ...]) -> int:
-    """``prefetch``, or for ``None`` 2 when the pipeline reads token ids (reading is the work), else 0."""
-    if prefetch is not None:
-        return prefetch
-    return 2 if any(s.reads_token_ids for s in stages) else 0

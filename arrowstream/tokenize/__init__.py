@@ -43,6 +43,8 @@ from arrowstream.tokenize.encoders import (
     load_tokenizer,
     tokenizer_hash,
 )
+from arrowstream.tokenize.known import known_tokens
+from arrowstream.tokenize.lengths import LengthIndex
 from arrowstream.tokenize.tokenizer import _special_tokens, check_tokenizer, find_eos_id
 
 __all__ = ["Tokenize", "check_tokenizer", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
@@ -88,6 +90,14 @@ class Tokenize(Stage):
         ``"tokenizers"`` forces one (see :mod:`arrowstream.tokenize.encoders`). The ids,
         and so the options hash and saved states, are the same either way;
         :attr:`backend` tells which one encodes.
+    length_index
+        Where to find a length index of this tokenizer and column (made by
+        :func:`~arrowstream.build_length_index` or ``arrowstream index``),
+        which makes even batches over text exact; ``None`` (default): beside
+        the data, in ``<root>/_arrowstream_index``, used when there is one;
+        a path: that directory, which must cover the data; ``False``: none.
+        It never changes a consumer's documents, only how an epoch is split
+        between consumers (see ``docs/training.md``).
     loss_mask
         With ``tokenizer=None``: a column of per-token loss masks (a list of
         booleans or integers per row, as long as the row's token ids; true or
@@ -127,6 +137,7 @@ class Tokenize(Stage):
         backend: str = "auto",
         cache: str | os.PathLike[str] | None = None,
         cache_write: bool = True,
+        length_index: str | os.PathLike[str] | bool | None = None,
     ) -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"`backend` must be one of {BACKENDS!r}, got {backend!r}")
@@ -191,8 +202,19 @@ class Tokenize(Stage):
                     "`cache` keeps the ids a tokenizer makes, but this column already holds token "
                     "ids: drop `cache=`"
                 )
-            setting = {"tokenizer": self._hash, "column": column, "add_special_tokens": self.add_special_tokens}
-            self.cache = TokenCache(cache, setting, writable=cache_write)
+            self.cache = TokenCache(cache, self.setting, writable=cache_write)
+        if length_index is True or (length_index not in (None, False) and self.encoder is None):
+            raise ConfigError(
+                "`length_index` is a directory, None (look beside the data) or False (none), and "
+                f"only for text (token ids tell their lengths); got {length_index!r}"
+                + ("" if self.encoder is not None else " with a column of token ids")
+            )
+        self.length_index = length_index
+
+    @property
+    def setting(self) -> dict[str, Any]:
+        """What defines a text's ids: tokenizer hash, column, ``add_special_tokens`` (caches and indexes key on it)."""
+        return {"tokenizer": self._hash, "column": self.column, "add_special_tokens": self.add_special_tokens}
 
     @property
     def backend(self) -> str | None:
@@ -277,47 +299,15 @@ class Tokenize(Stage):
     def known_tokens(self, manifest: Manifest) -> KnownTokens | None:
         """Each row's ids plus EOS (0 for a null or empty row), where they are known before reading.
 
-        Over a column of token ids, per shard from the footers' element
-        counts, per row from the column. From a read-only token cache that
-        holds every row group (``cache_write=False``, filled ahead with
-        ``arrowstream cache``), per shard from the entries' footers, per row
-        from the entries. ``None`` otherwise (text without a complete
-        read-only cache: a writable cache fills while consumers run, so they
-        could disagree on what it holds).
+        From a column of token ids, a complete read-only token cache, or a
+        length index that covers the data (see :func:`~arrowstream.tokenize.known.known_tokens`).
         """
-        eos = int(self.add_eos)
-
-        def per_row(values: pa.Array) -> np.ndarray:
-            lengths = pc.fill_null(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False)
-            return np.where(lengths > 0, lengths.astype(np.int64) + eos, 0)
-
-        if self.tokenizer is None:
-            column = self.column
-
-            def from_column(shard: int) -> np.ndarray:
-                reader = ShardReader(manifest, [column])
-                try:
-                    return per_row(reader.read(shard).column(column).combine_chunks())
-                finally:
-                    reader.close()
-
-            elements, empty = manifest.list_values(column), manifest.list_empty_rows(column)
-            per_shard = None if elements is None or empty is None else elements + eos * (manifest.shard_rows - empty)
-            return KnownTokens(from_column, per_shard)
-        cache = self.cache
-        if cache is None or cache.writable:
-            return None
-        counts = cache.counts(manifest)
-        if counts is None:
-            return None
-
-        def from_cache(shard: int) -> np.ndarray:
-            ids = cache.read(manifest, shard)
-            assert ids is not None  # every entry was there
-            return per_row(ids)
-
-        per_shard = counts[:, 0] + eos * (manifest.shard_rows - counts[:, 1])
-        return KnownTokens(from_cache, per_shard, source="a read-only token cache")
+        index = None
+        if self.encoder is not None and self.length_index is not False:
+            index = LengthIndex(manifest, self.setting, self.length_index or None)  # type: ignore[arg-type]
+        return known_tokens(
+            manifest, self.column, eos=int(self.add_eos), ids=self.encoder is None, cache=self.cache, index=index
+        )
 
     def wrap_reader(self, reader: ShardReader, *, keep_text: bool) -> Reader:
         """With a token cache, wrap ``reader`` in a :class:`CachedReader` that brings the ids along."""
@@ -329,10 +319,15 @@ class Tokenize(Stage):
         """Encode a text array into ``list<int32>`` ids (no EOS), null for a null text."""
         assert self.encoder is not None
         valid = texts.is_valid().to_numpy(zero_copy_only=False)
-        present = texts.filter(pa.array(valid)).to_pylist()
-        flat, lens = self.encoder.encode(present) if present else (np.empty(0, np.int32), np.zeros(0, np.int64))
+        # an empty text keeps no id, as the stage drops it before encoding (a post-processor
+        # would give it a BOS)
+        present = pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False) > 0
+        texts_present = texts.filter(pa.array(present)).to_pylist()
+        flat, lens = (
+            self.encoder.encode(texts_present) if texts_present else (np.empty(0, np.int32), np.zeros(0, np.int64))
+        )
         all_lens = np.zeros(len(texts), dtype=np.int64)
-        all_lens[valid] = lens
+        all_lens[present] = lens
         offsets = np.zeros(len(texts) + 1, dtype=np.int32)
         np.cumsum(all_lens, out=offsets[1:])
         return pa.ListArray.from_arrays(

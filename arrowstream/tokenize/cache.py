@@ -44,8 +44,9 @@ from arrowstream.io.reader import ShardReader
 __all__ = ["CACHE_FORMAT", "IDS_COLUMN", "CachedReader", "TokenCache"]
 
 #: Version of the cache layout; a change makes older caches foreign. 2: entries name
-#: their source file's footer digest too.
-CACHE_FORMAT = 2
+#: their source file's footer digest too. 3: an empty text keeps no id (as when it is
+#: not cached), even where the tokenizer's post-processor adds some.
+CACHE_FORMAT = 3
 
 _META = b"arrowstream.token_cache"
 
