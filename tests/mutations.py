@@ -241,6 +241,22 @@ MUTANTS = [
         "                lengths = rows[a:b].copy()\n",
         ("tests/test_exact_batches.py", "tests/test_length_index.py"),
     ),
+    Mutant(
+        "estimated-excess-dropped-every-epoch",
+        "what a consumer holds beyond an estimated target is dropped in every epoch, not carried",
+        "arrowstream/pack/base.py",
+        "        return self.even_batches is True\n",
+        "        return False\n",
+        ("tests/test_carry.py",),
+    ),
+    Mutant(
+        "carried-data-ends-the-batch",
+        "concat stops a batch at carried data of an earlier epoch (pads instead of emitting it)",
+        "arrowstream/pack/concat.py",
+        "                if head is None or head.epoch > self.epoch:  # an earlier epoch's: carried data\n",
+        "                if head is None or head.epoch != self.epoch:\n",
+        ("tests/test_carry.py",),
+    ),
 ]
 
 

@@ -41,9 +41,20 @@ def test_every_state_version_so_far_is_on_record() -> None:
     assert versions == set(range(2, STATE_VERSION + 1)), "run tests/data/regen.py for the new version"
 
 
+@pytest.mark.filterwarnings("ignore::arrowstream.DataLossWarning")  # estimated cases drop in their last epoch
 @pytest.mark.parametrize(("case", "entry"), _saved())
 def test_a_stored_state_resumes_as_it_did_when_saved(case: dict[str, Any], entry: dict[str, Any]) -> None:
     assert regen.rest_digest(case, entry["state"]) == entry["rest"]
     if case["world"] == 1:  # and the record itself is right: the uninterrupted stream's tail
         items = regen.build(case["pipeline"]).iter()
         assert list(regen.digest(itertools.islice(items, entry["step"], None))) == entry["rest"][0]
+    if "own" in case:  # one consumer of several: its own uninterrupted stream's tail
+        items = regen.build(case["pipeline"]).iter(rank=case["own"], world_size=case["world"])
+        assert list(regen.digest(itertools.islice(items, entry["step"], None))) == entry["rest"][0]
+
+
+def test_the_stored_carrying_states_carry() -> None:
+    record = json.loads((DATA / "states-v5.json").read_text())
+    for entry in record["saved"]["best-fit-text-carrying"]:
+        packer = entry["state"]["packer"]
+        assert packer["data_epoch"] == 0 and packer["epoch"] == 1, packer

@@ -26,14 +26,16 @@ from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack.assemble import BATCH_KEYS
 from arrowstream.state import Position
 
-__all__ = ["PackRun", "Packer", "drop_at_target"]
+__all__ = ["EVEN_BATCHES", "PackRun", "Packer", "check_even_batches", "drop_at_target"]
 
 
 def drop_at_target(ledger: Ledger, epoch: int, drop: Callable[[], None]) -> None:
     """Run ``drop`` (which drops and counts what is left of ``epoch`` at the batch target); warn if it dropped.
 
-    The target was estimated (a counted one leaves nothing beyond it): the
-    warning names what was lost and how to lose nothing.
+    The target was estimated (a counted one leaves nothing beyond it), and
+    the data could not be carried into a next epoch's count (the last epoch,
+    or ``even_batches="drop"``): the warning names what was lost and how to
+    lose nothing.
     """
     docs, tokens = ledger.counts.get("dropped_docs", 0), ledger.counts.get("dropped_tokens", 0)
     drop()
@@ -42,7 +44,8 @@ def drop_at_target(ledger: Ledger, epoch: int, drop: Callable[[], None]) -> None
     if docs or tokens:
         warnings.warn(
             DataLossWarning(
-                f"this consumer reached its estimated batch count for epoch {epoch} with data left: "
+                f"this consumer reached its estimated batch count for epoch {epoch} with data left "
+                "that it cannot carry into a later epoch (the last epoch, or even_batches='drop'): "
                 f"{docs:,} document(s) and {tokens:,} token(s) dropped (counted in stats "
                 "`dropped_docs`/`dropped_tokens`). To drop nothing, let batch counts be counted "
                 "(token ids, a length index from `arrowstream index`, or a complete read-only "
@@ -51,6 +54,28 @@ def drop_at_target(ledger: Ledger, epoch: int, drop: Callable[[], None]) -> None
             ),
             stacklevel=3,
         )
+
+
+#: The values of ``even_batches``.
+EVEN_BATCHES = (True, "drop", False)
+
+
+def check_even_batches(value: object) -> bool | str:
+    """Return ``value`` if it is one of :data:`EVEN_BATCHES`, else raise ``ConfigError``.
+
+    Examples
+    --------
+    >>> check_even_batches("drop")
+    'drop'
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if value == "drop":
+        return "drop"
+    raise ConfigError(
+        f"`even_batches` must be True (carry what an estimate leaves over into the next epoch), "
+        f"'drop' (drop it every epoch) or False (unequal counts), got {value!r}"
+    )
 
 
 class PackRun(ABC):
@@ -84,8 +109,12 @@ class Packer(ABC):
         Token id on padding.
     even_batches
         With several consumers and finite epochs, emit the same number of
-        batches per epoch on every consumer (see :meth:`Dataset.pack
-        <arrowstream.Dataset.pack>`).
+        batches per epoch on every rank (see :meth:`Dataset.pack
+        <arrowstream.Dataset.pack>`). ``True``: where the number is estimated,
+        a consumer's data beyond it is carried into the next epoch's count
+        (dropped, counted and warned about only in the last epoch);
+        ``"drop"``: it is dropped in every epoch; ``False``: counts are left
+        unequal.
     """
 
     name = "packer"
@@ -94,10 +123,17 @@ class Packer(ABC):
     #: The counters the packer adds to ``stats``, in every state from the first.
     counters: tuple[str, ...] = (
         "tokens", "padding_tokens", "batches", "padding_batches", "dropped_docs", "dropped_tokens",
+        "carried_docs", "carried_tokens",
     )
 
     def __init__(
-        self, *, seq_len: int, batch_size: int, drop_last: bool = False, pad_id: int = 0, even_batches: bool = True
+        self,
+        *,
+        seq_len: int,
+        batch_size: int,
+        drop_last: bool = False,
+        pad_id: int = 0,
+        even_batches: bool | str = True,
     ) -> None:
         check_int("seq_len", seq_len)
         check_int("batch_size", batch_size)
@@ -111,7 +147,7 @@ class Packer(ABC):
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
         self.pad_id = int(pad_id)
-        self.even_batches = bool(even_batches)
+        self.even_batches = check_even_batches(even_batches)
 
     def per_batch(self, lengths: np.ndarray, *, num_docs: float, docs_per_read: float = 1.0) -> tuple[float | None, float]:
         """Return the documents per batch, when batches are counted in documents (else ``None``), and the tokens read per batch.
@@ -120,6 +156,11 @@ class Packer(ABC):
         batch holds ``seq_len * batch_size`` tokens, whatever the documents.
         """
         return None, float(self.seq_len * self.batch_size)
+
+    @property
+    def carries(self) -> bool:
+        """Whether data beyond an estimated target is carried into the next epoch (``even_batches=True``)."""
+        return self.even_batches is True
 
     @property
     def counts_documents(self) -> bool:

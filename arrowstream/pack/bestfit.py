@@ -46,7 +46,6 @@ from arrowstream.errors import ConfigError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.assemble import assemble_batch
-from arrowstream.pack.base import drop_at_target
 from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun
 from arrowstream.state import BestFitState, Progress, SegmentRef, State
 
@@ -111,7 +110,7 @@ class BestFitPacker(Packer):
         batch_size: int,
         drop_last: bool = False,
         pad_id: int = 0,
-        even_batches: bool = True,
+        even_batches: bool | str = True,
         window: int = 1024,
         fill: float = 0.98,
         max_age: int = 4,
@@ -190,6 +189,7 @@ class _BestFitRun(LookaheadRun):
         if state is None:
             self.ledger = Ledger()
             self.epoch, self.emitted, self.block, self.flushed = 0, 0, 0, False
+            self.counting = 0
             self.target = targets(0)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=0)
             return
@@ -199,12 +199,14 @@ class _BestFitRun(LookaheadRun):
             epoch = loaded.epoch
             mark = (epoch, loaded.segment, loaded.seq)
             self.epoch, self.emitted, self.block, self.flushed = epoch, 0, 0, False
+            self.counting = epoch
             self.target = targets(epoch)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=epoch, mark=mark)
             return
         part = BestFitState.from_dict(state.packer)
-        self.epoch, self.emitted = part.progress.epoch, part.progress.epoch_batches
-        self.target = part.progress.target if part.progress.target_known else targets(self.epoch)
+        self._start_counting(part.progress)
+        self.emitted = part.progress.epoch_batches
+        self.target = part.progress.target if part.progress.target_known else targets(self.counting)
         self.block, self.flushed, mark = part.block, part.flushed, part.read
         self.open = [_Row(_pieces(p), 0, age) for age, p in part.open]
         self.ready = [_pieces(p) for p in part.ready]
@@ -252,9 +254,9 @@ class _BestFitRun(LookaheadRun):
         B = self.p.batch_size
         while True:
             if self.target is not None and self.emitted >= self.target:
-                # this consumer's share is used up: count the rest (and say so)
-                drop_at_target(self.ledger, self.epoch, lambda: self._drop_rest(chunks))
-                if not self._next_epoch(chunks):
+                # this consumer's share is used up: carry the rest into the next epoch's count, or
+                # in the last epoch drop it (and say so)
+                if not self._past_target(chunks, lambda: self._drop_rest(chunks)):
                     raise StopIteration
                 continue
             if len(self.out) >= B or (self.flushed and self.out):
@@ -265,7 +267,7 @@ class _BestFitRun(LookaheadRun):
                 self.emitted += 1
                 return self._assemble(rows)
             if self.flushed:  # the epoch's data is used up
-                if self.target is not None and self.emitted < self.target:
+                if self._pad_to_target():
                     self.emitted += 1
                     self.ledger.add("padding_batches", 1)
                     return self._assemble([])  # all padding: other consumers still have data
@@ -401,6 +403,10 @@ class _BestFitRun(LookaheadRun):
             seg_whole=whole,
             mask=np.concatenate(masks) if masks and len(masks) == len(parts) else None,
         )
+        if self.carrying:  # read in an earlier epoch, counted in this one
+            self.ledger.add("carried_tokens", batch["num_tokens"])
+            heads = sum(1 for _, (key, start, _, _) in flat if start == 0 and self.store[key].skip == 0)
+            self.ledger.add("carried_docs", heads)
         self._release(piece for _, piece in flat)
         self.ledger.add("tokens", batch["num_tokens"])
         self.ledger.add("padding_tokens", batch["num_padding_tokens"])

@@ -47,7 +47,7 @@ from arrowstream.errors import ConfigError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.assemble import PADDED_KEYS, assemble_padded_batch
-from arrowstream.pack.base import drop_at_target
+from arrowstream.pack.base import check_even_batches
 from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun
 from arrowstream.state import BucketState, Progress, State
 
@@ -82,7 +82,8 @@ class BucketPacker(Packer):
         Drop (and count) the epoch's last batch when it is not full.
     even_batches
         With several consumers and finite epochs, emit the same number of
-        batches per epoch on every consumer.
+        batches per epoch on every rank: ``True``, ``"drop"`` or ``False``, as
+        for :class:`~arrowstream.pack.base.Packer`.
     seed
         Seed of the batch order.
 
@@ -123,7 +124,7 @@ class BucketPacker(Packer):
         pad_id: int = 0,
         pad_to_multiple_of: int = 1,
         drop_last: bool = False,
-        even_batches: bool = True,
+        even_batches: bool | str = True,
         seed: int = 0,
     ) -> None:
         # Packer.__init__ is not called: a bucketed batch has no fixed `seq_len`
@@ -162,7 +163,7 @@ class BucketPacker(Packer):
                 )
         self.max_len = max_len
         self.drop_last = bool(drop_last)
-        self.even_batches = bool(even_batches)
+        self.even_batches = check_even_batches(even_batches)
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -338,6 +339,7 @@ class _BucketRun(LookaheadRun):
         if state is None:
             self.ledger = Ledger()
             self.epoch, self.emitted, self.windows, self.flushed = 0, 0, 0, False
+            self.counting = 0
             self.target = targets(0)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=0)
             return
@@ -346,13 +348,15 @@ class _BucketRun(LookaheadRun):
         if not state.packer:  # a re-dealt share: nothing held, read from the position
             epoch = loaded.epoch
             self.epoch, self.emitted, self.windows, self.flushed = epoch, 0, 0, False
+            self.counting = epoch
             self.target = targets(epoch)
             mark = (epoch, loaded.segment, loaded.seq)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=epoch, mark=mark)
             return
         part = BucketState.from_dict(state.packer)
-        self.epoch, self.emitted = part.progress.epoch, part.progress.epoch_batches
-        self.target = part.progress.target if part.progress.target_known else targets(self.epoch)
+        self._start_counting(part.progress)
+        self.emitted = part.progress.epoch_batches
+        self.target = part.progress.target if part.progress.target_known else targets(self.counting)
         self.windows, self.flushed, mark = part.window, part.flushed, part.read
         self.carry = list(part.carry)
         self.out = [list(batch) for batch in part.out]
@@ -386,16 +390,16 @@ class _BucketRun(LookaheadRun):
             self._recover_documents(chunks)
         while True:
             if self.target is not None and self.emitted >= self.target:
-                # this consumer's share is used up: count the rest (and say so)
-                drop_at_target(self.ledger, self.epoch, lambda: self._drop_rest(chunks))
-                if not self._next_epoch(chunks):
+                # this consumer's share is used up: carry the rest into the next epoch's count, or
+                # in the last epoch drop it (and say so)
+                if not self._past_target(chunks, lambda: self._drop_rest(chunks)):
                     raise StopIteration
                 continue
             if self.out:
                 self.emitted += 1
                 return self._assemble(self.out.pop(0))
             if self.flushed:  # the epoch's data is used up
-                if self.target is not None and self.emitted < self.target:
+                if self._pad_to_target():
                     self.emitted += 1
                     self.ledger.add("padding_batches", 1)
                     return self._assemble([])  # all padding: other consumers still have data
@@ -462,6 +466,9 @@ class _BucketRun(LookaheadRun):
             num_rows=None if keys else (self.p.batch_size or 1),
             mask=np.concatenate(masks) if masks and len(masks) == len(parts) else None,
         )
+        if self.carrying:  # read in an earlier epoch, counted in this one
+            self.ledger.add("carried_tokens", batch["num_tokens"])
+            self.ledger.add("carried_docs", sum(1 for key in keys if self.store[key].skip == 0))
         for key in keys:
             del self.store[key]
         self.ledger.add("tokens", batch["num_tokens"])

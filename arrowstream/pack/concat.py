@@ -5,7 +5,9 @@ stage adds it) into rows of exactly ``seq_len`` tokens, ``batch_size`` rows per
 batch, cutting documents at row ends. Its whole state is the position of the
 first token not yet emitted. Batches never span two epochs: the last batch of
 an epoch is padded (``drop_last=False``) or dropped and counted
-(``drop_last=True``).
+(``drop_last=True``). The one exception is data carried past an estimated
+even-batches target: it counts toward the next epoch, whose batches it then
+opens (the state's ``packer.epoch`` is then ahead of the position's).
 """
 
 from __future__ import annotations
@@ -111,7 +113,9 @@ class _ConcatRun(PackRun):
         need = L * B
         while True:
             if self.target is not None and self.emitted >= self.target:
-                # this consumer's share is used up: count the rest (and say so)
+                if self._carry(chunks):  # the rest counts toward the next epoch's target
+                    continue
+                # the last epoch, or carrying is off: count the rest as dropped (and say so)
                 drop_at_target(self.ledger, self.epoch, lambda: self._drain_epoch(chunks))
                 if not self._next_epoch(chunks):
                     raise StopIteration
@@ -121,7 +125,7 @@ class _ConcatRun(PackRun):
             head = None
             while got < need:
                 head = self._head(chunks)
-                if head is None or head.epoch != self.epoch:
+                if head is None or head.epoch > self.epoch:  # an earlier epoch's: carried data
                     break
                 take = min(need - got, int(head.offsets[-1]) - self.cursor)
                 pieces.append((head, self.cursor, self.cursor + take))
@@ -141,6 +145,21 @@ class _ConcatRun(PackRun):
             self.emitted += 1
             return self._assemble(pieces, got)
 
+    def _carry(self, chunks: Iterator[Chunk]) -> bool:
+        """At the target with data left: count it toward the next epoch, if there is one; return whether."""
+        if not self.p.carries:
+            return False
+        head = self._head(chunks)
+        if head is None or head.epoch > self.epoch:
+            return False  # nothing left to carry
+        target = self.targets(self.epoch + 1)
+        if target is None:
+            return False  # the last epoch
+        self.epoch += 1
+        self.emitted = 0
+        self.target = target
+        return True
+
     def _next_epoch(self, chunks: Iterator[Chunk]) -> bool:
         """Move to the next epoch; return false when there is none."""
         head = self._head(chunks)
@@ -156,7 +175,7 @@ class _ConcatRun(PackRun):
         """Skip what is left of ``self.epoch``, counting the documents and tokens dropped."""
         while True:
             head = self._head(chunks)
-            if head is None or head.epoch != self.epoch:
+            if head is None or head.epoch > self.epoch:
                 return
             assert head.offsets is not None
             starts = head.offsets[:-1]
@@ -180,6 +199,9 @@ class _ConcatRun(PackRun):
             starts = offsets[(offsets >= a) & (offsets < b)]
             if chunk.head_skip and a == 0:
                 starts = starts[1:]  # the first document's head went out before: a continuation
+            if chunk.epoch < self.epoch:  # carried: read in an earlier epoch, counted in this one
+                self.ledger.add("carried_tokens", b - a)
+                self.ledger.add("carried_docs", int(starts.size))
             doc_starts.append(starts - a + base)
             doc_ends.append(offsets[(offsets > a) & (offsets <= b)] - a + base)
             base += b - a

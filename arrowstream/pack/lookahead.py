@@ -28,6 +28,7 @@ import numpy as np
 from arrowstream.errors import StateError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import PackRun
+from arrowstream.pack.base import drop_at_target
 from arrowstream.state import (
     BestFitState,
     BucketState,
@@ -174,6 +175,10 @@ class DocumentSource:
         self._pending = self._next(chunks)
         return self._pending is not None
 
+    def more_in_epoch(self, chunks: Iterator[Chunk]) -> bool:
+        """Return whether upstream has another chunk of the current epoch."""
+        return self.peek(chunks) and self._pending is not None and self._pending.epoch == self.epoch
+
     def drain(self, chunks: Iterator[Chunk]) -> tuple[int, int]:
         """Skip the rest of the current epoch; return the documents and tokens skipped."""
         docs = tokens = 0
@@ -221,7 +226,8 @@ class LookaheadRun(PackRun):
     store: dict[Key, Doc]
     src: DocumentSource
     ledger: Ledger
-    epoch: int
+    epoch: int  # the epoch being read
+    counting: int  # the epoch whose batches are being counted: ahead of `epoch` while data is carried
     emitted: int
     target: int | None
     flushed: bool
@@ -272,7 +278,8 @@ class LookaheadRun(PackRun):
             "position": pos.to_dict(),
             "stats": self.ledger.snapshot(),
             "packer": self._packer_state(
-                Progress(self.epoch, self.emitted, self.target), tuple(self.src.read)  # type: ignore[arg-type]
+                Progress(self.counting, self.emitted, self.target, data_epoch=self.epoch),
+                tuple(self.src.read),  # type: ignore[arg-type]
             ).to_dict(),
         }
 
@@ -284,15 +291,57 @@ class LookaheadRun(PackRun):
         self.loaded = None
         self._loaded_held = None
 
+    def _start_counting(self, progress: Progress) -> None:
+        """Take the counted and the read epoch from a loaded ``progress``."""
+        self.counting = progress.epoch
+        self.epoch = progress.epoch if progress.data_epoch is None else progress.data_epoch
+
     def _next_epoch(self, chunks: Iterator[Chunk]) -> bool:
-        """Move to the next epoch; return false when there is none."""
+        """Move to the next epoch; return false when there is none.
+
+        While data is carried (the count is already in a later epoch), only
+        the reading moves on: the count and its target stay.
+        """
         more = self.src.peek(chunks)
+        if self.counting > self.epoch:
+            self.epoch += 1
+            self.src.epoch = self.epoch
+            self.flushed = False
+            self._new_epoch()
+            return True
         target = self.targets(self.epoch + 1)
         if not more and target is None:
             return False
         self.epoch += 1
+        self.counting = self.epoch
         self.src.epoch = self.epoch
         self.emitted, self.flushed = 0, False
         self.target = target
         self._new_epoch()
         return True
+
+    def _past_target(self, chunks: Iterator[Chunk], drop_rest: Callable[[], None]) -> bool:
+        """At the target: carry what is left into the next epoch's count, or drop it; return false at the end.
+
+        Carrying needs the packer to carry (``even_batches=True``), data left
+        in the epoch being read, and a next epoch with a target. Otherwise
+        ``drop_rest`` drops and counts what is left (with a warning).
+        """
+        if self.p.carries and (self._held_docs() or self.src.more_in_epoch(chunks)):  # type: ignore[attr-defined]
+            target = self.targets(self.counting + 1)
+            if target is not None:
+                self.counting += 1
+                self.emitted = 0
+                self.target = target
+                return True
+        drop_at_target(self.ledger, self.counting, drop_rest)
+        return self._next_epoch(chunks)
+
+    @property
+    def carrying(self) -> bool:
+        """Whether the batches being made hold data of an earlier epoch than the one counted."""
+        return self.counting > self.epoch
+
+    def _pad_to_target(self) -> bool:
+        """Whether the epoch being read is used up short of the target of the same epoch: pad."""
+        return self.target is not None and self.emitted < self.target and not self.carrying

@@ -244,9 +244,11 @@ class Dataset:
         (``stats["padding_batches"]``); a rank's DataLoader workers may end
         at different times. Otherwise it is estimated, identically on every
         consumer, from the Parquet bytes of each share and a tokenized
-        sample, and a consumer with data left at that count drops it
-        (``stats["dropped_docs"]``, ``stats["dropped_tokens"]``, a
-        ``DataLossWarning``). Every document is emitted or counted as
+        sample; a consumer with data left at that count carries it into the
+        next epoch's count (``stats["carried_docs"]``), and only in the last
+        epoch drops it (``stats["dropped_docs"]``, ``stats["dropped_tokens"]``,
+        a ``DataLossWarning``; ``even_batches="drop"``: in every epoch).
+        Every document is emitted or counted as
         dropped, once.
 
         Examples

@@ -5,7 +5,7 @@ that is empty now is ``null``; every counter the pipeline can move is there
 from the first state on, at 0)::
 
     {
-      "format": "arrowstream.state", "version": 4,
+      "format": "arrowstream.state", "version": 5,
       "dataset": {"fingerprint": ..., "num_files": ..., "num_shards": ..., "num_rows": ...},
       "options_hash": ..., "options": {...},
       "position": {"epoch": 0, "segment": 0, "seq": 1234, "token_offset": 17,

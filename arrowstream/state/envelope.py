@@ -29,11 +29,13 @@ __all__ = [
 ]
 
 STATE_FORMAT = "arrowstream.state"
-STATE_VERSION = 4
+STATE_VERSION = 5
 #: Versions this release loads. Version 2 left out empty parts (``held``, ``next_work``,
 #: counters not moved yet); version 3 has the same keys at every step; version 4 says how
-#: each epoch's streams were cut (``work.by``: by rows before, the only way then).
-READABLE_VERSIONS = (2, 3, 4)
+#: each epoch's streams were cut (``work.by``: by rows before, the only way then); version 5
+#: carries data past an estimated target into the next epoch's count (``packer.data_epoch``,
+#: counters ``carried_docs`` and ``carried_tokens``; none before).
+READABLE_VERSIONS = (2, 3, 4, 5)
 #: The keys of ``position`` that name its place for people (checked on load, not used).
 WHERE_KEYS = ("stream", "file", "row_group", "row")
 
@@ -87,7 +89,7 @@ class State:
 
     @classmethod
     def from_dict(cls, data: Any) -> State:
-        """Read and validate a consumer's state (version 2 or 3).
+        """Read and validate a consumer's state (version 2 to 5).
 
         Raises
         ------

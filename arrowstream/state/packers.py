@@ -35,20 +35,28 @@ def _malformed(exc: Exception) -> StateError:
 class Progress:
     """Where a packer is in its epoch.
 
-    ``target`` is the batches every consumer emits in the epoch (``None``: as
-    many as the data gives); ``target_known`` is false when the state did not
-    say (then it is worked out again, identically).
+    ``epoch`` is the epoch whose batches are being counted, ``epoch_batches``
+    how many it has emitted. ``target`` is the batches every consumer emits in
+    the epoch (``None``: as many as the data gives); ``target_known`` is false
+    when the state did not say (then it is worked out again, identically).
+    ``data_epoch`` is set while a consumer that reached an estimated target
+    with data left carries that data into the next epoch's count: the epoch
+    still being read (``None``: ``epoch`` itself, or for ``concat`` the
+    position's).
 
     Examples
     --------
     >>> Progress.from_dict({"epoch": 1, "epoch_batches": 4, "target": None})
-    Progress(epoch=1, epoch_batches=4, target=None, target_known=True)
+    Progress(epoch=1, epoch_batches=4, target=None, target_known=True, data_epoch=None)
+    >>> Progress(2, 3, 10, data_epoch=1).to_dict()   # reading epoch 1, counting toward epoch 2's target
+    {'epoch': 2, 'epoch_batches': 3, 'target': 10, 'data_epoch': 1}
     """
 
     epoch: int
     epoch_batches: int
     target: int | None = None
     target_known: bool = True
+    data_epoch: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, epoch: int | None = None) -> Progress:
@@ -56,16 +64,30 @@ class Progress:
         if "epoch" not in data and epoch is not None:
             data = {**data, "epoch": epoch}
         target = data.get("target")
-        return cls(
+        reading = data.get("data_epoch")
+        progress = cls(
             count(data.get("epoch"), "packer.epoch"),
             count(data.get("epoch_batches", 0), "packer.epoch_batches"),
             None if target is None else count(target, "packer.target"),
             "target" in data,
+            None if reading is None else count(reading, "packer.data_epoch"),
         )
+        if progress.data_epoch is not None and progress.data_epoch >= progress.epoch:
+            raise StateError(
+                f"state `packer.data_epoch` ({progress.data_epoch}) must come before `packer.epoch` "
+                f"({progress.epoch}): the state was edited"
+            )
+        return progress
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the progress keys."""
-        return {"epoch": self.epoch, "epoch_batches": self.epoch_batches, "target": self.target}
+        """Return the progress keys (``data_epoch`` is ``None`` unless data is carried)."""
+        carried = self.data_epoch is not None and self.data_epoch != self.epoch
+        return {
+            "epoch": self.epoch,
+            "epoch_batches": self.epoch_batches,
+            "target": self.target,
+            "data_epoch": self.data_epoch if carried else None,
+        }
 
 
 def _read(data: dict[str, Any]) -> tuple[int, int, int]:
@@ -97,7 +119,7 @@ class BestFitState:
 
     Examples
     --------
-    >>> part = {"epoch": 0, "epoch_batches": 2, "target": None, "read": [0, 0, 40], "block": 1,
+    >>> part = {"epoch": 0, "epoch_batches": 2, "target": None, "data_epoch": None, "read": [0, 0, 40], "block": 1,
     ...         "flushed": False, "open": [[1, [[0, 3]]]], "ready": [], "out": [[[0, 5, 0, 8]]]}
     >>> BestFitState.from_dict(part).to_dict() == part
     True
@@ -146,7 +168,7 @@ class BucketState:
 
     Examples
     --------
-    >>> part = {"epoch": 0, "epoch_batches": 1, "target": 3, "read": [0, 0, 9], "window": 2,
+    >>> part = {"epoch": 0, "epoch_batches": 1, "target": 3, "data_epoch": None, "read": [0, 0, 9], "window": 2,
     ...         "flushed": False, "carry": [[0, 7]], "out": [[[0, 1], [0, 4]]]}
     >>> BucketState.from_dict(part).to_dict() == part
     True

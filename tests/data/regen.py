@@ -63,6 +63,8 @@ CASES: dict[str, dict[str, Any]] = {
     "rows": {"world": 1, "steps": [4, 11]},
     "concat-shuffled-merged": {"pipeline": "concat-shuffled", "world": 2, "steps": [5], "resume_on": 3},
     "best-fit-text-merged": {"pipeline": "best-fit-text", "world": 2, "steps": [3], "resume_on": 1},
+    # version 5: consumer 2 of 3 past its estimated target, carrying epoch 0's rest into epoch 1's count
+    "best-fit-text-carrying": {"pipeline": "best-fit-text", "world": 3, "own": 2, "steps": [34, 36]},
 }
 
 
@@ -88,6 +90,8 @@ def digest(items: Iterator[Any]) -> tuple[int, str]:
 def rest_digest(case: dict[str, Any], state: dict[str, Any]) -> list[list[Any]]:
     """Return [items, digest] of what each resuming consumer emits from ``state``."""
     ds = build(case.get("pipeline", ""))
+    if "own" in case:  # one consumer's own state, resumed by that consumer
+        return [list(digest(ds.iter(state, rank=case["own"], world_size=case["world"])))]
     world = case.get("resume_on", 1)
     if world == 1 and case["world"] == 1:
         return [list(digest(ds.iter(state)))]
@@ -102,6 +106,13 @@ def record(name: str, case: dict[str, Any]) -> list[dict[str, Any]]:
     ds = build(case["pipeline"])
     out = []
     for step in case["steps"]:
+        if "own" in case:
+            it = ds.iter(rank=case["own"], world_size=case["world"])
+            for _ in range(step):
+                next(it)
+            state = json.loads(json.dumps(it.state_dict()))
+            out.append({"step": step, "state": state, "rest": rest_digest(case, state)})
+            continue
         states = []
         for rank in range(case["world"]):
             it = ds.iter(rank=rank, world_size=case["world"])
