@@ -285,3 +285,39 @@ def test_counted_packings_resume_exactly(tmp_path: Path, strategy: str) -> None:
     assert build().balance.startswith("counted")
     steps = assert_resumes_identically(lambda: build().iter(rank=1, world_size=3), every=3, min_epochs=2)
     assert steps > 10
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize(("before", "after"), [(4, 3), (2, 4), (1, 2)])
+def test_counted_batches_hold_after_elastic_resumes_over_two_epochs(
+    tmp_path: Path, strategy: str, before: int, after: int
+) -> None:
+    import json
+    from collections import Counter
+
+    from arrowstream import merge_states
+
+    from .conftest import heavy_tail, named_docs
+
+    docs = named_docs(heavy_tail(200, seed=3, cap=60))
+    ds = read_parquet(_ids(tmp_path), batch_rows=8, num_epochs=2).shuffle(seed=5, window=2)
+    ds = STRATEGIES[strategy](ds.tokenize(None, column="input_ids", eos_id=0))
+    seen: Counter = Counter()
+    states = []
+    for rank in range(before):  # uneven progress, some into the second epoch
+        it = ds.iter(rank=rank, world_size=before)
+        for _, batch in zip(range(3 + 5 * rank), it):
+            seen.update(_emitted(batch))
+        states.append(json.loads(json.dumps(it.state_dict())))
+    merged = json.loads(json.dumps(merge_states(states)))
+    steps, dropped = [], 0
+    for rank in range(after):
+        it = ds.iter(merged, rank=rank, world_size=after)
+        batches = list(it)
+        steps.append(len(batches))
+        for batch in batches:
+            seen.update(_emitted(batch))
+        dropped += it.stats["dropped_docs"] + it.stats["dropped_tokens"]
+    assert dropped == 0
+    assert seen == Counter({t: 2 * n for t, n in Counter(t for doc in docs for t in doc).items()})
+    assert len(set(steps)) == 1  # every rank of the new topology takes the same steps
