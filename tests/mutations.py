@@ -257,6 +257,14 @@ MUTANTS = [
         "                if head is None or head.epoch != self.epoch:\n",
         ("tests/test_carry.py",),
     ),
+    Mutant(
+        "epoch-counters-stay-in-the-first-epoch",
+        "the per-epoch counters add everything to epoch 0",
+        "arrowstream/io/chunk.py",
+        "        self.epoch = int(epoch)\n",
+        "        self.epoch = 0\n",
+        ("tests/test_carry.py",),
+    ),
 ]
 
 

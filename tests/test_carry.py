@@ -144,3 +144,59 @@ def test_even_batches_takes_true_drop_or_false(tmp_path: Path) -> None:
     assert ds.pack(seq_len=16, batch_size=2, even_batches="drop").packer.spec()["even_batches"] == "drop"
     # the default keeps the options (and so the states) of earlier releases
     assert ds.pack(seq_len=16, batch_size=2).packer.spec()["even_batches"] is True
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("counted", [True, False])
+def test_every_epoch_accounts_for_its_tokens(tmp_path: Path, strategy: str, counted: bool) -> None:
+    import json
+
+    from arrowstream import merge_states
+
+    root, corpus = _corpus(tmp_path)
+    ds = read_parquet(root, num_epochs=2, batch_rows=8).shuffle(seed=3, window=2)
+    if not counted:
+        ds = ds.filter(pc.field("filler") != "")
+    ds = STRATEGIES[strategy](ds.tokenize(None, column="input_ids", eos_id=0), True)
+    total = sum(corpus.values()) + NUM_DOCS  # with one EOS a document
+    per_epoch: dict[int, Counter] = {0: Counter(), 1: Counter()}
+    batches: dict[int, list[int]] = {0: [], 1: []}
+    states = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataLossWarning)
+        for rank in range(3):
+            it = ds.iter(rank=rank, world_size=3)
+            list(it)
+            for epoch, counts in it.epoch_stats.items():
+                per_epoch[epoch].update(counts)
+                batches[epoch].append(counts["batches"])
+            states.append(json.loads(json.dumps(it.state_dict())))
+    assert all(len(set(b)) == 1 for b in batches.values())  # every rank the same steps in each epoch
+    assert per_epoch[0]["dropped_tokens"] == 0  # nothing is lost before the last epoch
+    if counted:
+        for epoch in (0, 1):  # each epoch emits the corpus, exactly
+            assert per_epoch[epoch]["tokens"] == total and per_epoch[epoch]["carried_tokens"] == 0
+        assert per_epoch[1]["dropped_tokens"] == 0
+    else:
+        # an epoch's batches hold its own data less what it carries on, plus what it was carried
+        carried_in = per_epoch[1]["carried_tokens"]
+        assert per_epoch[0]["carried_tokens"] == 0 and carried_in > 0
+        assert per_epoch[0]["tokens"] == total - carried_in
+        assert per_epoch[1]["tokens"] + per_epoch[1]["dropped_tokens"] == total + carried_in
+    merged = merge_states(states)  # the global state sums every consumer's epochs
+    assert {e["epoch"]: e["tokens"] for e in merged["epoch_stats"]} == {e: c["tokens"] for e, c in per_epoch.items()}
+
+
+def test_epoch_counters_survive_a_resume(tmp_path: Path) -> None:
+    root, _ = _corpus(tmp_path)
+    ds = _pipeline(root, "concat")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataLossWarning)
+        whole = ds.iter(rank=1, world_size=3)
+        list(whole)
+        it = ds.iter(rank=1, world_size=3)
+        for _ in range(25):
+            next(it)
+        again = ds.iter(it.state_dict(), rank=1, world_size=3)
+        list(again)
+    assert again.epoch_stats == whole.epoch_stats and set(whole.epoch_stats) == {0, 1}

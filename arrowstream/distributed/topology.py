@@ -250,6 +250,7 @@ def own_share(
         entry = entries[consumer.index]
         own = {k: entry[k] for k in ("position", "work", "stats", "packer")}
         own.update({k: entry.get(k) for k in ("held", "next_work")})  # absent in version 2
+        own["epoch_stats"] = entry.get("epoch_stats", [])  # version 5 on
         return {**common, **own, "consumer": me}, deals
     mine = deals[epoch].parts[consumer.index]
     first = mine[0] if mine else (0, 0, 0, 0)
@@ -262,6 +263,7 @@ def own_share(
         "packer": {},
         "held": None,
         "next_work": None,
+        "epoch_stats": [],
     }
     if epoch + 1 in deals:
         nxt = deals[epoch + 1]
@@ -349,12 +351,18 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
         )
     ordered = sorted(states, key=lambda st: st["consumer"]["index"])
     totals: dict[str, int] = {}
+    per_epoch: dict[int, dict[str, int]] = {}
     for st in ordered:
         for key, value in st["stats"].items():
             if key in _WHOLE_RUN:  # every consumer reports the same whole-run figure: count it once
                 totals[key] = max(totals.get(key, 0), int(value))
             else:
                 totals[key] = totals.get(key, 0) + int(value)
+        for entry in st.get("epoch_stats") or []:  # version 5 on
+            row = per_epoch.setdefault(int(entry["epoch"]), {})
+            for key, value in entry.items():
+                if key != "epoch":
+                    row[key] = row.get(key, 0) + int(value)
     merged = {
         key: copy.deepcopy(first[key])
         for key in ("format", "version", "dataset", "options_hash", "options")
@@ -367,12 +375,13 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
             "consumers": [
                 {
                     k: copy.deepcopy(st[k])
-                    for k in ("position", "work", "stats", "packer", "next_work", "held")
+                    for k in ("position", "work", "stats", "packer", "next_work", "held", "epoch_stats")
                     if k in st
                 }
                 for st in ordered
             ],
             "stats": totals,
+            "epoch_stats": [{"epoch": e, **row} for e, row in sorted(per_epoch.items())],
         }
     )
     return merged

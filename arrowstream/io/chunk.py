@@ -13,6 +13,7 @@ A chunk never spans two shards and never spans two epochs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -253,12 +254,21 @@ def tokens_to_arrow(tokens: np.ndarray, offsets: np.ndarray) -> pa.ListArray:
     )
 
 
+#: The packer's counters also kept per epoch (the epoch whose batches are being counted).
+EPOCH_COUNTERS = (
+    "tokens", "padding_tokens", "batches", "padding_batches", "dropped_docs", "dropped_tokens",
+    "carried_docs", "carried_tokens",
+)
+
+
 class Ledger:
     """Exact counters at a position: rows, kept documents and every skip reason.
 
     Fully consumed chunks are committed; a partly consumed chunk is counted up
     to the position's sequence number. Counters that are not per row (tokens,
-    padding) are added directly with :meth:`add`.
+    padding) are added directly with :meth:`add`; those of
+    :data:`EPOCH_COUNTERS` are also kept per epoch, for the epoch a packer
+    said it counts (:meth:`begin_epoch`).
 
     Examples
     --------
@@ -270,16 +280,34 @@ class Ledger:
     {'rows': 3, 'docs': 2, 'null': 1}
     >>> ledger.commit(c); ledger.snapshot()
     {'rows': 4, 'docs': 3, 'null': 1}
+    >>> ledger.begin_epoch(1); ledger.add("tokens", 8); ledger.epoch_snapshot()[0]["tokens"]
+    8
     """
 
-    def __init__(self, counts: dict[str, int] | None = None) -> None:
+    def __init__(self, counts: dict[str, int] | None = None, epochs: Sequence[dict[str, int]] = ()) -> None:
         self.counts: dict[str, int] = {"rows": 0, "docs": 0}
         if counts:
             self.counts.update({k: int(v) for k, v in counts.items()})
+        self.epoch = 0
+        self.by_epoch: dict[int, dict[str, int]] = {
+            int(entry["epoch"]): {k: int(v) for k, v in entry.items() if k != "epoch"} for entry in epochs
+        }
 
     def add(self, key: str, n: int) -> None:
-        """Add ``n`` to counter ``key``."""
+        """Add ``n`` to counter ``key`` (and to the epoch's, for :data:`EPOCH_COUNTERS`)."""
         self.counts[key] = self.counts.get(key, 0) + int(n)
+        if key in EPOCH_COUNTERS:
+            row = self.by_epoch.setdefault(self.epoch, dict.fromkeys(EPOCH_COUNTERS, 0))
+            row[key] = row.get(key, 0) + int(n)
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Count :data:`EPOCH_COUNTERS` toward ``epoch`` from now on (it is listed from now, at 0)."""
+        self.epoch = int(epoch)
+        self.by_epoch.setdefault(self.epoch, dict.fromkeys(EPOCH_COUNTERS, 0))
+
+    def epoch_snapshot(self) -> list[dict[str, int]]:
+        """Return the per-epoch counters of every epoch begun, in order: ``[{"epoch": 0, "tokens": ...}, ...]``."""
+        return [{"epoch": e, **counts} for e, counts in sorted(self.by_epoch.items())]
 
     def commit(self, chunk: Chunk) -> None:
         """Count every row of ``chunk``."""

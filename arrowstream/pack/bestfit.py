@@ -189,17 +189,17 @@ class _BestFitRun(LookaheadRun):
         if state is None:
             self.ledger = Ledger()
             self.epoch, self.emitted, self.block, self.flushed = 0, 0, 0, False
-            self.counting = 0
+            self._count(0)
             self.target = targets(0)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=0)
             return
-        self.ledger = Ledger(state.stats)
+        self.ledger = Ledger(state.stats, state.epoch_stats)
         loaded = self._load_position(state)
         if not state.packer:  # a re-dealt share: nothing held, read from the position
             epoch = loaded.epoch
             mark = (epoch, loaded.segment, loaded.seq)
             self.epoch, self.emitted, self.block, self.flushed = epoch, 0, 0, False
-            self.counting = epoch
+            self._count(epoch)
             self.target = targets(epoch)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=epoch, mark=mark)
             return

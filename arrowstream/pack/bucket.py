@@ -339,16 +339,16 @@ class _BucketRun(LookaheadRun):
         if state is None:
             self.ledger = Ledger()
             self.epoch, self.emitted, self.windows, self.flushed = 0, 0, 0, False
-            self.counting = 0
+            self._count(0)
             self.target = targets(0)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=0)
             return
-        self.ledger = Ledger(state.stats)
+        self.ledger = Ledger(state.stats, state.epoch_stats)
         loaded = self._load_position(state)
         if not state.packer:  # a re-dealt share: nothing held, read from the position
             epoch = loaded.epoch
             self.epoch, self.emitted, self.windows, self.flushed = epoch, 0, 0, False
-            self.counting = epoch
+            self._count(epoch)
             self.target = targets(epoch)
             mark = (epoch, loaded.segment, loaded.seq)
             self.src = DocumentSource(self.p.window, self.ledger, epoch=epoch, mark=mark)

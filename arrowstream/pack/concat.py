@@ -78,12 +78,13 @@ class _ConcatRun(PackRun):
             self.ledger = Ledger()
         else:
             self.pos = state.position
-            self.ledger = Ledger(state.stats)
+            self.ledger = Ledger(state.stats, state.epoch_stats)
         self._ended = False
         progress = Progress.from_dict({} if state is None else state.packer, epoch=self.pos.epoch)
         self.epoch = progress.epoch
         self.emitted = progress.epoch_batches  # batches emitted in self.epoch
         self.target = progress.target if progress.target_known else targets(self.epoch)
+        self.ledger.begin_epoch(self.epoch)
 
     def upstream_position(self) -> Position:
         return self.pos
@@ -158,6 +159,7 @@ class _ConcatRun(PackRun):
         self.epoch += 1
         self.emitted = 0
         self.target = target
+        self.ledger.begin_epoch(self.epoch)
         return True
 
     def _next_epoch(self, chunks: Iterator[Chunk]) -> bool:
@@ -169,6 +171,7 @@ class _ConcatRun(PackRun):
         self.epoch += 1
         self.emitted = 0
         self.target = target
+        self.ledger.begin_epoch(self.epoch)
         return True
 
     def _drain_epoch(self, chunks: Iterator[Chunk]) -> None:
@@ -244,6 +247,7 @@ class _ConcatRun(PackRun):
         return {
             "position": pos.to_dict(),
             "stats": stats,
+            "epoch_stats": self.ledger.epoch_snapshot(),
             "packer": Progress(self.epoch, self.emitted, self.target).to_dict(),
         }
 

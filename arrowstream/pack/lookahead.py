@@ -277,6 +277,7 @@ class LookaheadRun(PackRun):
             "held": held or None,
             "position": pos.to_dict(),
             "stats": self.ledger.snapshot(),
+            "epoch_stats": self.ledger.epoch_snapshot(),
             "packer": self._packer_state(
                 Progress(self.counting, self.emitted, self.target, data_epoch=self.epoch),
                 tuple(self.src.read),  # type: ignore[arg-type]
@@ -293,8 +294,13 @@ class LookaheadRun(PackRun):
 
     def _start_counting(self, progress: Progress) -> None:
         """Take the counted and the read epoch from a loaded ``progress``."""
-        self.counting = progress.epoch
+        self._count(progress.epoch)
         self.epoch = progress.epoch if progress.data_epoch is None else progress.data_epoch
+
+    def _count(self, epoch: int) -> None:
+        """Count batches (and the per-epoch counters) toward ``epoch`` from now on."""
+        self.counting = epoch
+        self.ledger.begin_epoch(epoch)
 
     def _next_epoch(self, chunks: Iterator[Chunk]) -> bool:
         """Move to the next epoch; return false when there is none.
@@ -313,7 +319,7 @@ class LookaheadRun(PackRun):
         if not more and target is None:
             return False
         self.epoch += 1
-        self.counting = self.epoch
+        self._count(self.epoch)
         self.src.epoch = self.epoch
         self.emitted, self.flushed = 0, False
         self.target = target
@@ -330,7 +336,7 @@ class LookaheadRun(PackRun):
         if self.p.carries and (self._held_docs() or self.src.more_in_epoch(chunks)):  # type: ignore[attr-defined]
             target = self.targets(self.counting + 1)
             if target is not None:
-                self.counting += 1
+                self._count(self.counting + 1)
                 self.emitted = 0
                 self.target = target
                 return True

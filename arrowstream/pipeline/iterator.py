@@ -189,10 +189,12 @@ class DatasetIterator:
 
     def state_dict(self) -> dict[str, Any]:
         """Return the position after the last item yielded, as a small JSON-able dict."""
+        epochs: list[dict[str, int]] = []
         if self._run is not None:
             inner = self._run.state_dict()
             position = Position.from_dict(inner["position"])
             stats, extra = inner["stats"], inner.get("packer", {})
+            epochs = inner.get("epoch_stats", [])
         else:
             position, stats, extra = self._pos, self._ledger.snapshot(), {}
         stats = {**dict.fromkeys(self._counters, 0), **stats}  # every counter, from the first state on
@@ -216,12 +218,23 @@ class DatasetIterator:
             packer=extra,
             held=Held.from_dict(inner["held"]) if self._run is not None and inner.get("held") else None,
             next_work=next_work,
+            epoch_stats=tuple(epochs),
         ).to_dict()
 
     @property
     def stats(self) -> dict[str, int]:
         """Counters up to the current position: rows, docs, skips by reason, tokens, padding."""
         return self.state_dict()["stats"]
+
+    @property
+    def epoch_stats(self) -> dict[int, dict[str, int]]:
+        """The packer's counters per epoch begun: tokens, padding, batches, carried and dropped.
+
+        Each is counted for the epoch whose batches it went into (or was
+        dropped from): data carried past an estimated target counts in the
+        next epoch (``carried_tokens`` there). Empty without a packer.
+        """
+        return {e.pop("epoch"): e for e in self.state_dict()["epoch_stats"]}
 
     def _work(self, epoch: int) -> Work:
         """Return the layout's stream count and this consumer's segments for ``epoch``."""

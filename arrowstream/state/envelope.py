@@ -64,6 +64,10 @@ class State:
         without a packer or for a share re-dealt by a merge.
     held
         Documents a look-ahead packer holds back, by reference, or ``None``.
+    epoch_stats
+        The packer's counters per epoch begun (the epoch whose batches were
+        counted), each ``{"epoch": e, "tokens": ..., ...}``; empty without a
+        packer, before version 5, or for a share re-dealt by a merge.
 
     Examples
     --------
@@ -72,7 +76,7 @@ class State:
     ...               stats={"rows": 5})
     >>> again = State.from_dict(state.to_dict())
     >>> again == state, sorted(state.to_dict())[:4]
-    (True, ['consumer', 'dataset', 'format', 'held'])
+    (True, ['consumer', 'dataset', 'epoch_stats', 'format'])
     """
 
     dataset: dict[str, Any]
@@ -86,6 +90,7 @@ class State:
     packer: dict[str, Any] = field(default_factory=dict)
     held: Held | None = None
     next_work: Work | None = None
+    epoch_stats: tuple[dict[str, int], ...] = ()
 
     @classmethod
     def from_dict(cls, data: Any) -> State:
@@ -112,6 +117,15 @@ class State:
         if not isinstance(packer, dict):
             raise StateError(f"state `packer` should be a dict, got {type(packer).__name__}: the state was edited")
         held, nxt = data.get("held"), data.get("next_work")
+        epochs = data.get("epoch_stats") or []  # version 5 on
+        if not isinstance(epochs, list) or not all(
+            isinstance(e, dict) and "epoch" in e and all(isinstance(v, int) and not isinstance(v, bool) for v in e.values())
+            for e in epochs
+        ):
+            raise StateError(
+                f"state `epoch_stats` should be a list of {{'epoch': int, counter: int, ...}}, got {epochs!r}: "
+                "the state was edited"
+            )
         return cls(
             dataset=data["dataset"],
             options_hash=data.get("options_hash"),  # type: ignore[arg-type]
@@ -124,6 +138,7 @@ class State:
             packer=packer,
             held=None if held is None else Held.from_dict(held),
             next_work=None if nxt is None else Work.from_dict(nxt, field="next_work"),
+            epoch_stats=tuple(dict(e) for e in epochs),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,6 +156,7 @@ class State:
             "packer": self.packer,
             "held": None if self.held is None else self.held.to_dict(),
             "next_work": None if self.next_work is None else self.next_work.to_dict(with_target=True),
+            "epoch_stats": [dict(e) for e in self.epoch_stats],
         }
 
 
