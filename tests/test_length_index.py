@@ -288,3 +288,11 @@ def test_an_index_counts_best_fit_and_bucket_by_running_them(
                 tokens += int(batch["num_tokens"])
             dropped += it.stats["dropped_docs"] + it.stats["dropped_tokens"]
     assert dropped == 0 and tokens == total and len(set(steps)) == 1
+
+
+def test_an_index_that_cannot_be_written_says_where_and_what_to_do(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    root = _corpus(tmp_path / "data")
+    (root / INDEX_DIR).write_text("a file where the index directory should be")  # the storage refuses
+    with pytest.raises(CacheError, match=r"cannot write the length index in .*_arrowstream_index.*--index DIR"):
+        build_length_index(root, tokenizer)
+    assert _pipeline(root, tokenizer).balance.startswith("estimated")  # the pipeline still runs

@@ -141,8 +141,22 @@ class LengthIndex:
         return f"{self.dir}/{self.manifest.relpaths[file]}.lengths"
 
     def exists(self) -> bool:
-        """Return whether the setting's directory holds an ``index.json``."""
-        return self.fs.get_file_info(f"{self.dir}/index.json").type == pafs.FileType.File
+        """Return whether the setting's directory holds an ``index.json``.
+
+        Raises
+        ------
+        CacheError
+            The storage cannot be asked (for an index named explicitly;
+            beside the data, a warning says so and there is no index).
+        """
+        try:
+            return self.fs.get_file_info(f"{self.dir}/index.json").type == pafs.FileType.File
+        except OSError as exc:
+            message = f"cannot look for a length index in {self.dir!r}: {exc}"
+            if self.explicit:
+                raise CacheError(f"{message}; check the path and the storage's credentials") from exc
+            warnings.warn(CacheWarning(f"{message}: even batches are estimated"), stacklevel=4)
+            return False
 
     # -- reading ------------------------------------------------------------------------
 
@@ -261,12 +275,18 @@ class LengthIndex:
         """
         t0 = time.perf_counter()
         m = self.manifest
-        self.fs.create_dir(self.dir, recursive=True)
         info = f"{self.dir}/index.json"
-        if self.exists():
-            self._check_setting()
-        else:
-            _write_whole(self.fs, info, json.dumps(self.setting, sort_keys=True, indent=1).encode())
+        try:
+            self.fs.create_dir(self.dir, recursive=True)
+            if self.exists():
+                self._check_setting()
+            else:
+                _write_whole(self.fs, info, json.dumps(self.setting, sort_keys=True, indent=1).encode())
+        except OSError as exc:
+            raise CacheError(
+                f"cannot write the length index in {self.dir!r}: {exc}; keep it elsewhere with "
+                "`--index DIR` (`length_index=DIR`), and pass the same directory to `.tokenize`"
+            ) from exc
         built = num_tokens = 0
         reader = ShardReader(m, [column])
         try:
@@ -281,7 +301,14 @@ class LengthIndex:
                             per_group.append(encode_lengths(encode, texts, pool, slice_bytes))
                             if progress is not None:
                                 progress(1)
-                        self._write(file, [int(m.shard_row_group[s]) for s in shards], per_group)
+                        try:
+                            self._write(file, [int(m.shard_row_group[s]) for s in shards], per_group)
+                        except OSError as exc:
+                            raise CacheError(
+                                f"cannot write length index entry {self.entry_path(file)!r}: {exc}; free "
+                                "space or keep the index elsewhere (`--index DIR`), then run again: "
+                                "the files already counted are kept"
+                            ) from exc
                         built += 1
                         entry = self.entry(file)
                         assert entry is not None
