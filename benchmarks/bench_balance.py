@@ -44,7 +44,9 @@ def run_epoch(ds: Any, world: int, workers: int) -> dict[str, Any]:
     """Run every consumer's share of one epoch; return the totals and per-consumer counts."""
     from arrowstream import DataLossWarning
 
-    totals = dict.fromkeys(("tokens", "padding_tokens", "dropped_tokens", "dropped_docs", "docs", "rows"), 0)
+    totals = dict.fromkeys(
+        ("tokens", "padding_tokens", "dropped_tokens", "dropped_docs", "carried_tokens", "carried_docs", "docs", "rows"), 0
+    )
     counts, padding_batches = [], []
     t0 = time.perf_counter()
     with warnings.catch_warnings():

@@ -143,3 +143,17 @@ def test_balance_benchmark_smoke_run_counts_without_dropping(tmp_path: Path) -> 
     result = json.loads(out.read_text())
     assert result["counted"]["dropped_tokens"] == 0 and result["indexed"]["dropped_tokens"] == 0
     assert all(c["passed"] for c in result["checks"]) and result["index_s"] > 0
+
+
+def test_mixed_balance_benchmark_smoke_run_carries_and_counts(tmp_path: Path) -> None:
+    out = tmp_path / "mixed.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_balance_mixed.py"), "--smoke", "--ranks", "2",
+         "--workers", "2", "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert all(c["passed"] for c in result["checks"])
+    assert result["results"]["one epoch, counted (length index)"]["dropped_tokens"] == 0
+    assert result["results"]["two shuffled epochs, estimated, even_batches=True"]["carried_tokens"] > 0
