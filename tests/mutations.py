@@ -265,6 +265,14 @@ MUTANTS = [
         "        self.epoch = 0\n",
         ("tests/test_carry.py",),
     ),
+    Mutant(
+        "estimates-use-one-rate",
+        "every row group's tokens are estimated with the overall token rate, whatever its own",
+        "arrowstream/distributed/balance.py",
+        "    out[shards] = shard_bytes[shards] * rates[nearest]\n",
+        "    out[shards] = shard_bytes[shards] * overall\n",
+        ("tests/test_exact_batches.py",),
+    ),
 ]
 
 

@@ -32,6 +32,7 @@ from arrowstream.distributed.balance import (
     byte_cut,
     doc_target,
     measure_sample,
+    token_estimates,
 )
 from arrowstream.distributed.tokens import (
     TokenCounts,
@@ -95,6 +96,7 @@ class Plan:
         self._layouts: dict[tuple[int, int], Layout] = {}
         self._sample: Sample | None = None
         self._read_bytes: np.ndarray | None = None
+        self._estimates: np.ndarray | None = None
         self._token_counts: TokenCounts | None | bool = False  # False: not worked out yet
         self._known: list[KnownTokens | None] | None = None  # what each stage tells of its tokens
         self._targets: dict[tuple[Any, ...], list[int]] = {}
@@ -191,6 +193,8 @@ class Plan:
             return rows
         if by == "bytes":
             return cut(byte_cut(rows, self.manifest.shard_rows, self.read_bytes()))
+        if by == "estimate":
+            return cut(byte_cut(rows, self.manifest.shard_rows, self.estimated_tokens()))
         counts = self.token_counts
         if counts is None:
             raise StateError(
@@ -204,15 +208,18 @@ class Plan:
     def streams_by(self) -> str:
         """How fresh epochs are cut into streams for even batches.
 
-        ``"tokens"`` when batch counts are counted; ``"bytes"`` (Parquet bytes
-        of the columns read, a stand-in for tokens) when they are estimated;
+        ``"tokens"`` when batch counts are counted; ``"estimate"`` (each row
+        group's Parquet bytes times the token rate of a nearby sampled row
+        group, see :func:`~arrowstream.distributed.balance.token_estimates`)
+        when they are estimated (``"bytes"``, equal Parquet bytes, in states
+        before version 5);
         ``"rows"`` without even batches, or when a batch takes a fixed number
         of documents (``.bucket(batch_size=...)``).
         """
         even = self.packer is not None and self.packer.even_batches and self.num_epochs is not None
         if not even or self.packer.counts_documents:  # type: ignore[union-attr]
             return "rows"  # batches of a fixed number of documents: equal rows keep counts even
-        return "tokens" if self.token_counts is not None else "bytes"
+        return "tokens" if self.token_counts is not None else "estimate"
 
     def fresh_work(self, epoch: int, consumer: Consumer) -> list[RowRange]:
         """Return ``consumer``'s share of a fresh ``epoch``: its own stream, whole."""
@@ -343,11 +350,11 @@ class Plan:
         )
         if docs is not None:  # batches of a fixed number of documents
             return doc_target(parts, sample.docs_per_row, docs)
-        return batch_target(
+        return batch_target(  # each share's tokens: its rows' shares of their row groups' estimates
             self.layout(epoch, num_streams, by),
             self.manifest.shard_rows,
-            self.read_bytes(),
-            sample.token_rate,
+            self.estimated_tokens(),
+            1.0,
             parts,
             per_batch,
         )
@@ -359,6 +366,14 @@ class Plan:
                 self.manifest, self.columns, self.shards, self.stages, self.where, self.read_bytes()
             )
         return self._sample
+
+    def estimated_tokens(self) -> np.ndarray:
+        """Return every shard's estimated tokens (see :func:`~arrowstream.distributed.balance.token_estimates`)."""
+        if self._estimates is None:
+            self._estimates = token_estimates(
+                self.shards, self.sample(), self.read_bytes(), self.manifest.shard_file
+            )
+        return self._estimates
 
     def read_bytes(self) -> np.ndarray:
         """Return the uncompressed bytes per shard of the columns read."""

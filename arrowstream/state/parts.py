@@ -14,9 +14,10 @@ from arrowstream.errors import StateError
 
 __all__ = ["STREAMS_BY", "Held", "Position", "RowRange", "Work", "count"]
 
-#: How an epoch's layout cuts its streams: equal rows, equal tokens (counted), or equal
-#: Parquet bytes of the columns read (estimated).
-STREAMS_BY = ("rows", "tokens", "bytes")
+#: How an epoch's layout cuts its streams: equal rows, equal tokens (counted), equal
+#: Parquet bytes of the columns read (estimated, states before version 5), or equal
+#: estimated tokens (each row group's bytes times a nearby sampled row group's token rate).
+STREAMS_BY = ("rows", "tokens", "bytes", "estimate")
 
 
 #: A row range, the unit of work: ``(stream, start, end, skip)``, rows ``start..end-1`` of a
