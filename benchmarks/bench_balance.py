@@ -37,7 +37,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from harness import CheckFailed, Checks, corpus_dir, fmt_table, log, machine_facts, tokenizer_file
+from harness import (
+    CheckFailed,
+    Checks,
+    corpus_dir,
+    fmt_table,
+    log,
+    machine_facts,
+    tokenizer_file,
+)
 
 
 def run_epoch(ds: Any, world: int, workers: int) -> dict[str, Any]:
@@ -73,10 +81,11 @@ def run_epoch(ds: Any, world: int, workers: int) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None, doc: str, size_mb: float, smoke_mb: float) -> argparse.Namespace:
+    """Return the options both even-batches benchmarks take (``--smoke``: a tiny corpus, small batches)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "arrowstream-bench")
-    parser.add_argument("--size-mb", type=float, default=1000.0, help="MB of text [1000; smoke 5]")
+    parser.add_argument("--size-mb", type=float, default=size_mb, help=f"MB of text [{size_mb:g}; smoke {smoke_mb:g}]")
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=2048)
@@ -86,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="a tiny corpus, small batches")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.size_mb, args.seq_len, args.batch_size, args.vocab_size = 5.0, 512, 4, 4000
+        args.size_mb, args.seq_len, args.batch_size, args.vocab_size = smoke_mb, 512, 4, 4000
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv, __doc__, 1000.0, 5.0)
     from arrowstream import build_length_index, read_parquet
     from arrowstream.pipeline.plan import Plan
 

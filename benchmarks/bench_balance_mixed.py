@@ -21,7 +21,6 @@ cores); ``--smoke`` for a tiny corpus.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_balance import run_epoch
+from bench_balance import parse_args, run_epoch
 from harness import CheckFailed, Checks, fmt_table, log, machine_facts, tokenizer_file
 
 
@@ -70,19 +69,7 @@ def mixed_corpus(workdir: Path, size_mb: float, *, files: int = 8, rows_per_grou
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "arrowstream-bench")
-    parser.add_argument("--size-mb", type=float, default=200.0, help="MB of text [200; smoke 4]")
-    parser.add_argument("--ranks", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--vocab-size", type=int, default=32000)
-    parser.add_argument("--json", type=Path, help="write every figure here")
-    parser.add_argument("--smoke", action="store_true", help="a tiny corpus, small batches")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.size_mb, args.seq_len, args.batch_size, args.vocab_size = 4.0, 512, 4, 4000
+    args = parse_args(argv, __doc__, 200.0, 4.0)
     from arrowstream import build_length_index, read_parquet
 
     corpus = mixed_corpus(args.workdir, args.size_mb)
