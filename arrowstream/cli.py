@@ -69,6 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        hint = {"index": ": the files already counted are kept; run the same command again to finish"}
+        print(f"interrupted{hint.get(args.command, '')}", file=sys.stderr)
+        return 130
 
 
 class _UsageError(Exception):

@@ -296,3 +296,16 @@ def test_an_index_that_cannot_be_written_says_where_and_what_to_do(tmp_path: Pat
     with pytest.raises(CacheError, match=r"cannot write the length index in .*_arrowstream_index.*--index DIR"):
         build_length_index(root, tokenizer)
     assert _pipeline(root, tokenizer).balance.startswith("estimated")  # the pipeline still runs
+
+
+def test_ctrl_c_during_a_build_ends_in_one_line(tmp_path: Path, tokenizer_path: Path) -> None:
+    root = _corpus(tmp_path / "data", n=6000, files=6, rg=250, seed=1)
+    command = [sys.executable, "-m", "arrowstream", "index", str(root), "--tokenizer", str(tokenizer_path)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list((root / INDEX_DIR).rglob("*.lengths")) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err
+    assert "interrupted: the files already counted are kept" in err
