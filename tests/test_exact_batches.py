@@ -172,25 +172,59 @@ def test_the_dataset_says_how_batch_counts_are_made_equal(tmp_path: Path, tokeni
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-@pytest.mark.parametrize(("world", "workers"), [(2, 1), (3, 1), (4, 1), (2, 2), (3, 2)])
-def test_streams_of_equal_tokens_pad_at_most_one_batch(tmp_path: Path, shuffle: bool, world: int, workers: int) -> None:
-    ds = read_parquet(_ids(tmp_path))
+@pytest.mark.parametrize(("world", "workers"), [(2, 1), (3, 1), (4, 1), (2, 2), (3, 2), (2, 3)])
+@pytest.mark.parametrize(("seq_len", "batch_size"), [(64, 4), (8, 2)])
+def test_concat_shares_of_whole_batches_pad_a_rank_at_most_once(
+    tmp_path: Path, shuffle: bool, world: int, workers: int, seq_len: int, batch_size: int
+) -> None:
+    from collections import Counter
+
+    docs = named_docs(heavy_tail(200, seed=3, cap=60))
+    ds = read_parquet(_ids(tmp_path), batch_rows=8)
     if shuffle:
         ds = ds.shuffle(seed=6, window=2)
-    # batches of 256 tokens, documents of at most 61: a cut is off by half a document at most
-    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=64, batch_size=4)
-    per_rank, padding, dropped, rows = [], [], 0, 0
+    # batches of 256 tokens, or of 16: then documents (up to 61 tokens) span several shares
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=seq_len, batch_size=batch_size)
+    per_rank, rank_padding, seen, totals = [], [], Counter(), Counter()
     for rank in range(world):
         per_rank.append(0)
+        rank_padding.append(0)
         for worker in range(workers):
             it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
-            per_rank[-1] += sum(1 for _ in it)
-            padding.append(it.stats["padding_batches"])
-            dropped += it.stats["dropped_tokens"]
-            rows += it.stats["rows"]
-    assert len(set(per_rank)) == 1 and dropped == 0 and rows == 200  # every rank takes the same steps
-    assert max(padding) <= 1, padding  # shares of equal tokens: their batch counts differ by one at most
-    assert ds.iter(rank=0, world_size=world).state_dict()["work"]["by"] == "tokens"
+            for batch in it:
+                per_rank[-1] += 1
+                seen.update(_emitted(batch))
+            rank_padding[-1] += it.stats["padding_batches"]
+            totals.update({k: it.stats[k] for k in ("rows", "docs", "dropped_tokens", "tokens")})
+    assert len(set(per_rank)) == 1  # every rank takes the same steps
+    assert max(rank_padding) <= 1, rank_padding  # whole batches per share: a rank pads once at most
+    assert seen == Counter(t for doc in docs for t in doc)  # every token once, split documents too
+    assert totals["rows"] == totals["docs"] == 200 and totals["dropped_tokens"] == 0  # a split row counts once
+    # the real batches are the fewest the tokens fill: only the epoch's last batch is partial
+    assert sum(per_rank) - sum(rank_padding) == -(-totals["tokens"] // (seq_len * batch_size))
+    assert ds.iter(rank=0, world_size=world).state_dict()["work"]["by"] == "batches"
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("every", [1, 3])
+def test_shares_that_begin_inside_a_document_resume_exactly(tmp_path: Path, shuffle: bool, every: int) -> None:
+    ds = read_parquet(_ids(tmp_path), num_epochs=2, batch_rows=8)
+    if shuffle:
+        ds = ds.shuffle(seed=4, window=3)
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2)
+    def split(consumer: int) -> bool:  # a share that begins or ends inside a document
+        segments = ds.iter(rank=consumer // 2, world_size=2, worker=consumer % 2, num_workers=2).state_dict()["work"]["segments"]
+        return segments[0][3] > 0 or len(segments[-1]) == 5
+
+    consumers = [c for c in range(4) if split(c)]
+    assert len(consumers) >= 2
+    for consumer in consumers[:2]:
+        steps = assert_resumes_identically(
+            lambda: ds.iter(rank=consumer // 2, world_size=2, worker=consumer % 2, num_workers=2),
+            every=every,
+            min_epochs=2,
+        )
+        assert steps > 10
 
 
 def test_a_drop_at_an_estimated_count_is_never_silent(tmp_path: Path) -> None:
@@ -252,8 +286,10 @@ def test_counting_keeps_a_few_row_groups_of_counts_at_once(tmp_path: Path, monke
 def test_a_ranks_workers_end_when_their_data_does_and_the_rank_pads_once(
     tmp_path: Path, world: int, workers: int
 ) -> None:
-    # batches of 32 tokens, documents up to 61: the workers' own batch counts differ
-    ds = read_parquet(_ids(tmp_path)).tokenize(None, column="input_ids", eos_id=0).pack(seq_len=16, batch_size=2)
+    # best_fit is counted by packing the shares' documents (cut between documents): the workers'
+    # own batch counts differ
+    ds = read_parquet(_ids(tmp_path)).tokenize(None, column="input_ids", eos_id=0)
+    ds = ds.pack(seq_len=16, batch_size=2, strategy="best_fit", window=12)
     counts, natural, dropped = [], [], 0
     for rank in range(world):
         for worker in range(workers):
@@ -310,7 +346,7 @@ def test_counted_batches_hold_after_elastic_resumes_over_two_epochs(
             seen.update(_emitted(batch))
         states.append(json.loads(json.dumps(it.state_dict())))
     merged = json.loads(json.dumps(merge_states(states)))
-    steps, dropped = [], 0
+    steps, dropped, padding = [], 0, []
     for rank in range(after):
         it = ds.iter(merged, rank=rank, world_size=after)
         batches = list(it)
@@ -318,7 +354,10 @@ def test_counted_batches_hold_after_elastic_resumes_over_two_epochs(
         for batch in batches:
             seen.update(_emitted(batch))
         dropped += it.stats["dropped_docs"] + it.stats["dropped_tokens"]
+        padding += [e["padding_batches"] for e in it.epoch_stats.values()]
     assert dropped == 0
+    if strategy == "concat":  # the rest of the epoch is re-dealt in whole batches too
+        assert max(padding) <= 1, padding
     assert seen == Counter({t: 2 * n for t, n in Counter(t for doc in docs for t in doc).items()})
     assert len(set(steps)) == 1  # every rank of the new topology takes the same steps
 

@@ -90,19 +90,19 @@ def test_an_index_gives_every_document_once_and_equal_counts(
     ds = _pipeline(root, tokenizer, shuffle=shuffle)
     assert ds.balance == "counted: a length index (whole row groups from the footers)"
     seen: Counter = Counter()
-    counts, padding, dropped, rows = [], [], 0, 0
+    counts, padding, dropped, rows = [0] * world, [0] * world, 0, 0
     for rank in range(world):
         for worker in range(workers):
             it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
             batches = list(it)
             seen += _tokens(batches)
-            counts.append(len(batches))
-            padding.append(it.stats["padding_batches"])
+            counts[rank] += len(batches)
+            padding[rank] += it.stats["padding_batches"]
             dropped += it.stats["dropped_tokens"]
             rows += it.stats["rows"]
     assert seen == reference and dropped == 0 and rows == 240
-    assert len(set(counts)) == 1
-    assert max(padding) <= 1, padding  # shares of equal tokens
+    assert len(set(counts)) == 1  # every rank takes the same steps
+    assert max(padding) <= 1, padding  # shares of whole batches: a rank pads once at most
 
 
 def test_two_epochs_with_an_index_resume_exactly(tmp_path: Path, tokenizer: Tokenizer) -> None:
@@ -113,7 +113,7 @@ def test_two_epochs_with_an_index_resume_exactly(tmp_path: Path, tokenizer: Toke
     )
     assert steps > 5
     state = _pipeline(root, tokenizer, epochs=2).iter(rank=1, world_size=3).state_dict()
-    assert state["work"]["by"] == "tokens"
+    assert state["work"]["by"] == "batches"
 
 
 @pytest.mark.parametrize(("before", "after"), [(4, 3), (2, 4), (1, 2)])

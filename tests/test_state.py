@@ -26,9 +26,10 @@ from .conftest import heavy_tail, write_named_docs
 def test_parts_round_trip() -> None:
     pos = Position(2, 1, 40, 7)
     assert Position.from_dict({**pos.to_dict(), "file": "a.parquet", "row": 3}) == pos
-    work = Work(3, ((0, 0, 10, 0), (2, 4, 9, 5)), target=12)
+    work = Work(3, ((0, 0, 10, 0, 0), (2, 4, 9, 5, 7)), target=12)
     assert Work.from_dict(work.to_dict(with_target=True), field="next_work") == work
     assert "target" not in work.to_dict()
+    assert work.to_dict()["segments"] == [[0, 0, 10, 0], [2, 4, 9, 5, 7]]  # `take` only when not 0
     held = Held((0, 9), ((0, 4, 0), (1, 7, 3)))
     assert Held.from_dict(held.to_dict()) == held
 
@@ -88,7 +89,7 @@ def test_every_state_reads_into_its_types_and_back_unchanged(tmp_path: Path, str
 
 def test_a_malformed_envelope_names_the_field() -> None:
     good = State(dataset={"fingerprint": "f"}, options_hash="h", options={}, position=Position(0, 0, 0),
-                 work=Work(1, ((0, 0, 4, 0),)), consumer=(0, 1), stats={"rows": 0}).to_dict()
+                 work=Work(1, ((0, 0, 4, 0, 0),)), consumer=(0, 1), stats={"rows": 0}).to_dict()
     for key, value, match in [
         ("consumer", {"index": -1, "count": 1}, "consumer.index"),
         ("stats", {"rows": 1.5}, "int counters"),

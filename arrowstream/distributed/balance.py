@@ -211,12 +211,12 @@ def batch_target(
     >>> from arrowstream.io.layout import Layout
     >>> rows, sizes = np.array([10, 10]), np.array([1000.0, 1000.0])  # 2 row groups
     >>> lay = Layout(np.arange(2), rows, epoch=0, seed=None, window=1, num_streams=2)
-    >>> batch_target(lay, rows, sizes, 0.5, [[(0, 0, 10, 0)], [(1, 0, 10, 0)]], tokens_per_batch=100)
+    >>> batch_target(lay, rows, sizes, 0.5, [[(0, 0, 10, 0, 0)], [(1, 0, 10, 0, 0)]], tokens_per_batch=100)
     5
     """
     row_bytes = shard_bytes / np.maximum(shard_rows, 1)
     estimates = [
-        token_rate * sum(layout.range_bytes(s, a, b, row_bytes) for s, a, b, _ in part)
+        token_rate * sum(layout.range_bytes(s, a, b, row_bytes) for s, a, b, _, _ in part)
         for part in parts
     ]
     return int(min(estimates, default=0.0) * (1.0 - EVEN_BATCHES_SLACK) // tokens_per_batch)
@@ -230,10 +230,10 @@ def doc_target(parts: Sequence[Sequence[RowRange]], docs_per_row: float, docs_pe
 
     Examples
     --------
-    >>> doc_target([[(0, 0, 100, 0)], [(1, 0, 90, 0), (2, 5, 15, 0)]], 1.0, 8.0)
+    >>> doc_target([[(0, 0, 100, 0, 0)], [(1, 0, 90, 0, 0), (2, 5, 15, 0, 0)]], 1.0, 8.0)
     12
     """
-    rows = [sum(end - start for _, start, end, _ in part) for part in parts]
+    rows = [sum(end - start for _, start, end, _, _ in part) for part in parts]
     return int(min(rows, default=0) * docs_per_row * (1.0 - EVEN_BATCHES_SLACK) // docs_per_batch)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,7 +26,11 @@ from arrowstream.state import RowRange
 
 __all__ = [
     "KEPT_SHARDS",
+    "BatchCut",
     "TokenCounts",
+    "batch_cut",
+    "batch_recut",
+    "batch_share",
     "part_chunks",
     "part_tokens",
     "range_tokens",
@@ -119,7 +124,11 @@ def range_tokens(layout: Layout, counts: TokenCounts, stream: int, start: int, e
 
 
 def part_tokens(layout: Layout, counts: TokenCounts, part: Sequence[RowRange]) -> int:
-    """Return the tokens of a consumer's share: its row ranges, less the tokens already emitted.
+    """Return the tokens of a consumer's share: its row ranges, less the tokens emitted elsewhere.
+
+    A range's ``skip`` tokens of its first row went out before (or to another
+    consumer), and with a ``take`` only that many tokens of its last row are
+    this share's.
 
     Examples
     --------
@@ -130,10 +139,18 @@ def part_tokens(layout: Layout, counts: TokenCounts, part: Sequence[RowRange]) -
     >>> m = read_manifest(example_dir())
     >>> counts = TokenCounts(m, Tokenize(None, column="ids", add_eos=False).known_tokens(m))
     >>> lay = Layout(np.arange(3), m.shard_rows, epoch=0, seed=None, window=1, num_streams=2)
-    >>> part_tokens(lay, counts, [(0, 0, 6, 0)]), part_tokens(lay, counts, [(1, 0, 6, 2)])
+    >>> part_tokens(lay, counts, [(0, 0, 6, 0, 0)]), part_tokens(lay, counts, [(1, 0, 6, 2, 0)])
     (14, 14)
+    >>> part_tokens(lay, counts, [(0, 0, 5, 0, 1)])   # 3 + 1 + 2 + 4, and 1 of the last row's 3
+    11
     """
-    return sum(range_tokens(layout, counts, s, a, b) - skip for s, a, b, skip in part)
+    total = 0
+    for s, a, b, skip, take in part:
+        total += range_tokens(layout, counts, s, a, b) - skip
+        if take and b > a:
+            shard, row = layout.locate(s, b - 1)
+            total -= int(counts.lengths(shard)[row]) - take
+    return total
 
 
 def part_chunks(
@@ -159,11 +176,11 @@ def part_chunks(
     >>> m = read_manifest(example_dir())   # ids of lengths 3, 1, 2, 4 repeating
     >>> counts = TokenCounts(m, Tokenize(None, column="ids", add_eos=False).known_tokens(m))
     >>> lay = Layout(np.arange(3), m.shard_rows, epoch=0, seed=None, window=1, num_streams=1)
-    >>> [np.diff(c.offsets).tolist() for c in part_chunks(lay, counts, [(0, 1, 6, 0)], batch_rows=3)]  # grid of 3 rows from each row group
+    >>> [np.diff(c.offsets).tolist() for c in part_chunks(lay, counts, [(0, 1, 6, 0, 0)], batch_rows=3)]  # grid of 3 rows from each row group
     [[1, 2], [4], [3, 1]]
     """
     zeros = np.zeros(0, dtype=np.int32)
-    for k, (stream, lo, hi, skip) in enumerate(part):
+    for k, (stream, lo, hi, skip, take) in enumerate(part):
         for window in layout.windows(stream):
             offset, n = max(0, lo - window.start), min(window.num_rows, hi - window.start)
             if offset >= n:
@@ -178,6 +195,8 @@ def part_chunks(
                 lengths = rows[a:b].copy()
                 if skip and window.start + a == lo:
                     lengths[0] -= skip  # tokens the first document already gave
+                if take and window.start + b == hi:
+                    lengths[-1] -= rows[b - 1] - take  # tokens another consumer gives
                 keep = lengths > 0
                 kept = lengths[keep]
                 offsets = np.zeros(kept.size + 1, dtype=np.int64)
@@ -237,6 +256,193 @@ def token_cut(layout: Layout, counts: TokenCounts) -> np.ndarray:
         cut.append(max(cut[-1], int(layout.cum[u]) + r))
     cut.append(layout.num_rows)
     return np.array(cut, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCut:
+    """An epoch cut into streams of whole batches of tokens (for a packer that counts batches by tokens).
+
+    Consumer ``i`` emits the epoch's tokens ``ends[i]..ends[i+1]-1``:
+    ``floor(i * N / n)`` batches of ``per_batch`` tokens come before it (``N``
+    batches in all, ``n`` consumers), so every consumer's share, and every
+    rank's (any number of consecutive consumers), is a whole number of
+    batches within one of the others', and only the last holds a partial
+    batch. Stream ``k`` holds the rows ``rows[k]..rows[k+1]-1`` (in the
+    order of the layout's row ranges) and the epoch's tokens
+    ``starts[k]..starts[k+1]-1``, taken in the stream's emission order: its
+    first row is the one holding token ``ends[k]``, so a share is the rest of
+    its own stream and the head of the next, and the document at a cut is
+    split between two consumers where a batch ends (:func:`batch_share`).
+    """
+
+    rows: np.ndarray  # n + 1 row positions
+    starts: np.ndarray  # n + 1 token positions: where each stream's tokens start
+    ends: np.ndarray  # n + 1 token positions: where each consumer's tokens start
+
+
+def batch_cut(layout: Layout, counts: TokenCounts, per_batch: int) -> BatchCut:
+    """Cut ``layout``'s rows into streams whose consumers get whole batches of ``per_batch`` tokens.
+
+    ``layout`` gives the order of the row ranges and the stream count (its
+    own cut does not matter); build the epoch's layout with ``cut=rows``.
+
+    Only the row groups a cut falls in are read (with ``.shuffle``'s half
+    row groups, every row group, to weigh its halves).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from arrowstream.io.manifest import read_manifest
+    >>> from arrowstream.testing import example_dir
+    >>> from arrowstream.tokenize import Tokenize
+    >>> m = read_manifest(example_dir())   # ids of lengths 3, 1, 2, 4 repeating: 30 tokens
+    >>> counts = TokenCounts(m, Tokenize(None, column="ids", add_eos=False).known_tokens(m))
+    >>> lay = Layout(np.arange(3), m.shard_rows, epoch=0, seed=None, window=1, num_streams=3)
+    >>> cut = batch_cut(lay, counts, per_batch=4)   # 8 batches: 2, 3 and 3 (the last one partial)
+    >>> cut.ends.tolist(), cut.rows.tolist(), cut.starts.tolist()   # token 8 is in row 3 (tokens 6..9)
+    ([0, 8, 20, 30], [0, 3, 8, 12], [0, 6, 20, 30])
+    """
+    n = layout.num_streams
+    units = list(zip(layout.unit_shard.tolist(), layout.unit_lo.tolist(), layout.unit_hi.tolist()))
+    tokens = np.zeros(len(units) + 1, dtype=np.int64)
+    if units:
+        np.cumsum([counts.rows(s, a, b) for s, a, b in units], out=tokens[1:])
+    total = int(tokens[-1])
+    num_batches = -(-total // per_batch)
+    ends = np.array([min(i * num_batches // n * per_batch, total) for i in range(n + 1)], dtype=np.int64)
+    ends[-1] = total
+    rows, starts = [0], [0]
+    for k in range(1, n):
+        at = int(ends[k])
+        if at >= total:
+            rows.append(layout.num_rows)
+            starts.append(total)
+            continue
+        u = int(np.searchsorted(tokens, at, side="right")) - 1  # the unit holding token `at`
+        s, a, b = units[u]
+        row_ends = int(tokens[u]) + np.cumsum(counts.lengths(s)[a:b])
+        r = int(np.searchsorted(row_ends, at, side="right"))  # the row holding it
+        rows.append(int(layout.cum[u]) + r)
+        starts.append(int(row_ends[r - 1]) if r else int(tokens[u]))
+    rows.append(layout.num_rows)
+    starts.append(total)
+    return BatchCut(np.array(rows, dtype=np.int64), np.array(starts, dtype=np.int64), ends)
+
+
+def _stream_offset(layout: Layout, counts: TokenCounts, stream: int, offset: int) -> tuple[int, int]:
+    """Return ``(position, tokens before it)``: the row of ``stream`` holding its ``offset``-th token in emission order."""
+    before = 0
+    for window in layout.windows(stream):
+        units = list(zip(window.shards.tolist(), window.row_lo.tolist(), window.row_hi.tolist()))
+        size = sum(counts.rows(s, a, b) for s, a, b in units)
+        if offset >= before + size:
+            before += size
+            continue
+        rows = np.concatenate([counts.lengths(s)[a:b] for s, a, b in units])
+        if window.order is not None:
+            rows = rows[window.order]
+        row_ends = before + np.cumsum(rows)
+        r = int(np.searchsorted(row_ends, offset, side="right"))
+        return window.start + r, offset - (int(row_ends[r - 1]) if r else before)
+    raise ValueError(f"token {offset} is past stream {stream}'s {before} tokens")
+
+
+def batch_share(layout: Layout, counts: TokenCounts, cut: BatchCut, consumer: int) -> list[RowRange]:
+    """Return ``consumer``'s work in an epoch cut by :func:`batch_cut`: its token range, as row ranges.
+
+    Each stream's tokens are taken in its emission order, so a share is a
+    suffix of its own stream (after the tokens that went to the consumers
+    before) and a prefix of the next non-empty one; a document longer than a
+    share spans several, each taking a part of it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from arrowstream.io.manifest import read_manifest
+    >>> from arrowstream.testing import example_dir
+    >>> from arrowstream.tokenize import Tokenize
+    >>> m = read_manifest(example_dir())   # ids of lengths 3, 1, 2, 4 repeating
+    >>> counts = TokenCounts(m, Tokenize(None, column="ids", add_eos=False).known_tokens(m))
+    >>> lay = Layout(np.arange(3), m.shard_rows, epoch=0, seed=None, window=1, num_streams=3)
+    >>> cut = batch_cut(lay, counts, per_batch=4)
+    >>> lay = Layout(np.arange(3), m.shard_rows, epoch=0, seed=None, window=1, num_streams=3, cut=cut.rows)
+    >>> [batch_share(lay, counts, cut, i) for i in range(3)]   # 8 tokens, 12 and 10: 2, 3 and 3 batches
+    [[(0, 0, 3, 0, 0), (1, 0, 1, 0, 2)], [(1, 0, 5, 2, 0)], [(2, 0, 4, 0, 0)]]
+    """
+    lo, hi = int(cut.ends[consumer]), int(cut.ends[consumer + 1])
+    out: list[RowRange] = []
+    for k in range(consumer, layout.num_streams):
+        a, b = int(cut.starts[k]), int(cut.starts[k + 1])
+        if a >= hi:
+            break
+        if b <= lo or a == b:
+            continue
+        first, skip = _stream_offset(layout, counts, k, lo - a) if lo > a else (0, 0)
+        if hi >= b:
+            out.append((k, first, layout.stream_rows(k), skip, 0))
+            continue
+        last, take = _stream_offset(layout, counts, k, hi - a)
+        if take:
+            out.append((k, first, last + 1, skip, take))
+        elif last > first:
+            out.append((k, first, last, skip, 0))
+    return out or [(consumer, 0, 0, 0, 0)]
+
+
+def batch_recut(
+    layout: Layout, counts: TokenCounts, pool: Sequence[RowRange], per_batch: int, parts: int
+) -> list[list[RowRange]]:
+    """Cut pooled row ranges of ``layout`` (the rows a merged state has left), in order, into ``parts`` shares of whole batches.
+
+    The re-deal of an elastic resume for a packer whose batches the tokens
+    decide (``concat``): the pool's tokens are dealt like a fresh epoch's
+    (:class:`BatchCut`), share ``i`` from batch ``floor(i * N / parts)`` on,
+    so every new rank's count for the rest of the epoch is within one of
+    the others'. Each range keeps its ``skip`` on its first row and its
+    ``take`` on its last; a cut inside a document splits it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from arrowstream.io.manifest import read_manifest
+    >>> from arrowstream.testing import example_dir
+    >>> from arrowstream.tokenize import Tokenize
+    >>> m = read_manifest(example_dir())   # ids of lengths 3, 1, 2, 4 repeating
+    >>> counts = TokenCounts(m, Tokenize(None, column="ids", add_eos=False).known_tokens(m))
+    >>> lay = Layout(np.arange(3), m.shard_rows, epoch=0, seed=None, window=1, num_streams=2)
+    >>> pool = [(0, 2, 6, 1, 0), (1, 0, 3, 0, 0)]   # 2 + 4 + 3 + 1 less 1, and 2 + 4 + 3 tokens
+    >>> batch_recut(lay, counts, pool, per_batch=5, parts=2)   # 4 batches: 2 each (10 tokens, 8)
+    [[(0, 2, 6, 1, 0), (1, 0, 1, 0, 1)], [(1, 0, 3, 1, 0)]]
+    """
+    spans = []  # (range, first token, end token) in the stream's emission order
+    for rng in pool:
+        stream, start, end, skip, take = rng
+        if end <= start:
+            continue
+        a = range_tokens(layout, counts, stream, 0, start) + skip
+        b = range_tokens(layout, counts, stream, 0, end - 1 if take else end) + take
+        if b > a:
+            spans.append((rng, a, b))
+    total = sum(b - a for _, a, b in spans)
+    num_batches = -(-total // per_batch)
+    ends = [min(i * num_batches // parts * per_batch, total) for i in range(parts + 1)]
+    ends[-1] = total
+    out: list[list[RowRange]] = [[] for _ in range(parts)]
+    offset = 0
+    for (stream, start, end, skip, take), a, b in spans:
+        for i in range(parts):
+            lo, hi = max(ends[i], offset), min(ends[i + 1], offset + b - a)
+            if lo >= hi:
+                continue
+            x, y = a + lo - offset, a + hi - offset  # tokens of the stream, in emission order
+            first, head = (start, skip) if x == a else _stream_offset(layout, counts, stream, x)
+            if y == b:
+                out[i].append((stream, first, end, head, take))
+                continue
+            last, tail = _stream_offset(layout, counts, stream, y)
+            out[i].append((stream, first, last + 1, head, tail) if tail else (stream, first, last, head, 0))
+        offset += b - a
+    return out
 
 
 def rank_targets(natural: Sequence[int], per_rank: int) -> list[int]:

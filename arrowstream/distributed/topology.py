@@ -3,11 +3,12 @@
 A *consumer* is one iterator among ``count`` (rank x DataLoader worker). A
 fresh epoch is laid out with one stream per consumer (equal rows, see
 :mod:`arrowstream.io.layout`) and consumer ``i`` reads stream ``i``. A consumer's
-*work* is a list of segments ``(stream, start, end, skip)``: rows
+*work* is a list of segments ``(stream, start, end, skip, take)``: rows
 ``start..end-1`` of one of the epoch's streams, read in order, where the first
-``skip`` tokens of row ``start`` were already emitted by another consumer. A
-position names a segment, a row sequence number inside its stream and a token
-offset.
+``skip`` tokens of row ``start`` were already emitted by another consumer and,
+when ``take`` is not 0, only the tokens of row ``end - 1`` before ``take`` are
+this consumer's (the rest are another's). A position names a segment, a row
+sequence number inside its stream and a token offset.
 
 :func:`merge_states` joins the states of all consumers into one global
 checkpoint. Loading it with the same topology gives every consumer its own
@@ -32,6 +33,7 @@ from arrowstream.state import Held, Position, RowRange, Work
 
 __all__ = [
     "Consumer",
+    "Cut",
     "Deal",
     "Fresh",
     "RowRange",
@@ -84,42 +86,45 @@ def remaining(work: list[RowRange], segment: int, seq: int, token_offset: int) -
 
     Examples
     --------
-    >>> remaining([(0, 0, 10, 0), (3, 5, 9, 0)], 0, 4, 2)
-    [(0, 4, 10, 2), (3, 5, 9, 0)]
-    >>> remaining([(0, 0, 10, 0), (3, 5, 9, 0)], 1, 9, 0)
+    >>> remaining([(0, 0, 10, 0, 0), (3, 5, 9, 0, 0)], 0, 4, 2)
+    [(0, 4, 10, 2, 0), (3, 5, 9, 0, 0)]
+    >>> remaining([(0, 0, 10, 0, 0), (3, 5, 9, 0, 0)], 1, 9, 0)
+    []
+    >>> remaining([(0, 0, 10, 0, 7)], 0, 9, 7)   # row 9 only up to token 7, all emitted
     []
     """
     out = []
-    for k, (stream, start, end, skip) in enumerate(work):
+    for k, (stream, start, end, skip, take) in enumerate(work):
         if k < segment:
             continue
         lo, first = (seq, token_offset) if k == segment else (start, skip)
-        if lo < end:
-            out.append((stream, lo, end, first))
+        if lo < end and not (take and lo == end - 1 and first >= take):
+            out.append((stream, lo, end, first, take))
     return out
 
 
 def recut(pool: list[RowRange], parts: int) -> list[list[RowRange]]:
     """Cut pooled segments, in order, into ``parts`` runs of (nearly) equal rows.
 
-    A segment's ``skip`` stays with its first row.
+    A segment's ``skip`` stays with its first row and its ``take`` with its last.
 
     Examples
     --------
-    >>> recut([(0, 4, 10, 3), (1, 0, 4, 0)], 2)
-    [[(0, 4, 9, 3)], [(0, 9, 10, 0), (1, 0, 4, 0)]]
+    >>> recut([(0, 4, 10, 3, 0), (1, 0, 4, 0, 2)], 2)
+    [[(0, 4, 9, 3, 0)], [(0, 9, 10, 0, 0), (1, 0, 4, 0, 2)]]
     """
-    total = sum(end - start for _, start, end, _ in pool)
+    total = sum(end - start for _, start, end, _, _ in pool)
     bounds = [total * p // parts for p in range(parts + 1)]
     out: list[list[RowRange]] = [[] for _ in range(parts)]
     offset = 0
-    for stream, start, end, skip in pool:
+    for stream, start, end, skip, take in pool:
         n = end - start
         for p in range(parts):
             lo, hi = max(bounds[p], offset), min(bounds[p + 1], offset + n)
             if lo < hi:
                 first = skip if lo == offset else 0
-                out[p].append((stream, start + lo - offset, start + hi - offset, first))
+                last = take if hi == offset + n else 0
+                out[p].append((stream, start + lo - offset, start + hi - offset, first, last))
         offset += n
     return out
 
@@ -202,20 +207,32 @@ def _left(entry: dict[str, Any], work: list[RowRange]) -> list[RowRange]:
     if not entry.get("held"):
         return remaining(work, pos.segment, pos.seq, pos.token_offset)
     held = Held.from_dict(entry["held"])
-    out: list[RowRange] = [(work[segment][0], seq, seq + 1, skip) for segment, seq, skip in held.docs]
+    out: list[RowRange] = []
+    for segment, seq, skip in held.docs:
+        stream, _, end, _, take = work[segment]
+        out.append((stream, seq, seq + 1, skip, take if seq == end - 1 else 0))
     return out + remaining(work, held.read[0], held.read[1], 0)
 
 
-def redeal(state: dict[str, Any], parts: int, fresh: Fresh) -> dict[int, Deal]:
-    """Cut every open epoch's pooled rows of a global state into ``parts`` equal runs."""
-    return {
-        e: Deal(streams, recut(pooled, parts), by)
-        for e, ((streams, by), pooled) in pools(state, fresh).items()
-    }
+#: ``cut(epoch, num_streams, by, pooled, parts)``: a pipeline's own way to cut an epoch's pooled
+#: rows into ``parts`` shares (whole batches of tokens, for a counted ``concat``), or ``None``.
+Cut = Callable[[int, int, str, list[RowRange], int], "list[list[RowRange]] | None"]
+
+
+def redeal(state: dict[str, Any], parts: int, fresh: Fresh, cut: Cut | None = None) -> dict[int, Deal]:
+    """Cut every open epoch's pooled rows of a global state into ``parts`` runs.
+
+    Runs of equal rows (:func:`recut`), unless ``cut`` cuts them its own way.
+    """
+    out = {}
+    for e, ((streams, by), pooled) in pools(state, fresh).items():
+        shares = None if cut is None else cut(e, streams, by, pooled, parts)
+        out[e] = Deal(streams, shares if shares is not None else recut(pooled, parts), by)
+    return out
 
 
 def own_share(
-    state: dict[str, Any], consumer: Consumer, fresh: Fresh
+    state: dict[str, Any], consumer: Consumer, fresh: Fresh, cut: Cut | None = None
 ) -> tuple[dict[str, Any], dict[int, Deal]]:
     """Return ``consumer``'s own state from a global one, and the deals made for it.
 
@@ -239,7 +256,7 @@ def own_share(
         epoch = int(state["epoch"])
         if len(entries) != count:
             raise ValueError(f"{len(entries)} consumer entries for {count} consumers")
-        deals = {} if count == consumer.count else redeal(state, consumer.count, fresh)
+        deals = {} if count == consumer.count else redeal(state, consumer.count, fresh, cut)
     except (KeyError, TypeError, ValueError) as exc:
         raise StateError(
             f"global state is malformed ({exc}): pass what `merge_states` returned"
@@ -253,7 +270,7 @@ def own_share(
         own["epoch_stats"] = entry.get("epoch_stats", [])  # version 5 on
         return {**common, **own, "consumer": me}, deals
     mine = deals[epoch].parts[consumer.index]
-    first = mine[0] if mine else (0, 0, 0, 0)
+    first = mine[0] if mine else (0, 0, 0, 0, 0)
     out = {
         **common,
         "position": Position(epoch, 0, first[1], first[3]).to_dict(),

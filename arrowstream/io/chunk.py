@@ -59,6 +59,10 @@ class Chunk:
     head_skip : int
         Tokens already removed from the front of the first document (emitted
         before a resume or by another consumer).
+    tail_take : int
+        When not 0, the last document is cut after this many of its tokens
+        (counted from its first, ``head_skip`` included): the rest is another
+        consumer's, which also counts the row.
     mask : numpy.ndarray or None
         Per token, whether it carries loss (``bool``, aligned with
         ``tokens``), when the pipeline has a loss mask column.
@@ -79,6 +83,7 @@ class Chunk:
     segment: int = 0
     head_skip: int = 0
     mask: np.ndarray | None = None
+    tail_take: int = 0
 
     @property
     def num_docs(self) -> int:
@@ -139,6 +144,39 @@ class Chunk:
         mask = None if self.mask is None else self.mask[skip:]
         return replace(self, tokens=self.tokens[skip:], offsets=offsets, head_skip=skip, mask=mask)
 
+    def trim_tail(self, seq: int, take: int) -> Chunk:
+        """Keep only the tokens before ``take`` of document ``seq``, which must come last.
+
+        ``take`` counts from the document's first token, those removed by
+        :meth:`trim_head` included.
+
+        Raises
+        ------
+        StateError
+            Document ``seq`` is not the last kept document, or has no more
+            than ``take`` tokens (the data, filter or tokenizer changed).
+        """
+        if self.num_docs == 0 or int(self.seq[-1]) != seq or self.offsets is None:
+            raise StateError(
+                f"the state gives {take} tokens of document {seq} of epoch {self.epoch} to this "
+                "consumer, but that document is not there any more (the data or the filter "
+                "changed): start without the state"
+            )
+        head = self.head_skip if self.num_docs == 1 else 0
+        length = int(self.offsets[-1] - self.offsets[-2]) + head
+        if not head < take < length:
+            raise StateError(
+                f"the state gives tokens {head}..{take - 1} of document {seq} of epoch {self.epoch} "
+                f"to this consumer, but it has {length} tokens: the tokenizer or the data changed; "
+                "start without the state"
+            )
+        assert self.tokens is not None
+        end = int(self.offsets[-1]) - (length - take)
+        offsets = self.offsets.copy()
+        offsets[-1] = end
+        mask = None if self.mask is None else self.mask[:end]
+        return replace(self, tokens=self.tokens[:end], offsets=offsets, tail_take=take, mask=mask)
+
     def split(self, bounds: np.ndarray) -> list[Chunk]:
         """Split at kept-row indices ``bounds`` (increasing, excluding 0 and ``num_docs``).
 
@@ -179,7 +217,9 @@ class Chunk:
                     source_end=self.source_end and k == last,
                     mixed=self.mixed,
                     segment=self.segment,
+                    head_skip=self.head_skip if k == 0 else 0,
                     mask=mask,
+                    tail_take=self.tail_take if k == last else 0,
                 )
             )
         return pieces
@@ -222,6 +262,7 @@ class Chunk:
             segment=first.segment,
             head_skip=first.head_skip,
             mask=mask,
+            tail_take=last.tail_take,
         )
 
     def counts_before(self, seq: int) -> dict[str, int]:
@@ -231,9 +272,11 @@ class Chunk:
         counts every row of the range and ``docs`` the kept ones.
         """
         seq = min(max(seq, self.seq_start), self.seq_end)
+        # a row cut by ``tail_take`` is counted by the consumer its last token goes to
+        cut = 1 if self.tail_take and seq == self.seq_end else 0
         out = {
-            "rows": seq - self.seq_start,
-            "docs": int(np.searchsorted(self.seq, seq, side="left")),
+            "rows": seq - self.seq_start - cut,
+            "docs": int(np.searchsorted(self.seq, seq, side="left")) - cut,
         }
         for reason, seqs in self.skipped.items():
             out[reason] = int(np.searchsorted(seqs, seq, side="left"))

@@ -222,11 +222,19 @@ class Packer(ABC):
 
     @abstractmethod
     def start(
-        self, state: dict[str, Any] | None, *, targets: Callable[[int], int | None] | None = None
+        self,
+        state: dict[str, Any] | None,
+        *,
+        targets: Callable[[int], int | None] | None = None,
+        origin: Position | None = None,
     ) -> PackRun:
         """Return a run starting fresh (``None``) or from a saved state.
 
         ``targets(epoch)`` gives the number of batches to emit in ``epoch`` (the
         same for every consumer, so no rank waits for another), or ``None`` for
         as many as the data gives; for an epoch past the last it must be ``None``.
+        ``origin`` is where a fresh run's share starts when that is not its
+        first row's first token (``concat`` over shares of whole batches,
+        which may begin inside a document); a fresh run's state says it until
+        the first chunk is read.
         """

@@ -46,8 +46,14 @@ from arrowstream.errors import ConfigError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.assemble import assemble_batch
-from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun
-from arrowstream.state import BestFitState, Progress, SegmentRef, State
+from arrowstream.pack.lookahead import (
+    Doc,
+    DocumentSource,
+    Key,
+    LookaheadRun,
+    fresh_origin,
+)
+from arrowstream.state import BestFitState, Position, Progress, SegmentRef, State
 
 __all__ = ["LONG_DOCS", "BestFitPacker"]
 
@@ -160,8 +166,9 @@ class BestFitPacker(Packer):
         }
 
     def start(
-        self, state: State | None, *, targets: Callable[[int], int | None] | None = None
+        self, state: State | None, *, targets: Callable[[int], int | None] | None = None, origin: Position | None = None
     ) -> PackRun:
+        fresh_origin(self.name, origin)
         return _BestFitRun(self, state, targets or (lambda epoch: None))
 
 

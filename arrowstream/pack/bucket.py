@@ -15,10 +15,8 @@ last batch's rows while that batch has room for another row). They are never
 chosen by length, so a long document cannot be held to the epoch's end: what
 waits is always the newest part of the stream. At the end of an epoch
 everything is flushed: batches never span epochs, and the last one is kept,
-or dropped and counted with ``drop_last``.
-The batches formed from a window go out in an order permuted by a generator
-seeded with ``(seed, epoch, window)``, so lengths do not rise and fall with
-the windows.
+or dropped and counted with ``drop_last``. A window's batches go out in an
+order permuted by ``(seed, epoch, window)``, so lengths do not rise and fall.
 
 Documents longer than ``max_len`` are truncated or dropped (``long_docs``) and
 counted. The decisions work on lengths; tokens move once per batch
@@ -48,8 +46,14 @@ from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.assemble import PADDED_KEYS, assemble_padded_batch
 from arrowstream.pack.base import check_even_batches
-from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun
-from arrowstream.state import BucketState, Progress, State
+from arrowstream.pack.lookahead import (
+    Doc,
+    DocumentSource,
+    Key,
+    LookaheadRun,
+    fresh_origin,
+)
+from arrowstream.state import BucketState, Position, Progress, State
 
 __all__ = ["LONG_DOCS", "BucketPacker"]
 
@@ -181,8 +185,9 @@ class BucketPacker(Packer):
         }
 
     def start(
-        self, state: State | None, *, targets: Callable[[int], int | None] | None = None
+        self, state: State | None, *, targets: Callable[[int], int | None] | None = None, origin: Position | None = None
     ) -> PackRun:
+        fresh_origin(self.name, origin)
         return _BucketRun(self, state, targets or (lambda epoch: None))
 
     # -- decisions on lengths ---------------------------------------------------------

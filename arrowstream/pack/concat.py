@@ -57,9 +57,13 @@ class ConcatPacker(Packer):
         return -(-num_tokens // (self.seq_len * self.batch_size))
 
     def start(
-        self, state: State | None, *, targets: Callable[[int], int | None] | None = None
+        self,
+        state: State | None,
+        *,
+        targets: Callable[[int], int | None] | None = None,
+        origin: Position | None = None,
     ) -> PackRun:
-        return _ConcatRun(self, state, targets or (lambda epoch: None))
+        return _ConcatRun(self, state, targets or (lambda epoch: None), origin)
 
 
 class _ConcatRun(PackRun):
@@ -68,13 +72,14 @@ class _ConcatRun(PackRun):
         packer: ConcatPacker,
         state: State | None,
         targets: Callable[[int], int | None],
+        origin: Position | None = None,
     ) -> None:
         self.p = packer
         self.targets = targets
         self.queue: deque[Chunk] = deque()
         self.cursor = 0  # token index into queue[0]
         if state is None:
-            self.pos = Position(0, 0, 0, 0)
+            self.pos = origin or Position(0, 0, 0, 0)
             self.ledger = Ledger()
         else:
             self.pos = state.position
@@ -206,7 +211,10 @@ class _ConcatRun(PackRun):
                 self.ledger.add("carried_tokens", b - a)
                 self.ledger.add("carried_docs", int(starts.size))
             doc_starts.append(starts - a + base)
-            doc_ends.append(offsets[(offsets > a) & (offsets <= b)] - a + base)
+            ends = offsets[(offsets > a) & (offsets <= b)]
+            if chunk.tail_take and b == offsets[-1]:
+                ends = ends[:-1]  # the last document goes on in another consumer's share
+            doc_ends.append(ends - a + base)
             base += b - a
         starts_all = np.concatenate(doc_starts or [np.empty(0, np.int64)])
         bounds = np.unique(np.concatenate([rows, starts_all]))

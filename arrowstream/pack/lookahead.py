@@ -39,10 +39,25 @@ from arrowstream.state import (
     State,
 )
 
-__all__ = ["Doc", "DocumentSource", "Key", "LookaheadRun", "LookaheadWindow"]
+__all__ = ["Doc", "DocumentSource", "Key", "LookaheadRun", "LookaheadWindow", "fresh_origin"]
 
 #: A document's reference: ``(range, seq)`` in the consumer's work of an epoch (as states hold it).
 Key = DocKey
+
+
+def fresh_origin(name: str, origin: Position | None) -> None:
+    """Check that a look-ahead packer's fresh run starts at its share's first row.
+
+    Shares that begin inside a document (whole batches of tokens) are dealt
+    only to packers whose batch count the tokens decide (``concat``).
+
+    Raises
+    ------
+    ValueError
+        ``origin`` is not the start of the share's first segment.
+    """
+    if origin is not None and (origin.segment, origin.seq, origin.token_offset) != (0, 0, 0):
+        raise ValueError(f"a fresh {name} run starts at its share's first row, got {origin}")
 
 
 @dataclass(frozen=True, slots=True)

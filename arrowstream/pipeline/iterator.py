@@ -23,6 +23,7 @@ from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.io.prefetch import Prefetcher
 from arrowstream.pack import PackRun
 from arrowstream.pipeline.plan import Plan
+from arrowstream.pipeline.reading import iter_chunks
 from arrowstream.state import Held, Position, State, Work, check_identity, check_state
 
 __all__ = ["DatasetIterator"]
@@ -109,7 +110,7 @@ class DatasetIterator:
                     options=self.plan.options(),
                     options_hash=self.plan.options_hash,
                 )
-                state, self._parts = own_share(state, self.consumer, fresh)
+                state, self._parts = own_share(state, self.consumer, fresh, self.plan.recut)
             saved: State | None = check_state(
                 state,
                 dataset=self.plan.manifest.describe(),
@@ -144,7 +145,11 @@ class DatasetIterator:
             if nxt_epoch in self._deals and nxt_epoch not in self._known_targets:
                 # saved with next_work, so an own-state resume needs no other consumer's parts
                 self._known_targets[nxt_epoch] = targets(nxt_epoch)
-            self._run = self.plan.packer.start(saved, targets=targets)
+            origin = None
+            if saved is None and self._deals[0].segments:  # a share may begin inside a document
+                first = self._deals[0].segments[0]
+                origin = Position(0, 0, first[1], first[3])
+            self._run = self.plan.packer.start(saved, targets=targets, origin=origin)
             start = self._run.upstream_position()
         elif saved is None:
             start = Position(0, 0, 0, 0)
@@ -158,11 +163,12 @@ class DatasetIterator:
                 )
         first_work = self._deals[self._start_epoch].segments
         if state is None and first_work:
-            start = Position(0, 0, first_work[0][1], 0)
+            start = Position(0, 0, first_work[0][1], first_work[0][3])
         self._pos = start
         self._ledger = Ledger(None if saved is None else saved.stats)
         produce = functools.partial(
-            self.plan.iter_chunks,
+            iter_chunks,
+            self.plan,
             self._reader,
             start,
             dict(self._deals),
@@ -248,7 +254,7 @@ class DatasetIterator:
         none = {"stream": None, "file": None, "row_group": None, "row": None}
         if pos.segment >= len(work):
             return none
-        stream, _, end, _ = work[pos.segment]
+        stream, _, end, _, _ = work[pos.segment]
         if pos.seq >= end:
             return {**none, "stream": stream}
         shard, row = self.plan.layout(pos.epoch, share.num_streams, share.by).locate(stream, pos.seq)
@@ -276,8 +282,9 @@ class DatasetIterator:
         layout = self.plan.layout(epoch, num_streams, share.by)
         bad = [
             seg for seg in work
-            if len(seg) != 4 or not 0 <= seg[0] < num_streams
-            or not 0 <= seg[1] <= seg[2] <= layout.stream_rows(seg[0]) or seg[3] < 0
+            if len(seg) != 5 or not 0 <= seg[0] < num_streams
+            or not 0 <= seg[1] <= seg[2] <= layout.stream_rows(seg[0]) or min(seg[3:]) < 0
+            or (seg[4] and seg[3] >= seg[4] and seg[2] - seg[1] == 1)
         ]
         if bad:
             raise StateError(
@@ -300,7 +307,7 @@ class DatasetIterator:
                 "segment(s): the state was edited or comes from other data"
             )
         if position.segment < len(work):
-            _, lo, hi, _ = work[position.segment]
+            _, lo, hi, _, _ = work[position.segment]
             if not lo <= position.seq <= hi:
                 raise StateError(
                     f"state position seq {position.seq} is outside its segment's rows {lo}..{hi}: "

@@ -3,9 +3,10 @@
 A :class:`~arrowstream.Dataset` only describes (files, stages, packer,
 options). A :class:`Plan` holds what iterating it needs: the columns to read
 and the reader, the row groups that filter statistics rule out, each epoch's
-layout, each consumer's fresh share, the even-batches target, the prefetch
-depth, and the producer of processed chunks. The iterator runs a plan and
-never calls back into the description.
+layout, each consumer's fresh share, the even-batches target and the
+prefetch depth. The iterator runs a plan (its chunks come from
+:func:`arrowstream.pipeline.reading.iter_chunks`) and never calls back into
+the description.
 
 A plan is a pure function of its description, so :meth:`Plan.of` builds one
 per description object and process and its iterators share it (its caches
@@ -18,13 +19,10 @@ from __future__ import annotations
 
 import copy
 import weakref
-from collections.abc import Iterator
-from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
 
-from arrowstream.core.execute import run_stages
 from arrowstream.core.stage import KnownTokens
 from arrowstream.distributed.balance import (
     Sample,
@@ -35,25 +33,28 @@ from arrowstream.distributed.balance import (
     token_estimates,
 )
 from arrowstream.distributed.tokens import (
+    BatchCut,
     TokenCounts,
+    batch_cut,
+    batch_recut,
+    batch_share,
     part_chunks,
     part_tokens,
     rank_targets,
     token_cut,
 )
 from arrowstream.distributed.topology import Consumer, RowRange
-from arrowstream.errors import ConfigError, StateError
+from arrowstream.errors import StateError
 from arrowstream.io.chunk import Chunk
 from arrowstream.io.layout import Layout
 from arrowstream.io.reader import Reader, ShardReader
-from arrowstream.io.source import iter_stream
 from arrowstream.pipeline.options import (
     Description,
     columns_to_read,
     pipeline_options,
     prefetch_depth,
 )
-from arrowstream.state import Position, Work, hash_options
+from arrowstream.state import Work, hash_options
 
 __all__ = ["Plan"]
 
@@ -77,7 +78,7 @@ class Plan:
     >>> from arrowstream.testing import example_dir
     >>> plan = Plan.of(read_parquet(example_dir()).filter(pc.field("n") >= 4))
     >>> plan.num_pruned_rows, plan.fresh_work(0, Consumer(0, 1)), plan.prefetch_depth
-    (4, [(0, 0, 8, 0)], 0)
+    (4, [(0, 0, 8, 0, 0)], 0)
     """
 
     def __init__(self, description: Description) -> None:
@@ -100,6 +101,7 @@ class Plan:
         self._token_counts: TokenCounts | None | bool = False  # False: not worked out yet
         self._known: list[KnownTokens | None] | None = None  # what each stage tells of its tokens
         self._targets: dict[tuple[Any, ...], list[int]] = {}
+        self._batch_cuts: dict[tuple[int, int], BatchCut] = {}
 
     @classmethod
     def of(cls, description: Description) -> Plan:
@@ -196,19 +198,46 @@ class Plan:
         if by == "estimate":
             return cut(byte_cut(rows, self.manifest.shard_rows, self.estimated_tokens()))
         counts = self.token_counts
-        if counts is None:
+        per_batch = None if self.packer is None else self.packer.exact_batches(0)
+        if counts is None or (by == "batches" and per_batch is None):
             raise StateError(
                 f"the state's epoch {epoch} was cut into streams of equal tokens, but this pipeline "
                 f"cannot count its tokens before reading ({self.balance}): resume with the pipeline "
                 "that saved it"
             )
-        return cut(token_cut(rows, counts))
+        if by == "tokens":
+            return cut(token_cut(rows, counts))
+        return cut(self.batch_cut(epoch, num_streams).rows)
+
+    def batch_cut(self, epoch: int, num_streams: int) -> BatchCut:
+        """Return ``epoch`` cut into ``num_streams`` shares of whole batches of tokens (a few kept).
+
+        See :func:`~arrowstream.distributed.tokens.batch_cut`; only for a
+        packer whose batches the tokens decide (``concat``) over counted tokens.
+        """
+        key = (epoch, num_streams)
+        hit = self._batch_cuts.get(key)
+        if hit is None:
+            if len(self._batch_cuts) >= 4:
+                self._batch_cuts.pop(next(iter(self._batch_cuts)), None)
+            assert self.packer is not None and self.token_counts is not None
+            per_batch = self.packer.seq_len * self.packer.batch_size
+            rows = Layout(
+                self.shards, self.manifest.shard_rows, epoch=epoch, seed=self.seed, window=self.window,
+                num_streams=num_streams, fragments=self.fragments,
+            )
+            hit = self._batch_cuts[key] = batch_cut(rows, self.token_counts, per_batch)
+        return hit
 
     @property
     def streams_by(self) -> str:
         """How fresh epochs are cut into streams for even batches.
 
-        ``"tokens"`` when batch counts are counted; ``"estimate"`` (each row
+        ``"batches"`` when batch counts are counted and the tokens decide them
+        (``concat``): every consumer gets whole batches of tokens, a document
+        split where a share ends (:func:`~arrowstream.distributed.tokens.batch_cut`);
+        ``"tokens"`` when they are counted by running the packer (equal tokens,
+        cut between documents); ``"estimate"`` (each row
         group's Parquet bytes times the token rate of a nearby sampled row
         group, see :func:`~arrowstream.distributed.balance.token_estimates`)
         when they are estimated (``"bytes"``, equal Parquet bytes, in states
@@ -219,7 +248,25 @@ class Plan:
         even = self.packer is not None and self.packer.even_batches and self.num_epochs is not None
         if not even or self.packer.counts_documents:  # type: ignore[union-attr]
             return "rows"  # batches of a fixed number of documents: equal rows keep counts even
-        return "tokens" if self.token_counts is not None else "estimate"
+        if self.token_counts is None:
+            return "estimate"
+        return "batches" if self.packer.exact_batches(0) is not None else "tokens"  # type: ignore[union-attr]
+
+    def recut(
+        self, epoch: int, num_streams: int, by: str, pooled: list[RowRange], parts: int
+    ) -> list[list[RowRange]] | None:
+        """Cut an epoch's pooled rows (an elastic resume's) into shares of whole batches, or ``None``.
+
+        For a counted ``concat`` (:attr:`streams_by` ``"batches"``), so every
+        new rank's count for the rest of the epoch is within one of the
+        others' (:func:`~arrowstream.distributed.tokens.batch_recut`); other
+        pipelines re-deal equal rows.
+        """
+        if self.streams_by != "batches":
+            return None
+        assert self.packer is not None and self.token_counts is not None
+        per_batch = self.packer.seq_len * self.packer.batch_size
+        return batch_recut(self.layout(epoch, num_streams, by), self.token_counts, pooled, per_batch, parts)
 
     def fresh_work(self, epoch: int, consumer: Consumer) -> list[RowRange]:
         """Return ``consumer``'s share of a fresh ``epoch``: its own stream, whole."""
@@ -228,8 +275,12 @@ class Plan:
     def fresh_deal(self, epoch: int, consumer: Consumer) -> Work:
         """Return ``consumer``'s share of a fresh ``epoch`` with the layout it refers to."""
         by = self.streams_by
-        rows = self.layout(epoch, consumer.count, by).stream_rows(consumer.index)
-        return Work(consumer.count, ((consumer.index, 0, rows, 0),), by=by)
+        layout = self.layout(epoch, consumer.count, by)
+        if by == "batches":
+            assert self.token_counts is not None
+            share = batch_share(layout, self.token_counts, self.batch_cut(epoch, consumer.count), consumer.index)
+            return Work(consumer.count, tuple(share), by=by)
+        return Work(consumer.count, ((consumer.index, 0, layout.stream_rows(consumer.index), 0, 0),), by=by)
 
     # -- even batches -----------------------------------------------------------------
 
@@ -342,7 +393,7 @@ class Plan:
         packer = self.packer
         assert packer is not None
         sample = self.sample()
-        rows = min((sum(hi - lo for _, lo, hi, _ in part) for part in parts), default=0)
+        rows = min((sum(hi - lo for _, lo, hi, _, _ in part) for part in parts), default=0)
         docs, per_batch = packer.per_batch(
             sample.lengths,
             num_docs=rows * sample.docs_per_row,
@@ -381,68 +432,7 @@ class Plan:
             self._read_bytes = self.manifest.column_bytes(self.columns)
         return self._read_bytes
 
-    # -- running ------------------------------------------------------------------------
-
-    def iter_chunks(
-        self,
-        reader: ShardReader,
-        start: Position,
-        deals: dict[int, Work],
-        consumer: Consumer,
-        pool: Executor | None = None,
-    ) -> Iterator[Chunk]:
-        """Yield ``consumer``'s processed chunks from ``start`` on.
-
-        ``deals`` maps an epoch to the consumer's work in it (with the
-        layout's streams it refers to), where that is not a fresh share (a resumed
-        epoch, and maybe the next, re-dealt); other epochs are fresh. Token
-        offsets are the packer's business. ``pool`` runs expensive stages a
-        few pieces at once.
-        """
-        epoch, segment, seq = start.epoch, start.segment, start.seq
-        head_skip = start.token_offset
-        deal = deals.get(epoch) or self.fresh_deal(epoch, consumer)
-        while self.num_epochs is None or epoch < self.num_epochs:
-            layout = self.layout(epoch, deal.num_streams, deal.by)
-            work = list(deal.segments)
-            if layout.num_rows == 0 and self.num_epochs is None:
-                raise ConfigError(
-                    "the filter leaves no row group to read, so an endless stream would never "
-                    "yield: loosen the filter"
-                )
-            docs = 0
-            for k in range(segment, len(work)):
-                stream, lo, hi, skip = work[k]
-                first, skip = (seq, head_skip) if k == segment else (lo, skip)
-                source = iter_stream(
-                    reader,
-                    layout,
-                    stream,
-                    start_seq=first,
-                    end_seq=hi,
-                    batch_rows=self.batch_rows,
-                    segment=k,
-                )
-                for out in run_stages(
-                    self.stages, source, where=self.where, pool=pool, in_flight=self.num_inflight
-                ):
-                    if skip and first < hi:  # tokens of the first document already emitted
-                        out, skip = out.trim_head(first, skip), 0
-                    docs += out.num_docs
-                    yield out
-            fresh = segment == 0 and work and seq == work[0][1]
-            if docs == 0 and fresh and self.num_epochs is None:
-                raise ConfigError(
-                    f"epoch {epoch} kept no document for consumer {consumer.index} of "
-                    f"{consumer.count} (all filtered, null or empty, or fewer rows than "
-                    "consumers), so an endless stream would never yield: check the filter and "
-                    "the data"
-                )
-            epoch += 1
-            deal = deals.get(epoch) or self.fresh_deal(epoch, consumer)
-            work = list(deal.segments)
-            segment = 0
-            seq, head_skip = (work[0][1], work[0][3]) if work else (0, 0)
+    # -- naming ---------------------------------------------------------------------------
 
     def where(self, chunk: Chunk) -> str:
         """Name the file, row group and rows of ``chunk``, for error messages."""

@@ -5,7 +5,7 @@ that is empty now is ``null``; every counter the pipeline can move is there
 from the first state on, at 0)::
 
     {
-      "format": "arrowstream.state", "version": 5,
+      "format": "arrowstream.state", "version": 6,
       "dataset": {"fingerprint": ..., "num_files": ..., "num_shards": ..., "num_rows": ...},
       "options_hash": ..., "options": {...},
       "position": {"epoch": 0, "segment": 0, "seq": 1234, "token_offset": 17,
@@ -20,8 +20,9 @@ from the first state on, at 0)::
 
 Version 2 states (which left empty parts out) load too.
 
-``work`` lists the consumer's segments of the epoch (``[stream, start, end]``
-rows of the epoch's streams, read in order); ``position.segment``,
+``work`` lists the consumer's segments of the epoch (``[stream, start, end,
+skip]`` rows of the epoch's streams, read in order, with a fifth number,
+``take``, when the last row is only partly this consumer's); ``position.segment``,
 ``position.seq`` (row sequence number in that segment's stream) and
 ``position.token_offset`` (tokens of that document already emitted) are
 authoritative; ``stream``, ``file``, ``row_group`` and ``row`` name the same

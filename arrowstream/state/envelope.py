@@ -29,13 +29,15 @@ __all__ = [
 ]
 
 STATE_FORMAT = "arrowstream.state"
-STATE_VERSION = 5
+STATE_VERSION = 6
 #: Versions this release loads. Version 2 left out empty parts (``held``, ``next_work``,
 #: counters not moved yet); version 3 has the same keys at every step; version 4 says how
 #: each epoch's streams were cut (``work.by``: by rows before, the only way then); version 5
 #: carries data past an estimated target into the next epoch's count (``packer.data_epoch``,
-#: counters ``carried_docs`` and ``carried_tokens``; none before).
-READABLE_VERSIONS = (2, 3, 4, 5)
+#: counters ``carried_docs`` and ``carried_tokens``; none before); version 6 deals counted
+#: ``concat`` shares of whole batches (``work.by`` ``"batches"``), whose row ranges may end
+#: inside a document (a fifth number, ``take``).
+READABLE_VERSIONS = (2, 3, 4, 5, 6)
 #: The keys of ``position`` that name its place for people (checked on load, not used).
 WHERE_KEYS = ("stream", "file", "row_group", "row")
 
@@ -72,7 +74,7 @@ class State:
     Examples
     --------
     >>> state = State(dataset={"fingerprint": "f"}, options_hash="h", options={},
-    ...               position=Position(0, 0, 5), work=Work(1, ((0, 0, 9, 0),)), consumer=(0, 1),
+    ...               position=Position(0, 0, 5), work=Work(1, ((0, 0, 9, 0, 0),)), consumer=(0, 1),
     ...               stats={"rows": 5})
     >>> again = State.from_dict(state.to_dict())
     >>> again == state, sorted(state.to_dict())[:4]

@@ -14,16 +14,20 @@ from arrowstream.errors import StateError
 
 __all__ = ["STREAMS_BY", "Held", "Position", "RowRange", "Work", "count"]
 
-#: How an epoch's layout cuts its streams: equal rows, equal tokens (counted), equal
-#: Parquet bytes of the columns read (estimated, states before version 5), or equal
-#: estimated tokens (each row group's bytes times a nearby sampled row group's token rate).
-STREAMS_BY = ("rows", "tokens", "bytes", "estimate")
+#: How an epoch's layout cuts its streams: equal rows, equal tokens (counted, at document
+#: boundaries), whole batches of tokens (counted, a document split between two streams where
+#: a batch ends, version 6 on), equal Parquet bytes of the columns read (estimated, states
+#: before version 5), or equal estimated tokens (each row group's bytes times a nearby sampled
+#: row group's token rate).
+STREAMS_BY = ("rows", "tokens", "batches", "bytes", "estimate")
 
 
-#: A row range, the unit of work: ``(stream, start, end, skip)``, rows ``start..end-1`` of a
-#: stream in its order, the first ``skip`` tokens of row ``start`` already emitted. (The
+#: A row range, the unit of work: ``(stream, start, end, skip, take)``, rows ``start..end-1``
+#: of a stream in its order, the first ``skip`` tokens of row ``start`` already emitted
+#: elsewhere, and of row ``end - 1`` only its tokens before ``take`` (0: all of them; the
+#: rest goes to another consumer). A state writes ``take`` only when it is not 0. (The
 #: state's JSON keeps its first name for them: ``work.segments``, ``position.segment``.)
-RowRange = tuple[int, int, int, int]
+RowRange = tuple[int, int, int, int, int]
 
 
 def count(value: Any, field: str) -> int:
@@ -86,8 +90,8 @@ class Work:
 
     Examples
     --------
-    >>> Work.from_dict({"num_streams": 2, "segments": [[1, 0, 6, 0]]})
-    Work(num_streams=2, segments=((1, 0, 6, 0),), target=None, by='rows', target_known=False)
+    >>> Work.from_dict({"num_streams": 2, "segments": [[1, 0, 6, 0], [0, 3, 4, 0, 5]]})
+    Work(num_streams=2, segments=((1, 0, 6, 0, 0), (0, 3, 4, 0, 5)), target=None, by='rows', target_known=False)
     """
 
     num_streams: int
@@ -108,7 +112,8 @@ class Work:
         """
         try:
             streams = int(data["num_streams"])
-            segments = tuple(tuple(int(v) for v in seg) for seg in data["segments"])
+            # ``take`` is written only when not 0 (and not at all before version 6)
+            segments = tuple(tuple(int(v) for v in (*seg, 0)[: max(len(seg), 5)]) for seg in data["segments"])
             target = data.get("target")
             known = "target" in data
             by = data.get("by", "rows")
@@ -116,9 +121,10 @@ class Work:
             raise StateError(f"state `{field}` is malformed ({exc!r}): the state was edited") from exc
         if streams < 1:
             raise StateError(f"state `{field}.num_streams` must be >= 1, got {streams}: the state was edited")
-        if any(len(seg) != 4 or min(seg) < 0 for seg in segments):
+        if any(len(seg) != 5 or min(seg) < 0 for seg in segments):
             raise StateError(
-                f"state `{field}.segments` should be [stream, start, end, skip] lists of ints >= 0, got "
+                f"state `{field}.segments` should be [stream, start, end, skip] or [stream, start, end, "
+                f"skip, take] lists of ints >= 0, got "
                 f"{data['segments']!r}: the state was edited"
             )
         if target is not None:
@@ -132,7 +138,7 @@ class Work:
         out: dict[str, Any] = {
             "num_streams": self.num_streams,
             "by": self.by,
-            "segments": [list(s) for s in self.segments],
+            "segments": [list(s[:4]) if not s[4] else list(s) for s in self.segments],
         }
         if with_target:
             out["target"] = self.target

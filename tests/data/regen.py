@@ -65,6 +65,9 @@ CASES: dict[str, dict[str, Any]] = {
     "best-fit-text-merged": {"pipeline": "best-fit-text", "world": 2, "steps": [3], "resume_on": 1},
     # version 5: consumer 2 of 3 past its estimated target, carrying epoch 0's rest into epoch 1's count
     "best-fit-text-carrying": {"pipeline": "best-fit-text", "world": 3, "own": 2, "steps": [32, 34]},
+    # version 6: consumer 1 of 3 of a counted concat, whose share of whole batches begins and ends
+    # inside a document
+    "concat-split": {"pipeline": "concat-shuffled", "world": 3, "own": 1, "steps": [0, 4, 10, 17]},
 }
 
 
