@@ -217,6 +217,14 @@ MUTANTS = [
         ("tests/test_exact_batches.py::test_counted_batches_hold_after_elastic_resumes_over_two_epochs",),
     ),
     Mutant(
+        "index-pages-unchecked",
+        "length index pages are read without their checksums, so a flipped bit goes unnoticed",
+        "arrowstream/tokenize/lengths.py",
+        "page_checksum_verification=True))",
+        "page_checksum_verification=False))",
+        ("tests/test_length_index.py::test_a_corrupt_index_entry_is_named_not_trusted",),
+    ),
+    Mutant(
         "fresh-share-forgets-its-origin",
         "a fresh concat run whose share begins inside a document says it starts at the document's first token",
         "arrowstream/pipeline/iterator.py",

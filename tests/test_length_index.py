@@ -309,3 +309,26 @@ def test_ctrl_c_during_a_build_ends_in_one_line(tmp_path: Path, tokenizer_path: 
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err
     assert "interrupted: the files already counted are kept" in err
+
+
+def test_a_corrupt_index_entry_is_named_not_trusted(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    root = _corpus(tmp_path / "data")
+    build_length_index(root, tokenizer)
+    for entry in (root / INDEX_DIR).rglob("*.lengths"):  # one byte flipped at the end of every row group's page
+        data = bytearray(entry.read_bytes())
+        meta = pq.read_metadata(entry)
+        for k in range(meta.num_row_groups):
+            chunk = meta.row_group(k).column(0)
+            start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+            data[start + chunk.total_compressed_size - 2] ^= 0x10
+        entry.write_bytes(bytes(data))
+    ds = _pipeline(root, tokenizer)
+    assert ds.balance.startswith("counted: a length index")  # the footers are intact
+    with pytest.raises(CacheError, match=r"\.lengths', row group \d+, column 'tokens' is corrupt.*arrowstream index"):
+        for rank in range(3):
+            list(ds.iter(rank=rank, world_size=3))
+    # a truncated entry (its footer gone) is not used: beside the data, even batches are estimated
+    for entry in (root / INDEX_DIR).rglob("*.lengths"):
+        entry.write_bytes(entry.read_bytes()[:100])
+    with pytest.warns(CacheWarning, match="cannot be read"):
+        assert _pipeline(root, tokenizer).balance.startswith("estimated")

@@ -241,12 +241,31 @@ class LengthIndex:
         if entry is None:
             raise CacheError(f"length index {self.dir!r} has no usable entry for {m.paths[file]!r}")
         k = entry[0].index(int(m.shard_row_group[shard]))
-        with self._lock:  # plans are shared by the threads of a process
-            if self._open is None or self._open[0] != file:
-                self.close()
-                self._open = (file, pq.ParquetFile(self.fs.open_input_file(self.entry_path(file))))
-            column = self._open[1].read_row_group(k).column("tokens")
-        return pc.fill_null(column, 0).to_numpy().astype(np.int64)
+        path = self.entry_path(file)
+        try:
+            with self._lock:  # plans are shared by the threads of a process
+                if self._open is None or self._open[0] != file:
+                    self.close()
+                    # pages written by this release carry checksums: a flipped bit is an error, not a count
+                    self._open = (file, pq.ParquetFile(self.fs.open_input_file(path), page_checksum_verification=True))
+                column = self._open[1].read_row_group(k).column("tokens")
+            out = pc.fill_null(column, 0).to_numpy().astype(np.int64)
+        except (pa.ArrowException, OSError) as exc:
+            self.close()
+            raise self._corrupt(path, k, f"it cannot be read ({exc})") from exc
+        if int(out.sum()) != int(entry[1][k]) or out.size != int(m.shard_rows[shard]):
+            raise self._corrupt(
+                path, k, f"{out.size} counts summing to {int(out.sum())}, its footer says "
+                f"{int(m.shard_rows[shard])} rows and {int(entry[1][k])} ids"
+            )
+        return out
+
+    def _corrupt(self, path: str, row_group: int, why: str) -> CacheError:
+        return CacheError(
+            f"length index entry {path!r}, row group {row_group}, column 'tokens' is corrupt: {why}. "
+            "Delete that entry and run `arrowstream index` again (it rebuilds only what is missing), "
+            "or pass length_index=False to estimate even batches without it"
+        )
 
     def _check_setting(self) -> None:
         with self.fs.open_input_stream(f"{self.dir}/index.json") as f:
@@ -325,7 +344,7 @@ class LengthIndex:
         meta = {"identity": self.manifest.file_identity(file), "row_groups": groups, "ids": ids, "docs": docs}
         schema = pa.schema([("tokens", pa.int32())], metadata={_META: json.dumps(meta).encode()})
         sink = pa.BufferOutputStream()
-        with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+        with pq.ParquetWriter(sink, schema, compression="zstd", write_page_checksum=True) as writer:
             for a in per_group:  # one Parquet row group per source row group
                 writer.write_table(pa.table({"tokens": a}, schema=schema), row_group_size=max(1, len(a)))
         _write_whole(self.fs, self.entry_path(file), sink.getvalue().to_pybytes())
