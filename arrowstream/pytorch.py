@@ -28,8 +28,10 @@ Requires ``pip install arrowstream[torch]``.
 from __future__ import annotations
 
 import copy
+import multiprocessing
 from collections import deque
 from collections.abc import Iterator, Sequence
+from multiprocessing.context import get_spawning_popen  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,11 +40,13 @@ try:
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+    from torch.utils.data._utils.collate import default_collate_fn_map
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError(
         "the PyTorch adapter needs torch: pip install 'arrowstream[torch]'"
     ) from exc
 
+from arrowstream.distributed.topology import WHOLE_RUN_COUNTERS
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 
@@ -50,10 +54,30 @@ if TYPE_CHECKING:
     from arrowstream.pipeline.dataset import Dataset
     from arrowstream.pipeline.iterator import DatasetIterator
 
-__all__ = ["STATE_KEY", "StatefulLoader", "TorchDataset", "one_storage"]
+__all__ = ["STATE_KEY", "Batch", "StatefulLoader", "TorchDataset", "one_storage"]
 
 #: Key under which a batch carries its worker's state (``attach_state=True``).
 STATE_KEY = "arrowstream_state"
+
+
+class Batch(dict):  # type: ignore[type-arg]
+    """One packed batch as tensors: a ``dict``, which a DataLoader must not batch again.
+
+    ``torch``'s default collation refuses it (a ``DataLoader`` left at its
+    default ``batch_size=1`` would stack batches into a new leading
+    dimension, and its state would no longer match what was trained on).
+    """
+
+
+def _refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    raise ConfigError(
+        f"a DataLoader tried to stack {len(batch)} arrowstream batch(es) into one: they are already "
+        "batches (`.pack` formed them). Pass `batch_size=None` to the DataLoader (or torchdata's "
+        "`StatefulDataLoader`), or use `arrowstream.pytorch.StatefulLoader`, which sets it"
+    )
+
+
+default_collate_fn_map[Batch] = _refuse_collate
 
 
 class TorchDataset(IterableDataset):  # type: ignore[type-arg]
@@ -119,6 +143,14 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         self.attach_state = attach_state
         self._pending: dict[str, Any] | None = None
         self._it: DatasetIterator | None = None
+        # set by a DataLoader worker that iterates this dataset; shared with the main process
+        self._worker_ran: Any = multiprocessing.RawValue("b", 0)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if get_spawning_popen() is None:  # pickled, not sent to a worker: the flag stays here
+            state["_worker_ran"] = None
+        return state
 
     def topology(self) -> tuple[int, int, int, int]:
         """Return ``(rank, world_size, worker, num_workers)`` of the calling process."""
@@ -144,7 +176,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _tensors(self, batch: dict[str, Any]) -> dict[str, Any]:
         keys = batch if self.columns is None else self.columns
-        out = {key: batch[key] for key in keys}
+        out = Batch((key, batch[key]) for key in keys)
         arrays = {key: value for key, value in out.items() if isinstance(value, np.ndarray)}
         if len(arrays) > 1 and get_worker_info() is not None:
             out.update(one_storage(arrays))
@@ -153,6 +185,8 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         return out
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if get_worker_info() is not None and self._worker_ran is not None:
+            self._worker_ran.value = 1
         self._it = it = self.iterator()
         if not self.attach_state:
             for batch in it:
@@ -167,11 +201,29 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
                 yield held
             held = out
         if held is not None:
-            held[STATE_KEY]["last"] = True
+            # the state after the end: what an estimated target made the consumer drop is in it
+            held[STATE_KEY] = {"state": it.state_dict(), "last": True}
             yield held
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the state of this process's consumer after the last batch it produced."""
+        """Return the state of this process's consumer after the last batch it produced.
+
+        Raises
+        ------
+        ConfigError
+            Called in the main process of a DataLoader whose workers iterate
+            this dataset: their positions are theirs (a state from here would
+            start the stream again).
+        """
+        if get_worker_info() is None and self._worker_ran is not None and self._worker_ran.value:
+            raise ConfigError(
+                "`state_dict()` of a dataset that DataLoader workers iterate, called in the main "
+                "process: the workers' positions are not here, and a state taken here would start "
+                "the stream again. Save the loader's state instead: "
+                "`loader = arrowstream.pytorch.StatefulLoader(ds.to_torch(), num_workers=N)` and "
+                "`loader.state_dict()`, or torchdata's `StatefulDataLoader(..., batch_size=None)` "
+                "and its `state_dict()`"
+            )
         if self._it is not None:
             return self._it.state_dict()
         return self.iterator().state_dict()
@@ -295,6 +347,22 @@ class StatefulLoader:
                 done[self._next] = True
             self._next = (self._next + 1) % n
             yield batch
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """This rank's counters as of the batches received, summed over its DataLoader workers.
+
+        The same counters as :attr:`DatasetIterator.stats <arrowstream.pipeline.iterator.DatasetIterator.stats>`
+        (``padding_batches``, ``dropped_tokens``, ...); a worker's drop at
+        an estimated target counts from its last batch on. ``pruned_rows``,
+        which every worker reports for the whole run, counts once.
+        """
+        total: dict[str, int] = {}
+        for own in self.state_dict()["states"]:
+            for key, value in own["stats"].items():
+                merge = max if key in WHOLE_RUN_COUNTERS else int.__add__
+                total[key] = merge(total.get(key, 0), int(value))
+        return total
 
     def state_dict(self) -> dict[str, Any]:
         """Return this rank's state: one state per DataLoader worker, as of the batches received."""

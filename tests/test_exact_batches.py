@@ -69,7 +69,8 @@ def _emitted(batch) -> list[int]:
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 @pytest.mark.parametrize("shuffle", [False, True])
-@pytest.mark.parametrize(("world", "workers"), [(1, 2), (2, 1), (3, 2), (4, 1), (4, 2)])
+@pytest.mark.parametrize("workers", [1, 2])  # DataLoader workers: none (the rank's own process), or 2
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_every_strategy_counts_exactly_and_drops_nothing(
     tmp_path: Path, strategy: str, shuffle: bool, world: int, workers: int
 ) -> None:

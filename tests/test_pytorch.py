@@ -215,3 +215,54 @@ def test_the_loader_resumes_exactly_when_its_workers_end_apart(tmp_path: Path, s
     again.load_state_dict(state)
     assert head + [b["input_ids"].tolist() for b in again] == whole
     assert len(whole) == 31  # 16 + 15: after 30 batches, worker 1 has ended
+
+
+def test_the_main_process_state_of_a_dataset_its_workers_iterate_is_refused(tmp_path: Path) -> None:
+    ds, _ = _ds(tmp_path)
+    tds = ds.to_torch()
+    it = iter(torch.utils.data.DataLoader(tds, batch_size=None, num_workers=2))
+    for _ in range(5):
+        next(it)
+    with pytest.raises(ConfigError, match=r"DataLoader workers iterate.*StatefulLoader.*StatefulDataLoader"):
+        tds.state_dict()  # it would say "start of the stream" and repeat the 5 batches
+    # without workers the main process is the consumer, and its state continues the stream
+    own = ds.to_torch()
+    head = [b["input_ids"].tolist() for _, b in zip(range(5), torch.utils.data.DataLoader(own, batch_size=None))]
+    again = ds.to_torch()
+    again.load_state_dict(json.loads(json.dumps(own.state_dict())))
+    whole = [b["input_ids"].tolist() for b in torch.utils.data.DataLoader(ds.to_torch(), batch_size=None)]
+    assert head + [b["input_ids"].tolist() for b in torch.utils.data.DataLoader(again, batch_size=None)] == whole
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_dataloader_that_would_stack_batches_says_to_pass_batch_size_none(tmp_path: Path, num_workers: int) -> None:
+    loader = torch.utils.data.DataLoader(_ds(tmp_path)[0].to_torch(), num_workers=num_workers)  # batch_size=1
+    with pytest.raises(ConfigError, match=r"already batches.*batch_size=None"):
+        next(iter(loader))
+
+
+def test_the_loader_counts_what_its_workers_did_drops_included(tmp_path: Path) -> None:
+    import warnings
+
+    import pyarrow.compute as pc
+
+    from arrowstream import DataLossWarning
+
+    docs = named_docs(heavy_tail(200, seed=3, cap=60))
+    write_parts(tmp_path, [{"input_ids": pa.array(docs, pa.list_(pa.int32()))}], row_group_size=10)
+    ds = read_parquet(tmp_path).filter(pc.field("input_ids").is_valid())  # batch counts estimated
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=16, batch_size=2, strategy="best_fit", window=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataLossWarning)  # the workers inherit it
+        loader = StatefulLoader(ds.to_torch(rank=1, world_size=3), num_workers=2)
+        received = sum(1 for _ in loader)
+        direct: Counter = Counter()
+        for worker in range(2):
+            it = ds.iter(rank=1, world_size=3, worker=worker, num_workers=2)
+            list(it)
+            direct.update({k: v for k, v in it.stats.items() if k != "pruned_rows"})
+    stats = loader.stats
+    assert stats["batches"] == received
+    assert direct["dropped_tokens"] > 0  # an estimated target made the workers drop
+    for key in ("dropped_tokens", "dropped_docs", "padding_batches", "tokens", "rows"):
+        assert stats[key] == direct[key], key

@@ -32,6 +32,7 @@ from arrowstream.errors import ConfigError, StateError, StateMismatchError
 from arrowstream.state import Held, Position, RowRange, Work
 
 __all__ = [
+    "WHOLE_RUN_COUNTERS",
     "Consumer",
     "Cut",
     "Deal",
@@ -289,7 +290,7 @@ def own_share(
 
 
 #: Counters every consumer reports for the whole run, not for its share: merged, they count once.
-_WHOLE_RUN = ("pruned_rows",)
+WHOLE_RUN_COUNTERS = ("pruned_rows",)
 
 
 def _is_rank(state: Any) -> bool:
@@ -371,7 +372,7 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     per_epoch: dict[int, dict[str, int]] = {}
     for st in ordered:
         for key, value in st["stats"].items():
-            if key in _WHOLE_RUN:  # every consumer reports the same whole-run figure: count it once
+            if key in WHOLE_RUN_COUNTERS:  # every consumer reports the same whole-run figure: count it once
                 totals[key] = max(totals.get(key, 0), int(value))
             else:
                 totals[key] = totals.get(key, 0) + int(value)
