@@ -249,6 +249,22 @@ MUTANTS = [
         ("tests/test_pytorch.py::test_the_loader_counts_what_its_workers_did_drops_included",),
     ),
     Mutant(
+        "cli-ctrl-c-saves-nothing",
+        "Ctrl-C during `arrowstream stream --save-state` saves nothing",
+        "arrowstream/cli/stream.py",
+        "        if not args.save_state:\n            raise\n",
+        "        raise\n",
+        ("tests/test_cli_stream.py::test_ctrl_c_saves_the_state_and_exits_quietly",),
+    ),
+    Mutant(
+        "filter-literal-left-not-mirrored",
+        "a --filter comparison with the literal on the left keeps its operator (`3 > n` read as `n > 3`)",
+        "arrowstream/cli/expressions.py",
+        "        mirrored = _MIRROR.get(type(op), type(op))\n",
+        "        mirrored = type(op)\n",
+        ("tests/test_cli_stream.py::test_filter_conditions_select_what_they_say",),
+    ),
+    Mutant(
         "fresh-share-forgets-its-origin",
         "a fresh concat run whose share begins inside a document says it starts at the document's first token",
         "arrowstream/pipeline/iterator.py",

@@ -164,7 +164,7 @@ def test_errors_are_clear(tmp_path: Path) -> None:
         [sys.executable, "-m", "arrowstream", "analyze", str(root), "--tokenizer", str(tmp_path / "missing.json")],
         capture_output=True, text=True, check=False,
     )
-    assert proc.returncode == 2 and "is not a file" in proc.stderr
+    assert proc.returncode == 2 and "does not exist: pass the path of a tokenizer.json" in proc.stderr
 
 
 def test_token_figures_per_group(tmp_path: Path, tokenizer: Tokenizer) -> None:

@@ -472,3 +472,23 @@ def test_the_tokenizer_arrowstream_trains_converts(corpus: list[str]) -> None:
     enc = Encoder(tok, sample_bytes=0)
     for kind, texts in {"corpus": corpus[:200], **cases(["<|endoftext|>"])}.items():
         assert fast(enc, texts) == reference(tok, texts), kind
+
+
+def test_a_transformers_fast_tokenizer_is_used_through_its_backend(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    from arrowstream import read_parquet
+
+    core = Tokenizer.from_str(tokenizer.to_str())
+    bos = core.token_to_id("<|endoftext|>")
+    core.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
+    hf = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+    texts = ["the first text here", "and a second, longer one with more words in it"]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet")
+    [batch] = list(read_parquet(tmp_path).tokenize(hf))
+    got = batch.column("input_ids").to_pylist()
+    want = [ids + [hf.eos_token_id] for ids in hf(texts)["input_ids"]]  # its BOS, its EOS
+    assert got == want

@@ -60,13 +60,16 @@ class Tokenize(Stage):
     tokenizer
         A ``tokenizers.Tokenizer``, a path to a ``tokenizer.json``, an
         :class:`~arrowstream.tokenize.encoders.Encoder` (a tokenizer with its backend
-        options), or ``None`` when ``column`` already holds token ids.
+        options), a transformers fast tokenizer (``PreTrainedTokenizerFast``,
+        used through its ``backend_tokenizer``, its ``eos_token_id`` the EOS),
+        or ``None`` when ``column`` already holds token ids.
     column
         The text (or token-id) column.
     add_eos
         Append the EOS id to every document.
     eos_id
-        The EOS id; found among the tokenizer's special tokens when ``None``.
+        The EOS id; when ``None``, a transformers tokenizer's ``eos_token_id``,
+        else found among the tokenizer's special tokens.
     add_special_tokens
         Passed to the tokenizer (its post-processor may add BOS and the like).
     slice_bytes
@@ -165,8 +168,9 @@ class Tokenize(Stage):
         self.first_slice_bytes = min(check_int("first_slice_bytes", first_slice_bytes), self.slice_bytes)  # type: ignore[type-var]
         self.num_inflight = check_int("num_inflight", num_inflight)
         self.expensive = self.tokenizer is not None
-        if eos_id is None and self.tokenizer is not None:
-            eos_id = find_eos_id(self.tokenizer)
+        if eos_id is None and self.tokenizer is not None:  # a transformers tokenizer names its EOS
+            named = getattr(tokenizer, "eos_token_id", None) if tokenizer is not self.tokenizer else None
+            eos_id = named if isinstance(named, int) else find_eos_id(self.tokenizer)
         if add_eos and eos_id is None:
             found = "" if self.tokenizer is None else (
                 f" among the tokenizer's special tokens {sorted(_special_tokens(self.tokenizer))!r}"

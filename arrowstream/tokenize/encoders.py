@@ -82,8 +82,12 @@ __all__ = ["BACKENDS", "Encoder", "load_tokenizer", "probe_texts", "tokenizer_ha
 BACKENDS = ("auto", "tiktoken", "tokenizers")
 
 
-def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str]) -> Tokenizer:
-    """Return ``tokenizer`` itself (an encoder's tokenizer), or load it from a ``tokenizer.json`` path.
+def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str] | Any) -> Tokenizer:
+    """Return ``tokenizer`` itself (an encoder's tokenizer, a transformers fast tokenizer's backend), or load it from a ``tokenizer.json`` path.
+
+    A transformers ``PreTrainedTokenizerFast`` is used through its
+    ``backend_tokenizer``, which holds its special-token settings (the
+    post-processor that adds BOS, for example).
 
     Raises
     ------
@@ -101,6 +105,15 @@ def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str]) -> T
         return tokenizer
     if isinstance(tokenizer, Encoder):
         return tokenizer.tokenizer
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if isinstance(backend, Tokenizer):  # a transformers fast tokenizer: its `tokenizers` core
+        return backend
+    if hasattr(tokenizer, "convert_tokens_to_ids") and hasattr(tokenizer, "vocab_size"):
+        raise ConfigError(
+            f"{type(tokenizer).__name__} is a slow transformers tokenizer (no `tokenizers` backend): "
+            "load the fast one (`AutoTokenizer.from_pretrained(..., use_fast=True)`), or pass the "
+            "path of its tokenizer.json"
+        )
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
         if not os.path.isfile(path):
@@ -113,8 +126,8 @@ def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str]) -> T
         except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
             raise ConfigError(f"cannot load tokenizer {path!r}: {exc}") from exc
     raise ConfigError(
-        "`tokenizer` must be a tokenizers.Tokenizer, a path to a tokenizer.json, or None for a "
-        f"column of token ids; got {type(tokenizer).__name__!r}"
+        "`tokenizer` must be a tokenizers.Tokenizer, a transformers fast tokenizer, a path to a "
+        f"tokenizer.json, or None for a column of token ids; got {type(tokenizer).__name__!r}"
     )
 
 

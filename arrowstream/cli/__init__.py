@@ -17,6 +17,7 @@ Errors of the library (``ArrowStreamError``) print as one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -32,6 +33,15 @@ from tqdm import tqdm
 
 from arrowstream import __version__
 from arrowstream.analysis import analyze
+from arrowstream.cli import stream
+from arrowstream.cli.common import (
+    HelpFormatter,
+    UsageError,
+    check_output,
+    check_tokenizer,
+    positive_int,
+    progress,
+)
 from arrowstream.errors import ArrowStreamError
 from arrowstream.io.manifest import read_manifest
 from arrowstream.pipeline.dataset import read_parquet
@@ -63,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         return int(args.func(args))
-    except (ArrowStreamError, _UsageError, ImportError) as exc:  # ImportError: an optional extra
+    except (ArrowStreamError, UsageError, ImportError) as exc:  # ImportError: an optional extra
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like
@@ -75,10 +85,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-class _UsageError(Exception):
-    """A command-line argument names a file that cannot be used."""
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="arrowstream",
@@ -86,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
+    sub.add_parser = functools.partial(sub.add_parser, formatter_class=HelpFormatter)  # type: ignore[method-assign]
 
     p = sub.add_parser("inspect", help="list files, row groups, rows, bytes and schema")
     p.add_argument("path", help="directory, glob, file or URI")
@@ -102,12 +109,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="directory, glob, file or URI")
     p.add_argument("--column", default="text", help="text column, or a column of token ids (default: text)")
     p.add_argument("--tokenizer", help="path to a tokenizer.json, for token lengths and strategies")
-    p.add_argument("--seq-len", type=int, default=2048, help="training sequence length (default 2048)")
-    p.add_argument("--batch-size", type=int, default=8, help="rows per batch (default 8)")
+    p.add_argument("--seq-len", type=positive_int, default=2048, help="training sequence length (default 2048)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="rows per batch (default 8)")
     p.add_argument("--by", help="also summarise per value of this column, or per file with 'file'")
-    p.add_argument("--sample", type=int, help="tokenize about this many documents instead of all")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sample and the random batches")
-    p.add_argument("--window", type=int, default=1024, help="look-ahead of best-fit and bucketing")
+    p.add_argument("--sample", type=positive_int, help="tokenize about this many documents instead of all")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample and the random batches (default 0)")
+    p.add_argument("--window", type=positive_int, default=1024, help="look-ahead of best-fit and bucketing (default 1024)")
     p.add_argument("--no-eos", action="store_true", help="do not count an EOS token per document")
     p.add_argument("--plot", help="write a PNG figure here (needs matplotlib)")
     p.add_argument("--json", help="write the full result as JSON here")
@@ -135,24 +142,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="stream, checkpoint and resume on built-in sample data")
     p.add_argument("--workdir", help="where to write the sample data (default: a temp dir)")
-    p.add_argument("--batches", type=int, default=40, help="batches to stream in all")
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batches", type=positive_int, default=40, help="batches to stream in all (default 40)")
+    p.add_argument("--seq-len", type=positive_int, default=1024, help="tokens per row (default 1024)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="rows per batch (default 8)")
     p.set_defaults(func=_demo)
 
-    p = sub.add_parser("stream", help="tokenize and pack a dataset, with a progress bar")
-    p.add_argument("path", help="directory, glob, file or URI")
-    p.add_argument("--tokenizer", required=True, help="path to a tokenizer.json")
-    p.add_argument("--column", default="text", help="text column (default: text)")
-    p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--batch-size", type=int, required=True)
-    p.add_argument("--num-epochs", type=int, default=1, help="passes over the data (default 1)")
-    p.add_argument("--endless", action="store_true", help="repeat epochs forever")
-    p.add_argument("--drop-last", action="store_true", help="drop each epoch's last partial batch")
-    p.add_argument("--max-batches", type=int, help="stop after this many batches")
-    p.add_argument("--save-state", help="write the state after the last batch to this JSON file")
-    p.add_argument("--resume", help="resume from a state JSON file")
-    p.set_defaults(func=_stream)
+    stream.add_parser(sub)
     return parser
 
 
@@ -221,7 +216,7 @@ def _balance(args: argparse.Namespace) -> str | None:
     """Return how even batches are split for ``--tokenizer`` with ``concat``, or ``None`` without one."""
     if args.tokenizer is None:
         return None
-    _check_tokenizer(args.tokenizer)
+    check_tokenizer(args.tokenizer)
     ds = read_parquet(args.path, columns=[args.column]).tokenize(args.tokenizer, column=args.column, add_eos=False)
     return Plan.of(ds.pack(seq_len=2048, batch_size=8)).balance
 
@@ -246,8 +241,10 @@ def _indexes(path: str) -> list[dict[str, Any]]:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    if args.tokenizer is not None and not Path(args.tokenizer).is_file():
-        raise _UsageError(f"--tokenizer {args.tokenizer!r} is not a file: pass the path of a tokenizer.json")
+    if args.tokenizer is not None:
+        check_tokenizer(args.tokenizer)
+    check_output("--plot", args.plot)
+    check_output("--json", args.json)
     result = analyze(
         args.path,
         column=args.column,
@@ -270,13 +267,8 @@ def _analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_tokenizer(path: str) -> None:
-    if not Path(path).is_file():
-        raise _UsageError(f"--tokenizer {path!r} is not a file: pass the path of a tokenizer.json")
-
-
 def _index(args: argparse.Namespace) -> int:
-    _check_tokenizer(args.tokenizer)
+    check_tokenizer(args.tokenizer)
     total = read_manifest(args.path, columns=[args.column]).num_shards
     with tqdm(total=total, desc="counting tokens", unit="row group", file=sys.stderr) as bar:
         summary = build_length_index(
@@ -301,7 +293,7 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
-    _check_tokenizer(args.tokenizer)
+    check_tokenizer(args.tokenizer)
     ds = read_parquet(args.path, columns=[args.column]).tokenize(
         args.tokenizer,
         column=args.column,
@@ -332,16 +324,12 @@ def _cache(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(total: int | None, desc: str) -> tqdm:
-    return tqdm(total=total, desc=desc, unit="batch", file=sys.stderr, dynamic_ncols=True)
-
-
 def _run(it: Any, limit: int | None, desc: str) -> tuple[list[dict[str, np.ndarray]], float]:
     """Consume up to ``limit`` batches with a progress bar; return them and the elapsed time."""
     out = []
     start = time.perf_counter()
     tokens0 = it.state_dict()["stats"].get("tokens", 0)
-    with _progress(limit, desc) as bar:
+    with progress(limit, desc) as bar:
         for batch in it:
             out.append(batch)
             bar.update(1)
@@ -398,38 +386,3 @@ def _demo(args: argparse.Namespace) -> int:
     )
     print(f"throughput: {tokens / elapsed:,.0f} tokens/s over the first {len(first)} batches")
     return 0 if same else 1
-
-
-def _read_state(path: str) -> dict[str, Any]:
-    try:
-        return json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise _UsageError(f"cannot read the state file {path!r}: {exc.strerror or exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise _UsageError(f"state file {path!r} is not JSON: {exc}") from exc
-
-
-def _stream(args: argparse.Namespace) -> int:
-    if args.save_state and not Path(args.save_state).resolve().parent.is_dir():
-        raise _UsageError(
-            f"cannot save the state to {args.save_state!r}: its directory does not exist"
-        )
-    state = _read_state(args.resume) if args.resume else None
-    ds = read_parquet(args.path, num_epochs=None if args.endless else args.num_epochs).tokenize(
-        args.tokenizer, column=args.column
-    ).pack(seq_len=args.seq_len, batch_size=args.batch_size, drop_last=args.drop_last)
-    it = ds.iter(state)
-    before = it.state_dict()["stats"].get("tokens", 0)
-    batches, elapsed = _run(it, args.max_batches, "streaming")
-    final = it.state_dict()
-    tokens = final["stats"].get("tokens", 0) - before
-    if args.save_state:
-        Path(args.save_state).write_text(json.dumps(final, indent=2))
-        print(f"state saved to {args.save_state}")
-    stats = final["stats"]
-    print(
-        f"{len(batches)} batches, {tokens:,} tokens in {elapsed:.2f} s: "
-        f"{tokens / max(elapsed, 1e-9):,.0f} tokens/s"
-    )
-    print("stats: " + ", ".join(f"{k}={v:,}" for k, v in sorted(stats.items())))
-    return 0

@@ -1,0 +1,100 @@
+"""What the commands share: the usage error, argument types, the progress bar, state files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+__all__ = [
+    "HelpFormatter",
+    "UsageError",
+    "check_output",
+    "check_tokenizer",
+    "positive_int",
+    "progress",
+    "read_state",
+    "write_state",
+]
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help that shows each option's default, unless it has none or its help says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS) and action.option_strings
+        if shown and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class UsageError(Exception):
+    """A command-line argument that cannot be used (printed as one line, exit status 2)."""
+
+
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer of at least 1.
+
+    Examples
+    --------
+    >>> positive_int("3")
+    3
+    >>> positive_int("0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be a whole number of at least 1, got '0'
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
+def check_tokenizer(path: str) -> None:
+    """Refuse a ``--tokenizer`` that is not a file, before any work."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(
+            f"--tokenizer {path!r} is a directory: pass the tokenizer.json file in it"
+            + (f" ({p / 'tokenizer.json'})" if (p / "tokenizer.json").is_file() else "")
+        )
+    if not p.is_file():
+        raise UsageError(f"--tokenizer {path!r} does not exist: pass the path of a tokenizer.json")
+
+
+def check_output(flag: str, path: str | None) -> None:
+    """Refuse an output file whose directory does not exist, before any work."""
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        raise UsageError(f"{flag} {path!r}: its directory does not exist; create it first")
+
+
+def progress(total: int | None, desc: str) -> tqdm:
+    """A progress bar on stderr, counting batches."""
+    return tqdm(total=total, desc=desc, unit="batch", file=sys.stderr, dynamic_ncols=True)
+
+
+def read_state(path: str) -> dict[str, Any]:
+    """Read a state file written by ``--save-state``."""
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UsageError(f"cannot read the state file {path!r}: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"state file {path!r} is not JSON: {exc}") from exc
+
+
+def write_state(path: str, state: dict[str, Any]) -> None:
+    """Write ``state`` to ``path`` whole: a temporary file beside it, then a rename."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    os.replace(tmp, target)

@@ -1,0 +1,143 @@
+"""``arrowstream stream``: run the pipeline one trains with, over your data, with a progress bar.
+
+The options build the same pipeline as Python does: ``read_parquet``
+(``--num-epochs`` or ``--endless``), ``.filter`` (``--filter``, see
+:mod:`arrowstream.cli.expressions`), ``.shuffle`` (``--shuffle SEED``),
+``.tokenize`` (``--cache``, ``--length-index``) and ``.pack`` or
+``.bucket`` (``--strategy``). ``--save-state`` writes the state after the last
+batch (also on Ctrl-C, which ends the run with status 130); ``--resume``
+continues from one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from arrowstream.cli.common import (
+    UsageError,
+    check_output,
+    check_tokenizer,
+    positive_int,
+    progress,
+    read_state,
+    write_state,
+)
+from arrowstream.cli.expressions import FilterSyntaxError, parse_filter
+from arrowstream.pipeline.dataset import Dataset, read_parquet
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``stream`` command to the subcommands ``sub``."""
+    p = sub.add_parser(
+        "stream",
+        help="run a tokenize-and-pack pipeline over a dataset, with a progress bar",
+    )
+    p.add_argument("path", help="directory, glob, file or URI")
+    p.add_argument("--tokenizer", required=True, help="path to a tokenizer.json")
+    p.add_argument("--column", default="text", help="text column")
+    p.add_argument("--no-special-tokens", action="store_true", help="encode with add_special_tokens=False")
+    p.add_argument(
+        "--strategy", choices=("concat", "best_fit", "bucket"), default="concat",
+        help="concat and best_fit pack rows of --seq-len tokens; bucket batches whole documents of "
+        "similar length (--seq-len is then the longest kept, truncating longer ones)",
+    )
+    p.add_argument("--seq-len", type=positive_int, help="tokens per row (required for concat and best_fit)")
+    p.add_argument("--batch-size", type=positive_int, required=True, help="rows per batch")
+    p.add_argument("--window", type=positive_int, default=1024, help="look-ahead of best_fit and bucket, in documents")
+    p.add_argument("--filter", metavar="CONDITION", help="keep the rows where it holds, e.g. \"lang == 'en' and n >= 100\"")
+    p.add_argument("--shuffle", type=int, metavar="SEED", help="shuffle with this seed (default: no shuffle)")
+    p.add_argument("--shuffle-window", type=positive_int, default=8, help="row groups mixed together when shuffling")
+    p.add_argument("--cache", metavar="DIR", help="token cache directory (filled by `arrowstream cache`)")
+    p.add_argument("--cache-read-only", action="store_true", help="read the cache, never write to it")
+    p.add_argument("--length-index", metavar="DIR", help="length index directory (default: found beside the data)")
+    p.add_argument("--no-length-index", action="store_true", help="ignore any length index")
+    epochs = p.add_mutually_exclusive_group()
+    epochs.add_argument("--num-epochs", type=positive_int, default=1, help="passes over the data")
+    epochs.add_argument("--endless", action="store_true", help="repeat epochs forever (stop with --max-batches or Ctrl-C)")
+    p.add_argument("--drop-last", action="store_true", help="drop each epoch's last partial batch")
+    p.add_argument("--rank", type=int, default=0, help="stream this rank's share (with --world-size)")
+    p.add_argument("--world-size", type=positive_int, default=1, help="ranks the data is shared by")
+    p.add_argument("--max-batches", type=positive_int, help="stop after this many batches (default: the whole run)")
+    p.add_argument("--save-state", metavar="FILE", help="write the state after the last batch (and on Ctrl-C) here")
+    p.add_argument("--resume", metavar="FILE", help="continue from a state written by --save-state")
+    p.set_defaults(func=run)
+
+
+def build(args: argparse.Namespace) -> Dataset:
+    """Return the pipeline the options describe (checked before any data is read)."""
+    check_tokenizer(args.tokenizer)
+    check_output("--save-state", args.save_state)
+    if args.strategy != "bucket" and args.seq_len is None:
+        raise UsageError(f"--strategy {args.strategy} needs --seq-len (tokens per row)")
+    if args.length_index and args.no_length_index:
+        raise UsageError("--length-index and --no-length-index contradict each other: pass one")
+    if args.cache_read_only and not args.cache:
+        raise UsageError("--cache-read-only needs --cache DIR")
+    if not 0 <= args.rank < args.world_size:
+        raise UsageError(f"--rank must be in 0..{args.world_size - 1} (--world-size {args.world_size}), got {args.rank}")
+    try:
+        condition = parse_filter(args.filter) if args.filter else None
+    except FilterSyntaxError as exc:
+        raise UsageError(f"--filter {args.filter!r}: {exc}") from exc
+    ds = read_parquet(args.path, num_epochs=None if args.endless else args.num_epochs)
+    if args.shuffle is not None:
+        ds = ds.shuffle(args.shuffle, window=args.shuffle_window)
+    if condition is not None:
+        ds = ds.filter(condition)
+    options: dict[str, Any] = {"column": args.column, "add_special_tokens": not args.no_special_tokens}
+    if args.cache:
+        options.update(cache=args.cache, cache_write=not args.cache_read_only)
+    if args.length_index or args.no_length_index:
+        options["length_index"] = False if args.no_length_index else args.length_index
+    ds = ds.tokenize(args.tokenizer, **options)
+    if args.strategy == "bucket":
+        return ds.bucket(batch_size=args.batch_size, window=args.window, max_len=args.seq_len, drop_last=args.drop_last)
+    extra = {"window": args.window} if args.strategy == "best_fit" else {}
+    return ds.pack(
+        seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy, drop_last=args.drop_last, **extra
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Stream the batches; print what came out; save the state when asked (also on Ctrl-C)."""
+    ds = build(args)
+    state = read_state(args.resume) if args.resume else None
+    it = ds.iter(state, rank=args.rank, world_size=args.world_size)
+    before = it.state_dict()["stats"].get("tokens", 0)
+    count, start = 0, time.perf_counter()
+    try:
+        with progress(args.max_batches, "streaming") as bar:
+            for _ in it:
+                count += 1
+                bar.update(1)
+                if count % 10 == 0:
+                    done = it.state_dict()["stats"].get("tokens", 0) - before
+                    bar.set_postfix(tokens_per_s=f"{done / (time.perf_counter() - start):,.0f}")
+                if args.max_batches is not None and count >= args.max_batches:
+                    break
+    except KeyboardInterrupt:
+        if not args.save_state:
+            raise
+        write_state(args.save_state, it.state_dict())
+        print(f"interrupted after {count:,} batches; state saved to {args.save_state} (continue with --resume)")
+        return 130
+    elapsed = time.perf_counter() - start
+    final = it.state_dict()
+    tokens = final["stats"].get("tokens", 0) - before
+    if args.save_state:
+        write_state(args.save_state, final)
+        print(f"state saved to {args.save_state}")
+    print(f"{count:,} batches, {tokens:,} tokens in {elapsed:.2f} s: {tokens / max(elapsed, 1e-9):,.0f} tokens/s")
+    print("stats: " + ", ".join(f"{k}={v:,}" for k, v in sorted(final["stats"].items())))
+    if count == 0:
+        print(
+            f"hint: nothing was left to stream: the state is at the end of its run of {args.num_epochs} "
+            "epoch(s); raise --num-epochs to go on, or start without --resume"
+            if state is not None
+            else "hint: no batch came out: the filter kept no document, or the data has no text"
+        )
+    return 0

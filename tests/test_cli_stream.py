@@ -1,0 +1,176 @@
+"""`arrowstream stream` runs the pipeline one trains with; arguments are checked before any work."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from tokenizers import Tokenizer
+
+from arrowstream import read_parquet
+from arrowstream.cli import _parser, main
+from arrowstream.cli.expressions import FilterSyntaxError, parse_filter
+
+from .conftest import write_parts
+
+
+def _data(root: Path, n: int = 300) -> Path:
+    from arrowstream.testing.texts import make_texts
+
+    texts = make_texts(n, seed=4)
+    write_parts(root, [{"text": texts[: n // 2], "n": list(range(n // 2))},
+                       {"text": texts[n // 2 :], "n": list(range(n // 2, n))}], row_group_size=25)
+    return root
+
+
+def _last_line(out: str, prefix: str) -> str:
+    return [line for line in out.splitlines() if line.startswith(prefix)][-1]
+
+
+def test_stream_runs_the_pipeline_python_builds(
+    tmp_path: Path, tokenizer: Tokenizer, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, cache = _data(tmp_path / "data"), tmp_path / "cache"
+    state = tmp_path / "s.json"
+    assert main(["stream", str(root), "--tokenizer", str(tokenizer_path), "--strategy", "best_fit",
+                 "--seq-len", "64", "--batch-size", "2", "--window", "32", "--shuffle", "3",
+                 "--filter", "n >= 40 and not (n in (50, 51))", "--cache", str(cache),
+                 "--save-state", str(state)]) == 0
+    out = capsys.readouterr().out
+    ds = read_parquet(root).shuffle(3).filter((pc.field("n") >= 40) & ~pc.field("n").isin([50, 51]))
+    ds = ds.tokenize(tokenizer, cache=str(cache)).pack(seq_len=64, batch_size=2, strategy="best_fit", window=32)
+    it = ds.iter()
+    batches = sum(1 for _ in it)
+    assert _last_line(out, "stats:").startswith("stats: ")
+    assert f"{batches:,} batches" in out
+    saved = json.loads(state.read_text())
+    assert saved["options_hash"] == it.state_dict()["options_hash"]  # the same pipeline, option for option
+    assert saved["stats"]["filtered"] + saved["stats"]["pruned_rows"] == 42 and any(cache.rglob("*.ids"))
+
+
+def test_resuming_a_finished_run_says_what_to_do(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, state = _data(tmp_path / "data", n=60), tmp_path / "s.json"
+    common = ["stream", str(root), "--tokenizer", str(tokenizer_path), "--seq-len", "32", "--batch-size", "2"]
+    assert main([*common, "--save-state", str(state)]) == 0
+    capsys.readouterr()
+    assert main([*common, "--resume", str(state)]) == 0
+    out = capsys.readouterr().out
+    assert "0 batches" in out and "hint: nothing was left to stream" in out and "--num-epochs" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--max-batches", "0"], "--max-batches: must be a whole number of at least 1, got '0'"),
+        (["--max-batches", "-3"], "--max-batches: must be a whole number of at least 1, got '-3'"),
+        (["--num-epochs", "2", "--endless"], "--endless: not allowed with argument --num-epochs"),
+        (["--filter", "len(text) > 3"], "--filter 'len(text) > 3': `len(text)` (column 1) compares no column"),
+        (["--filter", "n >"], "--filter 'n >': invalid syntax"),
+        (["--strategy", "best_fit", "--seq-len", "-"], "--seq-len: must be a whole number"),
+        (["--rank", "2", "--world-size", "2"], "--rank must be in 0..1"),
+        (["--cache-read-only"], "--cache-read-only needs --cache DIR"),
+    ],
+)
+def test_stream_arguments_are_checked_before_any_work(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    root = _data(tmp_path / "data", n=60)
+    command = ["stream", str(root), "--tokenizer", str(tokenizer_path), "--batch-size", "2", *extra]
+    if "--seq-len" not in extra:
+        command += ["--seq-len", "16"]
+    try:
+        status = main(command)
+    except SystemExit as exc:  # argparse's own checks
+        status = exc.code
+    assert status == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_tokenizer_directory_is_named_as_one(tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _data(tmp_path / "data", n=60)
+    assert main(["stream", str(root), "--tokenizer", str(tokenizer_path.parent), "--seq-len", "8", "--batch-size", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory: pass the tokenizer.json file in it" in err and str(tokenizer_path) in err
+
+
+def test_analyze_refuses_an_output_it_could_not_write_before_analysing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _data(tmp_path / "data", n=60)
+    t0 = time.perf_counter()
+    assert main(["analyze", str(root), "--plot", str(tmp_path / "missing" / "x.png")]) == 2
+    assert "--plot" in capsys.readouterr().err and time.perf_counter() - t0 < 5
+
+
+def test_ctrl_c_saves_the_state_and_exits_quietly(tmp_path: Path, tokenizer_path: Path) -> None:
+    root, state = _data(tmp_path / "data"), tmp_path / "s.json"
+    command = [sys.executable, "-m", "arrowstream", "stream", str(root), "--tokenizer", str(tokenizer_path),
+               "--seq-len", "16", "--batch-size", "1", "--endless", "--save-state", str(state)]
+    import threading
+
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while "batch/s" not in "".join(seen[-400:]) and time.monotonic() < deadline:  # batches flow
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    reader.join(timeout=10)
+    err = "".join(seen)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "state saved to" in out
+    saved = json.loads(state.read_text())
+    batches = saved["stats"]["batches"]
+    # the state continues where the interrupted run stopped
+    again = subprocess.run([*command[:-3], "--resume", str(state), "--max-batches", "2", "--save-state", str(state)],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(state.read_text())["stats"]["batches"] == batches + 2
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    parser = _parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"{name} {action.option_strings[0]} has no help"
+
+
+@pytest.mark.parametrize(
+    ("text", "rows"),
+    [
+        ("n < 3", [0, 1, 2]),
+        ("3 > n", [0, 1, 2]),
+        ("2 <= n < 4 or n == 9", [2, 3, 9]),
+        ("n in (1, 5) or tag is None", [1, 5, 7]),
+        ("tag is not None and not tag == 'b'", [0, 2, 4, 6, 8]),
+        ("col(\"my n\") >= 8", [8, 9]),
+        ("n > -1 and n not in [0, 1, 2, 3, 4, 5, 6, 7, 8]", [9]),
+    ],
+)
+def test_filter_conditions_select_what_they_say(text: str, rows: list[int]) -> None:
+    table = pa.table({
+        "n": list(range(10)),
+        "tag": ["a", "b", "a", "b", "a", "b", "a", None, "a", "b"],
+        "my n": list(range(10)),
+    })
+    assert table.filter(parse_filter(text))["n"].to_pylist() == rows
+
+
+@pytest.mark.parametrize("text", ["n + 1 > 2", "n == m", "f(n)", "n is 3", "n in m", "import os"])
+def test_anything_else_in_a_filter_is_refused(text: str) -> None:
+    with pytest.raises(FilterSyntaxError):
+        parse_filter(text)
