@@ -388,7 +388,25 @@ class StatefulLoader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a rank state (same topology) or a global state (any topology)."""
+        """Resume from a rank state (same topology) or a global state (any topology).
+
+        Raises
+        ------
+        StateError
+            A rank state saved with another number of DataLoader workers, or
+            by another rank (checked here, not later in a worker).
+        """
+        if isinstance(state, dict) and state.get("kind") == "rank":
+            consumers, count = self._consumers()
+            saved = [own.get("consumer") for own in state.get("states", []) if isinstance(own, dict)]
+            if saved != [{"index": i, "count": count} for i in consumers]:
+                workers = len(saved)
+                raise StateError(
+                    f"this rank state holds consumers {saved} ({workers} DataLoader worker(s) a rank), "
+                    f"and this loader's are {consumers} of {count} ({len(consumers)} worker(s)): load "
+                    "it with the num_workers and rank it was saved with, or merge every rank's "
+                    "state with `arrowstream.merge_states` to resume on any topology"
+                )
         self._loaded = copy.deepcopy(state)
         self._latest = {}
         same = state.get("kind") == "rank" and len(state.get("states", [])) == len(self._consumers()[0])

@@ -265,6 +265,14 @@ MUTANTS = [
         ("tests/test_cli_stream.py::test_filter_conditions_select_what_they_say",),
     ),
     Mutant(
+        "iter-sets-up-eagerly",
+        "`ds.iter()` samples and counts before returning, so it takes a second before the first `next()`",
+        "arrowstream/pipeline/iterator.py",
+        "        if saved is not None:  # what a loaded state implies is checked at the call that loads it\n            self._start()\n",
+        "        self._start()\n",
+        ("tests/test_plan.py::test_iter_returns_at_once_and_sets_up_at_the_first_next",),
+    ),
+    Mutant(
         "fresh-share-forgets-its-origin",
         "a fresh concat run whose share begins inside a document says it starts at the document's first token",
         "arrowstream/pipeline/iterator.py",

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import pytest
-
 import gc
 import pickle
 from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.compute as pc
+import pytest
+from tokenizers import Tokenizer
 
 from arrowstream import read_parquet
 from arrowstream.pipeline import plan as plan_module
 from arrowstream.pipeline.plan import Plan
 
-from .conftest import heavy_tail, write_named_docs
+from .conftest import heavy_tail, write_named_docs, write_parts
 
 
 @pytest.mark.filterwarnings("ignore::arrowstream.DataLossWarning")  # estimated batch counts: drops are the point
@@ -50,3 +50,18 @@ def test_one_plan_per_description_shared_by_its_iterators_and_freed_with_it(text
     del ds, its
     gc.collect()
     assert key not in plan_module._PLANS
+
+
+def test_iter_returns_at_once_and_sets_up_at_the_first_next(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    from arrowstream.testing.texts import make_texts
+
+    write_parts(tmp_path, [{"text": make_texts(200, seed=1)}], row_group_size=20)
+    ds = read_parquet(tmp_path).tokenize(tokenizer).pack(seq_len=32, batch_size=2)
+    plan = Plan.of(ds)
+    it = ds.iter(rank=0, world_size=2)  # even batches over text: estimated from a sample
+    assert plan._sample is None  # nothing read, nothing tokenized yet
+    first = next(it)
+    assert plan._sample is not None and first["input_ids"].shape == (2, 32)
+    # a state asked before the first batch sets up the same way, and says where the share starts
+    again = ds.iter(rank=1, world_size=2)
+    assert again.state_dict()["work"]["by"] == "estimate"

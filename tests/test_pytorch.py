@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from arrowstream import ConfigError, merge_states, read_parquet
+from arrowstream import ConfigError, StateError, merge_states, read_parquet
 from arrowstream.pack.assemble import BATCH_KEYS
 from arrowstream.pytorch import StatefulLoader
 
@@ -266,3 +266,21 @@ def test_the_loader_counts_what_its_workers_did_drops_included(tmp_path: Path) -
     assert direct["dropped_tokens"] > 0  # an estimated target made the workers drop
     for key in ("dropped_tokens", "dropped_docs", "padding_batches", "tokens", "rows"):
         assert stats[key] == direct[key], key
+
+
+def test_a_loader_state_is_checked_where_it_is_loaded(tmp_path: Path) -> None:
+    ds, _ = _ds(tmp_path)
+    loader = StatefulLoader(ds.to_torch(), num_workers=2)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    other = StatefulLoader(ds.to_torch(), num_workers=1)
+    with pytest.raises(StateError, match=r"2 DataLoader worker\(s\) a rank.*merge_states"):
+        other.load_state_dict(state)  # at the call, not later inside a worker
+    # a rank state given to `ds.iter` resumes the consumer it holds, and names the way otherwise
+    own = ds.iter(state, worker=1, num_workers=2)
+    direct = ds.iter(state["states"][1], worker=1, num_workers=2)
+    assert [b["input_ids"].tolist() for b in own] == [b["input_ids"].tolist() for b in direct]
+    with pytest.raises(StateError, match=r"`StatefulLoader` state of one rank.*StatefulLoader.load_state_dict"):
+        ds.iter(state)

@@ -81,7 +81,7 @@ class DatasetIterator:
     # -- state --------------------------------------------------------------------
 
     def _reset(self, state: dict[str, Any] | None) -> None:
-        keys = ("_start_epoch", "_deals", "_known_targets", "_parts")
+        keys = ("_start_epoch", "_deals", "_known_targets", "_parts", "_saved", "_started", "_run")
         saved = {k: getattr(self, k) for k in keys if hasattr(self, k)}
         try:
             self._load(state)
@@ -95,6 +95,8 @@ class DatasetIterator:
                 f"expected a state dict (from `state_dict()`, or JSON-loaded), got "
                 f"{type(state).__name__}: load the file with `json.load` first"
             )
+        if state is not None and state.get("kind") == "rank":  # a loader's: one state per DataLoader worker
+            state = _own_of_rank(state, self.consumer)
         fresh = self.plan.fresh_deal
         # epoch -> this consumer's work (and the layout it refers to) where it is not a fresh share
         self._deals: dict[int, Work] = {}
@@ -132,10 +134,25 @@ class DatasetIterator:
         else:
             saved = None
             self._start_epoch = 0
-            self._deals[0] = fresh(0, self.consumer)
         if self._chunks is not None:
             self._chunks.close()
+            self._chunks = None
         self._run: PackRun | None = None
+        self._saved = saved
+        self._started = False
+        if saved is not None:  # what a loaded state implies is checked at the call that loads it
+            self._start()
+
+    def _start(self) -> None:
+        """Set up the packer run and the chunk producer: at the first ``next()`` or ``state_dict()`` of a fresh iterator.
+
+        A fresh share may need the epoch's token-rate sample or its counts
+        (even batches), so ``iter()`` itself returns at once.
+        """
+        self._started = True
+        saved = self._saved
+        if saved is None:
+            self._deals[0] = self.plan.fresh_deal(0, self.consumer)
         if self.plan.packer is not None:
             # a plain function, not a bound method: the run must not hold the iterator
             targets = functools.partial(
@@ -162,7 +179,7 @@ class DatasetIterator:
                     "a packed pipeline"
                 )
         first_work = self._deals[self._start_epoch].segments
-        if state is None and first_work:
+        if saved is None and first_work:
             start = Position(0, 0, first_work[0][1], first_work[0][3])
         self._pos = start
         self._ledger = Ledger(None if saved is None else saved.stats)
@@ -195,6 +212,8 @@ class DatasetIterator:
 
     def state_dict(self) -> dict[str, Any]:
         """Return the position after the last item yielded, as a small JSON-able dict."""
+        if not self._started:
+            self._start()
         epochs: list[dict[str, int]] = []
         if self._run is not None:
             inner = self._run.state_dict()
@@ -327,6 +346,8 @@ class DatasetIterator:
         return self
 
     def __next__(self) -> Any:
+        if not self._started:
+            self._start()
         assert self._chunks is not None
         if self._run is not None:
             return self._run.next_batch(self._chunks)
@@ -394,3 +415,19 @@ class _Inline:
 def _to_record_batch(chunk: Chunk) -> pa.RecordBatch:
     assert chunk.batch is not None
     return chunk.batch
+
+
+def _own_of_rank(state: dict[str, Any], consumer: Consumer) -> dict[str, Any]:
+    """Return ``consumer``'s own state from a loader's rank state, or say how to load that state."""
+    owns = state.get("states") or []
+    here = {"index": consumer.index, "count": consumer.count}
+    for own in owns:
+        if isinstance(own, dict) and own.get("consumer") == here:
+            return own
+    held = [own.get("consumer") for own in owns if isinstance(own, dict)]
+    raise StateError(
+        f"this is a `StatefulLoader` state of one rank (consumers {held}), and this iterator is "
+        f"consumer {consumer.index} of {consumer.count} (rank x DataLoader worker), not one of "
+        "them: load it with `StatefulLoader.load_state_dict` on the same topology, or pass "
+        "`arrowstream.merge_states([...every rank's state...])` to resume on any topology"
+    )
