@@ -273,6 +273,14 @@ MUTANTS = [
         ("tests/test_plan.py::test_iter_returns_at_once_and_sets_up_at_the_first_next",),
     ),
     Mutant(
+        "sampled-padding-scales-the-epochs-end",
+        "a sampled prediction counts the epoch's last, partial batch once per sample's worth of documents",
+        "arrowstream/analysis/simulate.py",
+        "        pad = (self.padding_tokens - self.tail_padding) * scale + self.tail_padding\n",
+        "        pad = self.padding_tokens * scale\n",
+        ("tests/test_analysis.py::test_a_sampled_prediction_counts_the_epochs_end_once_and_gives_a_range",),
+    ),
+    Mutant(
         "fresh-share-forgets-its-origin",
         "a fresh concat run whose share begins inside a document says it starts at the document's first token",
         "arrowstream/pipeline/iterator.py",

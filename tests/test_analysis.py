@@ -191,3 +191,40 @@ def test_token_figures_per_file(tmp_path: Path, tokenizer: Tokenizer) -> None:
         row = a.by.filter((a.by["group"] == name) & (a.by["measure"] == "tokens")).row(0, named=True)
         assert row["num_docs"] == lengths.size and row["p50"] == pytest.approx(float(np.median(lengths)))
     assert a.strategies.equals(whole.strategies)  # per-file passes read as one run does
+
+
+def test_a_sampled_prediction_counts_the_epochs_end_once_and_gives_a_range(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    root = tmp_path / "data"
+    write_parts(root, [{"text": make_texts(3000, seed=8)}], row_group_size=250)
+    full = analyze(root, tokenizer=tokenizer, seq_len=256, batch_size=4).strategies
+    sampled = analyze(root, tokenizer=tokenizer, seq_len=256, batch_size=4, sample=300, seed=1).strategies
+    truth = dict(zip(full["name"], full["padding_fraction"]))
+    for row in sampled.iter_rows(named=True):
+        # an interval around the estimate, the estimate near the whole corpus's value
+        assert row["padding_low"] <= row["padding_fraction"] <= row["padding_high"], row
+        assert row["padding_low"] - 0.01 <= truth[row["name"]] <= row["padding_high"] + 0.01, row
+        assert abs(row["padding_fraction"] - truth[row["name"]]) < 0.02, (row, truth[row["name"]])
+    assert (sampled["padding_high"] > sampled["padding_low"]).sum() >= 3  # not points
+    concat = sampled.filter(sampled["name"] == "concat").row(0, named=True)
+    assert concat["padding_fraction"] < 0.002  # one partial batch in a whole corpus, not in 300 documents
+
+
+def test_the_report_tells_split_documents_from_lost_tokens_and_shows_the_largest_groups(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    from arrowstream.analysis.report import render_analysis
+
+    texts = make_texts(600, seed=9)
+    write_parts(tmp_path, [{"text": texts, "g": [f"group-{i % 30:02d}" for i in range(600)]}], row_group_size=100)
+    result = analyze(tmp_path, tokenizer=tokenizer, seq_len=32, batch_size=4, by="g")
+    rows = {r["name"]: r for r in result.strategies.iter_rows(named=True)}
+    assert rows["concat"]["lost_fraction"] == 0 and rows["concat"]["cut_docs"] > 0  # split, nothing lost
+    bucket = next(r for n, r in rows.items() if n.startswith("bucketing"))
+    assert bucket["lost_fraction"] > 0.05  # truncated at seq_len: lost
+    report = render_analysis(result)
+    concat_line = next(line for line in report.splitlines() if line.startswith("concat"))
+    assert concat_line.rstrip().endswith("nothing")
+    bucket_line = next(line for line in report.splitlines() if line.startswith("bucketing"))
+    assert f"{bucket['lost_fraction']:.2%}" in bucket_line
+    assert "the 20 largest of 30" in report and report.count("group-") == 20 * 3  # chars, bytes, tokens
+    assert render_analysis(result, max_groups=None).count("group-") == 30 * 3

@@ -78,8 +78,14 @@ class Analysis:
     histogram : polars.DataFrame
         Counts per power-of-two length bin (``lower <= length < upper``), per measure.
     strategies : polars.DataFrame
-        Predicted ``padding_fraction``, ``num_batches``, ``cut_docs`` and
-        ``dropped_tokens`` per batching strategy (needs token lengths).
+        Predicted ``padding_fraction`` (with ``padding_low`` and
+        ``padding_high``: from a sample, a 95 % interval from the spread of
+        what its four quarters predict; else equal to it), ``num_batches``, ``cut_docs`` (documents not
+        emitted whole: split, cut across rows, truncated), ``dropped_tokens``
+        and ``lost_fraction`` (the share of tokens not emitted: truncated or
+        dropped, never split) per batching strategy (needs token lengths).
+        From a sample, the epoch's last batch counts once for the whole
+        corpus, not once per sample's worth.
     info : dict
         Source, column, options, document counts, and the token sample's size
         and confidence intervals when sampled.
@@ -286,35 +292,55 @@ def _strategies(
     *,
     scale: float,
 ) -> pl.DataFrame:
-    names: list[tuple[str, Prediction]] = []
-    if lengths is not None and lengths.size:
+    def predict(part: np.ndarray, sizes: np.ndarray | None) -> list[tuple[str, Prediction]]:
         common = {"seq_len": seq_len, "batch_size": batch_size, "drop_last": False, "pad_id": 0}
-        names = [
-            ("pad to seq_len", simulate_padded(lengths, seq_len=seq_len, batch_size=batch_size, dynamic=False)),
+        return [
+            ("pad to seq_len", simulate_padded(part, seq_len=seq_len, batch_size=batch_size, dynamic=False)),
             ("random batches, dynamic padding", simulate_padded(
-                lengths, seq_len=seq_len, batch_size=batch_size, dynamic=True, seed=seed)),
-            ("concat", simulate_packer(lengths, ConcatPacker(**common), chunk_sizes=chunk_sizes)),
+                part, seq_len=seq_len, batch_size=batch_size, dynamic=True, seed=seed)),
+            ("concat", simulate_packer(part, ConcatPacker(**common), chunk_sizes=sizes)),
             (f"bucketing (window {window})", simulate_packer(
-                lengths,
+                part,
                 BucketPacker(batch_size=batch_size, window=window, max_len=seq_len, seed=seed),
-                chunk_sizes=chunk_sizes,
+                chunk_sizes=sizes,
             )),
             (f"best_fit (window {window})", simulate_packer(
-                lengths, BestFitPacker(**common, window=window, seed=seed), chunk_sizes=chunk_sizes)),
+                part, BestFitPacker(**common, window=window, seed=seed), chunk_sizes=sizes)),
         ]
+
+    names: list[tuple[str, Prediction]] = []
+    low: list[float] = []
+    high: list[float] = []
+    if lengths is not None and lengths.size:
+        names = predict(lengths, chunk_sizes)
+        low = high = [p.scaled_padding_fraction(scale) for _, p in names]
+        if scale > 1 and lengths.size >= 8:
+            # a sample: a 95 % interval from the spread of what its four quarters predict (their
+            # mean's standard error, Student's t with 3 degrees of freedom)
+            quarters = [predict(q, None) for q in np.array_split(lengths, 4)]
+            each = np.array([[p.scaled_padding_fraction(4 * scale) for _, p in q] for q in quarters])
+            half = 3.182 * each.std(axis=0, ddof=1) / 2
+            low = [max(0.0, v - h) for v, h in zip(low, half.tolist())]
+            high = [min(1.0, v + h) for v, h in zip(high, half.tolist())]
     return pl.DataFrame(
         {
             "name": [n for n, _ in names],
-            "padding_fraction": [p.padding_fraction for _, p in names],
+            "padding_fraction": [p.scaled_padding_fraction(scale) for _, p in names],
+            "padding_low": low,
+            "padding_high": high,
             "num_batches": [int(round(p.num_batches * scale)) for _, p in names],
             "cut_docs": [int(round(p.cut_docs * scale)) for _, p in names],
             "dropped_tokens": [int(round(p.dropped_tokens * scale)) for _, p in names],
+            "lost_fraction": [p.lost_fraction for _, p in names],
         },
         schema={
             "name": pl.String,
             "padding_fraction": pl.Float64,
+            "padding_low": pl.Float64,
+            "padding_high": pl.Float64,
             "num_batches": pl.Int64,
             "cut_docs": pl.Int64,
             "dropped_tokens": pl.Int64,
+            "lost_fraction": pl.Float64,
         },
     )

@@ -10,6 +10,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 #: An :class:`~arrowstream.analysis.Analysis`, read by attribute only: this module
 #: formats it and so does not import it (the analysis imports this module).
 Analysis = Any
@@ -57,8 +59,8 @@ def text_histogram(lower: list[int], counts: list[int], *, mark: int | None = No
     return "\n".join(lines)
 
 
-def render_analysis(a: Analysis) -> str:
-    """Return the terminal report of an analysis."""
+def render_analysis(a: Analysis, *, max_groups: int | None = 20) -> str:
+    """Return the terminal report of an analysis (the ``max_groups`` largest groups; ``None``: all)."""
     info = a.info
     out = [
         f"{info['source']}: column `{info['column']}`, {info['num_files']:,} file(s), "
@@ -87,28 +89,57 @@ def render_analysis(a: Analysis) -> str:
     out += ["", f"documents by {measure}:"]
     mark = info["seq_len"] if measure == "tokens" else None
     out.append(text_histogram(hist["lower"].to_list(), hist["count"].to_list(), mark=mark))
+    sampled = bool(tokens and tokens.get("counted") == "sample")
     if a.strategies.height:
         out += ["", f"strategies for seq_len={info['seq_len']}, batch_size={info['batch_size']}:"]
         rows = [
-            [r["name"], f"{r['padding_fraction']:.2%}", _num(r["num_batches"]), _num(r["cut_docs"]),
-             _num(r["dropped_tokens"])]
+            [r["name"], _padding(r, sampled), _num(r["num_batches"]), _num(r["cut_docs"]),
+             "nothing" if not r["dropped_tokens"] else f"{r['lost_fraction']:.2%} ({_num(r['dropped_tokens'])})"]
             for r in a.strategies.iter_rows(named=True)
         ]
-        out.append(_table(["strategy", "padding", "batches", "cut docs", "dropped tokens"], rows))
-        if tokens and tokens.get("counted") == "sample":
-            out.append("(batches, cut docs and dropped tokens scaled from the sample to every document)")
+        out.append(_table(["strategy", "padding", "batches", "docs not whole", "tokens lost"], rows))
+        out.append(
+            "(docs not whole: split across rows, which loses nothing, or truncated; tokens lost: "
+            "truncated or dropped)"
+        )
+        if sampled:
+            out.append(
+                "(from a sample: counts scaled to every document; padding with the epoch's last batch "
+                "counted once, and its 95 % interval from the spread of the sample's four quarters)"
+            )
     else:
         out += ["", "strategies: pass a tokenizer (or a column of token ids) to predict them"]
     if a.by is not None:
-        out += ["", "by group:"]
+        groups = a.by["group"].unique(maintain_order=True).to_list()
+        shown = groups if max_groups is None else _largest(a.by, max_groups)
+        title = "by group:" if len(shown) == len(groups) else (
+            f"by group: the {len(shown)} largest of {len(groups):,} (all with --by-groups all, or in the JSON):"
+        )
+        out += ["", title]
+        keep = set(shown)
         rows = [
             [str(r["group"]), r["measure"], _num(r["num_docs"]), _num(r["mean"]), _num(r["p50"]),
              _num(r["p90"]), _num(r["p100"]),
              "-" if r["above_seq_len"] is None else f"{r['above_seq_len']:.2%}"]
             for r in a.by.iter_rows(named=True)
+            if r["group"] in keep
         ]
         out.append(_table(["group", "length", "docs", "mean", "p50", "p90", "max", f"> {info['seq_len']}"], rows))
     return "\n".join(out)
+
+
+def _padding(row: dict[str, Any], sampled: bool) -> str:
+    """The predicted padding, with its range when it comes from a sample."""
+    value = f"{row['padding_fraction']:.2%}"
+    if not sampled:
+        return value
+    return f"{value} ({100 * row['padding_low']:.2f}-{100 * row['padding_high']:.2f})"
+
+
+def _largest(by: Any, n: int) -> list[Any]:
+    """The ``n`` groups with the most documents (ties in their first order)."""
+    sizes = by.group_by("group", maintain_order=True).agg(pl.col("num_docs").max().alias("docs"))
+    return sizes.sort("docs", descending=True, maintain_order=True)["group"].head(n).to_list()
 
 
 def plot_analysis(a: Analysis, path: Path) -> Path:
@@ -140,8 +171,11 @@ def plot_analysis(a: Analysis, path: Path) -> Path:
         ax.set_xlim(0, max(max(pads) * 1.45, 10))  # room for the labels
         ax.set_xlabel("padding (% of positions)")
         ax.invert_yaxis()
-        for y, (pad, cut) in enumerate(zip(a.strategies["padding_fraction"], a.strategies["cut_docs"])):
-            ax.text(100 * pad, y, f" {pad:.1%}, {cut:,} cut", va="center")
+        rows = zip(a.strategies["padding_fraction"], a.strategies["cut_docs"], a.strategies["lost_fraction"])
+        for y, (pad, cut, lost) in enumerate(rows):
+            # a split document loses nothing; a truncated one loses tokens: the label says which
+            what = f"{lost:.1%} of tokens lost" if lost else f"{cut:,} docs split, nothing lost"
+            ax.text(100 * pad, y, f" {pad:.1%}; {what}", va="center")
         ax.set_title(f"strategies (seq_len={a.info['seq_len']}, batch_size={a.info['batch_size']})")
     else:
         ax.text(0.5, 0.5, "pass a tokenizer to compare strategies", ha="center", va="center")

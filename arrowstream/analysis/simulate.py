@@ -42,6 +42,11 @@ class Prediction:
         dropped for their length.
     dropped_tokens : int
         Tokens not emitted (truncated or dropped documents, a dropped last batch).
+    tail_tokens, tail_padding : int
+        Tokens and padding of the epoch's last batch, which holds what is
+        left at its end (``concat``'s partial row, ``best_fit``'s last rows):
+        a larger corpus of the same documents has one such batch too, not
+        one per sample's worth (:meth:`scaled_padding_fraction`).
     """
 
     num_batches: int
@@ -49,12 +54,33 @@ class Prediction:
     padding_tokens: int
     cut_docs: int
     dropped_tokens: int
+    tail_tokens: int = 0
+    tail_padding: int = 0
 
     @property
     def padding_fraction(self) -> float:
         """Padding positions over all positions of the batches."""
         total = self.num_tokens + self.padding_tokens
         return self.padding_tokens / total if total else 0.0
+
+    def scaled_padding_fraction(self, scale: float) -> float:
+        """The padding fraction of a corpus ``scale`` times these documents: the steady part scaled, the epoch's end once.
+
+        Examples
+        --------
+        >>> p = Prediction(2, 12, 4, 0, 0, tail_tokens=4, tail_padding=4)   # a half-empty last batch
+        >>> round(p.padding_fraction, 3), round(p.scaled_padding_fraction(100), 4)
+        (0.25, 0.005)
+        """
+        pad = (self.padding_tokens - self.tail_padding) * scale + self.tail_padding
+        tokens = (self.num_tokens - self.tail_tokens) * scale + self.tail_tokens
+        return pad / (pad + tokens) if pad + tokens else 0.0
+
+    @property
+    def lost_fraction(self) -> float:
+        """Tokens not emitted over the tokens of the documents."""
+        total = self.num_tokens + self.dropped_tokens
+        return self.dropped_tokens / total if total else 0.0
 
 
 def _chunks(lengths: np.ndarray, sizes: np.ndarray) -> Iterator[Chunk]:
@@ -120,7 +146,7 @@ def simulate_packer(
         )
     run = packer.start(None)
     chunks = _chunks(lengths, chunk_sizes)
-    batches = tokens = padding = 0
+    batches = tokens = padding = tail_tokens = tail_padding = 0
     while True:
         try:
             batch = run.next_batch(chunks)
@@ -129,6 +155,7 @@ def simulate_packer(
         batches += 1
         tokens += batch["num_tokens"]
         padding += batch["num_padding_tokens"]
+        tail_tokens, tail_padding = batch["num_tokens"], batch["num_padding_tokens"]  # the last one's
     stats = run.state_dict()["stats"]
     if packer.name == "concat":
         cut = _row_crossings(lengths, packer.seq_len)
@@ -141,7 +168,7 @@ def simulate_packer(
         int(stats.get(key, 0))
         for key in ("dropped_tokens", "truncated_tokens", "long_tokens_dropped")
     )
-    return Prediction(batches, tokens, padding, cut, dropped)
+    return Prediction(batches, tokens, padding, cut, dropped, tail_tokens, tail_padding)
 
 
 def _row_crossings(lengths: np.ndarray, seq_len: int) -> int:

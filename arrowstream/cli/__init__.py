@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from arrowstream import __version__
 from arrowstream.analysis import analyze
+from arrowstream.analysis.report import render_analysis
 from arrowstream.cli import stream
 from arrowstream.cli.common import (
     HelpFormatter,
@@ -112,6 +113,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=positive_int, default=2048, help="training sequence length (default 2048)")
     p.add_argument("--batch-size", type=positive_int, default=8, help="rows per batch (default 8)")
     p.add_argument("--by", help="also summarise per value of this column, or per file with 'file'")
+    p.add_argument(
+        "--by-groups", type=_groups, default=20, metavar="N|all",
+        help="print the N groups with the most documents, or all (the JSON always has all)",
+    )
     p.add_argument("--sample", type=positive_int, help="tokenize about this many documents instead of all")
     p.add_argument("--seed", type=int, default=0, help="seed of the sample and the random batches (default 0)")
     p.add_argument("--window", type=positive_int, default=1024, help="look-ahead of best-fit and bucketing (default 1024)")
@@ -240,6 +245,10 @@ def _indexes(path: str) -> list[dict[str, Any]]:
     return found
 
 
+def _groups(text: str) -> int | None:
+    return None if text == "all" else positive_int(text)
+
+
 def _analyze(args: argparse.Namespace) -> int:
     if args.tokenizer is not None:
         check_tokenizer(args.tokenizer)
@@ -257,7 +266,7 @@ def _analyze(args: argparse.Namespace) -> int:
         add_eos=not args.no_eos,
         window=args.window,
     )
-    print(result)
+    print(render_analysis(result, max_groups=args.by_groups))
     if args.json:
         result.to_json(args.json)
         print(f"\nwrote {args.json}")
