@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
+import sys
 from collections import deque
 from collections.abc import Iterator, Sequence
 from multiprocessing.context import get_spawning_popen  # type: ignore[attr-defined]
@@ -69,12 +70,16 @@ class Batch(dict):  # type: ignore[type-arg]
     """
 
 
+_COLLATING = (
+    "a DataLoader with a batch size would stack arrowstream batches into one: they are already "
+    "batches (`.pack` formed them). Pass `batch_size=None` to the DataLoader (or torchdata's "
+    "`StatefulDataLoader`), or use `arrowstream.pytorch.StatefulLoader`, which sets it; with the "
+    "Hugging Face Trainer, return such a loader from `get_train_dataloader` (docs/training.md)"
+)
+
+
 def _refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
-    raise ConfigError(
-        f"a DataLoader tried to stack {len(batch)} arrowstream batch(es) into one: they are already "
-        "batches (`.pack` formed them). Pass `batch_size=None` to the DataLoader (or torchdata's "
-        "`StatefulDataLoader`), or use `arrowstream.pytorch.StatefulLoader`, which sets it"
-    )
+    raise ConfigError(_COLLATING)
 
 
 default_collate_fn_map[Batch] = _refuse_collate
@@ -185,6 +190,11 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         return out
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        # a DataLoader's fetcher pulls the first batch; with a batch size it would stack ours
+        # (whatever its collate_fn: the Hugging Face Trainer's default collator does)
+        fetcher = sys._getframe(1).f_locals.get("self")
+        if getattr(fetcher, "auto_collation", False) is True and hasattr(fetcher, "dataset_iter"):
+            raise ConfigError(_COLLATING)
         if get_worker_info() is not None and self._worker_ran is not None:
             self._worker_ran.value = 1
         self._it = it = self.iterator()

@@ -238,7 +238,7 @@ MUTANTS = [
         "arrowstream/pytorch.py",
         "default_collate_fn_map[Batch] = _refuse_collate\n",
         "",
-        ("tests/test_pytorch.py::test_a_dataloader_that_would_stack_batches_says_to_pass_batch_size_none",),
+        ("tests/test_pytorch.py::test_default_collation_of_arrowstream_batches_is_refused",),
     ),
     Mutant(
         "loader-state-before-the-last-drop",
@@ -279,6 +279,22 @@ MUTANTS = [
         "        pad = (self.padding_tokens - self.tail_padding) * scale + self.tail_padding\n",
         "        pad = self.padding_tokens * scale\n",
         ("tests/test_analysis.py::test_a_sampled_prediction_counts_the_epochs_end_once_and_gives_a_range",),
+    ),
+    Mutant(
+        "collating-loader-not-noticed",
+        "a DataLoader with a batch size and its own collator (the Trainer's) stacks packed batches unnoticed",
+        "arrowstream/pytorch.py",
+        "            raise ConfigError(_COLLATING)\n        if get_worker_info() is not None",
+        "            pass\n        if get_worker_info() is not None",
+        ("tests/test_pytorch.py::test_a_trainer_style_loader_that_would_stack_batches_is_refused",),
+    ),
+    Mutant(
+        "cache-write-failure-ends-the-run",
+        "a token cache the storage refuses to write (disk full, file-size limit) ends the run with a raw OSError",
+        "arrowstream/tokenize/cache.py",
+        "            except OSError as exc:  # a full disk, a file-size limit, no permission: train on, uncached\n",
+        "            except ValueError as exc:\n",
+        ("tests/test_cache.py::test_a_cache_the_storage_refuses_to_write_warns_and_the_run_goes_on",),
     ),
     Mutant(
         "fresh-share-forgets-its-origin",

@@ -155,3 +155,27 @@ def test_cli_builds_the_cache_ahead_of_time(tmp_path: Path, tokenizer_path: Path
     read_only = read_parquet(root).tokenize(tokenizer_path, cache=cache, cache_write=False)
     plain = read_parquet(root).tokenize(tokenizer_path)
     assert _batches(read_only.pack(seq_len=64, batch_size=2)) == _batches(plain.pack(seq_len=64, batch_size=2))
+
+
+def test_a_cache_the_storage_refuses_to_write_warns_and_the_run_goes_on(tmp_path: Path, tokenizer_path: Path) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    write_parts(tmp_path / "data", [{"text": ["some words to tokenize here, many of them"] * 400}], row_group_size=50)
+    script = textwrap.dedent(f"""
+        import resource, signal, warnings
+        from arrowstream import read_parquet
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # the limit then fails the write (EFBIG)
+        base = read_parquet({str(tmp_path / "data")!r}).tokenize({str(tokenizer_path)!r})
+        want = [b["input_ids"].tobytes() for b in base.pack(seq_len=32, batch_size=2)]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (600, 600))   # bytes a file may hold
+        cached = read_parquet({str(tmp_path / "data")!r}).tokenize({str(tokenizer_path)!r}, cache={str(tmp_path / "cache")!r})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = [b["input_ids"].tobytes() for b in cached.pack(seq_len=32, batch_size=2)]
+        print(got == want, sum("cannot write to the token cache" in str(w.message) for w in caught))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "1"]  # the same batches; one warning, not one per row group

@@ -241,6 +241,24 @@ def test_a_dataloader_that_would_stack_batches_says_to_pass_batch_size_none(tmp_
         next(iter(loader))
 
 
+def test_default_collation_of_arrowstream_batches_is_refused(tmp_path: Path) -> None:
+    batch = next(iter(torch.utils.data.DataLoader(_ds(tmp_path)[0].to_torch(), batch_size=None)))
+    with pytest.raises(ConfigError, match=r"already batches"):
+        torch.utils.data.default_collate([batch, batch])  # what any collating loader calls
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_trainer_style_loader_that_would_stack_batches_is_refused(tmp_path: Path, num_workers: int) -> None:
+    from transformers import default_data_collator
+
+    # what `Trainer(train_dataset=ds.to_torch())` builds: its batch size and its own collator
+    loader = torch.utils.data.DataLoader(
+        _ds(tmp_path)[0].to_torch(), batch_size=8, collate_fn=default_data_collator, num_workers=num_workers
+    )
+    with pytest.raises(ConfigError, match=r"already batches.*batch_size=None.*Trainer"):
+        next(iter(loader))
+
+
 def test_the_loader_counts_what_its_workers_did_drops_included(tmp_path: Path) -> None:
     import warnings
 

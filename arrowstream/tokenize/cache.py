@@ -219,7 +219,18 @@ class TokenCache:
             return cached
         ids = encode(texts())
         if self.writable:
-            self.write(manifest, shard, ids)
+            try:
+                self.write(manifest, shard, ids)
+            except OSError as exc:  # a full disk, a file-size limit, no permission: train on, uncached
+                self.writable = False
+                warnings.warn(
+                    CacheWarning(
+                        f"cannot write to the token cache {str(self.dir)!r} ({exc.strerror or exc}): "
+                        "tokenizing without keeping the ids from now on (the output is the same); "
+                        "free space or fix the permissions, or pass cache_write=False"
+                    ),
+                    stacklevel=4,
+                )
         return ids
 
     def _identity(self, manifest: Manifest, shard: int) -> dict[str, Any]:

@@ -1,0 +1,42 @@
+"""The state sizes the docs state (docs/state-format.md), measured as they were."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from arrowstream import read_parquet
+from arrowstream.pytorch import StatefulLoader
+from arrowstream.testing.data import sample_tokenizer, write_dataset
+
+#: pipeline -> the largest compact-JSON state over the first 40 batches the docs allow
+STATED = {"concat": 1_500, "bucket": 26_000, "best_fit": 60_000, "loader concat": 3_000, "loader best_fit": 120_000}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("demo")
+    write_dataset(root, num_files=4, docs_per_file=1500, rows_per_group=250, seed=0)
+    return root
+
+
+def _largest(states) -> int:
+    return max(len(json.dumps(state)) for state in states)
+
+
+@pytest.mark.parametrize("name", list(STATED))
+def test_states_are_as_large_as_the_docs_say(demo: Path, name: str) -> None:
+    base = read_parquet(demo).shuffle(seed=0).tokenize(sample_tokenizer())
+    strategy = name.split()[-1]
+    ds = base.bucket(batch_size=8) if strategy == "bucket" else base.pack(seq_len=2048, batch_size=8, strategy=strategy)
+    if name.startswith("loader"):
+        loader = StatefulLoader(ds.to_torch(), num_workers=2)
+        states = (loader.state_dict() for _, _ in zip(range(40), loader))
+    else:
+        it = ds.iter()
+        states = (it.state_dict() for _, _ in zip(range(40), it))
+    largest = _largest(states)
+    assert largest <= STATED[name], f"{name}: {largest:,} bytes; update docs/state-format.md"
+    assert largest > STATED[name] / 3, f"{name}: {largest:,} bytes, far below what the docs say"
