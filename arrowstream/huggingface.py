@@ -100,16 +100,25 @@ def save_data_state(checkpoint_dir: str | os.PathLike[str], loader: StatefulLoad
     """
     rank, world_size, _, _ = loader.dataset.topology()
     folder = Path(checkpoint_dir) / STATE_DIR
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / _file_name(rank, world_size)
     text = json.dumps(loader.state_dict())
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise StateError(f"cannot write the data state in {str(folder)!r}: {exc.strerror or exc}") from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # a full disk, a quota, a file-size limit: the checkpoint is not complete
+        Path(tmp).unlink(missing_ok=True)
+        raise StateError(
+            f"cannot write the data state {str(path)!r}: {exc.strerror or exc}; the checkpoint has no "
+            "data state: free space (or raise the limit) and save again"
+        ) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -261,3 +261,10 @@ def test_a_refused_state_leaves_the_iterator_as_it_was(tmp_path: Path) -> None:
     with pytest.raises(StateError, match="json.load"):
         it.load_state_dict("state.json")  # type: ignore[arg-type]
     assert it.state_dict() == before
+
+
+def test_a_path_the_filesystem_cannot_look_up_is_a_shard_error_naming_it() -> None:
+    from arrowstream import ShardError, read_parquet
+
+    with pytest.raises(ShardError, match=r"cannot look up '/data/a\\x00b'.*check the path"):
+        read_parquet("/data/a\x00b")  # pyarrow refuses the path itself (ArrowInvalid before)

@@ -237,3 +237,30 @@ def test_missing_data_state_names_the_folder(tmp_path: Path) -> None:
     ds, _ = _ds(tmp_path)
     with pytest.raises(StateError, match="no arrowstream data state in .*checkpoint-9"):
         load_data_state(tmp_path / "checkpoint-9", StatefulLoader(ds.to_torch()))
+
+
+def test_a_data_state_the_storage_refuses_to_write_is_a_state_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import resource, signal
+        from arrowstream import StateError, read_parquet
+        from arrowstream.huggingface import save_data_state
+        from arrowstream.pytorch import StatefulLoader
+        from arrowstream.testing import example_dir
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # the limit then fails the write (EFBIG)
+        ds = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0).pack(seq_len=4, batch_size=2)
+        loader = StatefulLoader(ds.to_torch())
+        next(iter(loader))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))   # a state is over 1 KB
+        try:
+            save_data_state({str(tmp_path / "checkpoint-1")!r}, loader)
+        except StateError as exc:
+            print("StateError:", exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "StateError: cannot write the data state" in out.stdout and "save again" in out.stdout
+    assert not list((tmp_path / "checkpoint-1" / "arrowstream").glob("*"))  # nothing half written

@@ -97,7 +97,13 @@ def discover(
                 if _glob_match(info.path, path):
                     found[info.path] = info.size
             continue
-        info = fs.get_file_info(path)
+        try:
+            info = fs.get_file_info(path)
+        except (OSError, pa.ArrowInvalid) as exc:  # unreachable storage, bad credentials, a malformed path
+            raise ShardError(
+                f"cannot look up {os.fspath(item)!r}: {exc}; check the path or URI and the storage's "
+                "credentials"
+            ) from exc
         if info.type == pafs.FileType.NotFound:
             raise ShardError(f"path {os.fspath(item)!r} does not exist: check the path or URI")
         if info.type == pafs.FileType.Directory:
