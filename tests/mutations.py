@@ -348,8 +348,8 @@ MUTANTS = [
         "simulated-chunks-ignore-shuffle-order",
         "the stand-in chunks a packer is run over to count its batches keep the rows' stored order",
         "arrowstream/distributed/tokens.py",
-        "            if window.order is not None:\n                rows = rows[window.order]\n",
-        "",
+        "            rows = _emitted_lengths(window, counts)\n",
+        "            rows = np.concatenate([counts.lengths(s)[a:b] for s, a, b in _pieces(window)])\n",
         ("tests/test_exact_batches.py", "tests/test_length_index.py"),
     ),
     Mutant(

@@ -20,7 +20,7 @@ import numpy as np
 
 from arrowstream.core.stage import KnownTokens
 from arrowstream.io.chunk import Chunk
-from arrowstream.io.layout import Layout
+from arrowstream.io.layout import Layout, ShuffleWindow
 from arrowstream.io.manifest import Manifest
 from arrowstream.state import RowRange
 
@@ -100,6 +100,26 @@ class TokenCounts:
         return self._sums[key]
 
 
+def _pieces(window: ShuffleWindow) -> list[tuple[int, int, int]]:
+    """The window's ``(shard, first row, end row)`` pieces."""
+    return list(zip(window.shards.tolist(), window.row_lo.tolist(), window.row_hi.tolist()))
+
+
+def _emitted_lengths(window: ShuffleWindow, counts: TokenCounts) -> np.ndarray:
+    """Return the tokens of the window's rows, in the order it emits them."""
+    rows = np.concatenate([counts.lengths(s)[a:b] for s, a, b in _pieces(window)])
+    return rows[window.order] if window.order is not None else rows
+
+
+def _unit_tokens(layout: Layout, counts: TokenCounts) -> tuple[list[tuple[int, int, int]], np.ndarray]:
+    """Return the layout's row ranges and the tokens before each (and after the last), in their order."""
+    units = list(zip(layout.unit_shard.tolist(), layout.unit_lo.tolist(), layout.unit_hi.tolist()))
+    tokens = np.zeros(len(units) + 1, dtype=np.int64)
+    if units:
+        np.cumsum([counts.rows(s, a, b) for s, a, b in units], out=tokens[1:])
+    return units, tokens
+
+
 def range_tokens(layout: Layout, counts: TokenCounts, stream: int, start: int, end: int) -> int:
     """Return the tokens of positions ``start..end-1`` of ``stream``, in the layout's emission order.
 
@@ -113,13 +133,10 @@ def range_tokens(layout: Layout, counts: TokenCounts, stream: int, start: int, e
         lo, hi = max(start, window.start), min(end, window.start + n)
         if lo >= hi:
             continue
-        units = zip(window.shards.tolist(), window.row_lo.tolist(), window.row_hi.tolist())
         if lo == window.start and hi == window.start + n:
-            total += sum(counts.rows(s, a, b) for s, a, b in units)
+            total += sum(counts.rows(s, a, b) for s, a, b in _pieces(window))
             continue
-        rows = np.concatenate([counts.lengths(s)[a:b] for s, a, b in units])
-        emitted = np.arange(lo - window.start, hi - window.start)
-        total += int(rows[window.order[emitted] if window.order is not None else emitted].sum())
+        total += int(_emitted_lengths(window, counts)[lo - window.start : hi - window.start].sum())
     return total
 
 
@@ -185,10 +202,7 @@ def part_chunks(
             offset, n = max(0, lo - window.start), min(window.num_rows, hi - window.start)
             if offset >= n:
                 continue
-            units = zip(window.shards.tolist(), window.row_lo.tolist(), window.row_hi.tolist())
-            rows = np.concatenate([counts.lengths(s)[a:b] for s, a, b in units])
-            if window.order is not None:
-                rows = rows[window.order]
+            rows = _emitted_lengths(window, counts)
             a = offset
             while a < n:
                 b = min((a // batch_rows + 1) * batch_rows, n)
@@ -240,11 +254,9 @@ def token_cut(layout: Layout, counts: TokenCounts) -> np.ndarray:
     ([0, 6, 12], [14])
     """
     n = layout.num_streams
-    units = list(zip(layout.unit_shard.tolist(), layout.unit_lo.tolist(), layout.unit_hi.tolist()))
+    units, tokens = _unit_tokens(layout, counts)
     if not units:
         return np.zeros(n + 1, dtype=np.int64)
-    tokens = np.zeros(len(units) + 1, dtype=np.int64)
-    np.cumsum([counts.rows(s, a, b) for s, a, b in units], out=tokens[1:])
     total = int(tokens[-1])
     cut = [0]
     for k in range(1, n):
@@ -303,10 +315,7 @@ def batch_cut(layout: Layout, counts: TokenCounts, per_batch: int) -> BatchCut:
     ([0, 8, 20, 30], [0, 3, 8, 12], [0, 6, 20, 30])
     """
     n = layout.num_streams
-    units = list(zip(layout.unit_shard.tolist(), layout.unit_lo.tolist(), layout.unit_hi.tolist()))
-    tokens = np.zeros(len(units) + 1, dtype=np.int64)
-    if units:
-        np.cumsum([counts.rows(s, a, b) for s, a, b in units], out=tokens[1:])
+    units, tokens = _unit_tokens(layout, counts)
     total = int(tokens[-1])
     num_batches = -(-total // per_batch)
     ends = np.array([min(i * num_batches // n * per_batch, total) for i in range(n + 1)], dtype=np.int64)
@@ -333,15 +342,11 @@ def _stream_offset(layout: Layout, counts: TokenCounts, stream: int, offset: int
     """Return ``(position, tokens before it)``: the row of ``stream`` holding its ``offset``-th token in emission order."""
     before = 0
     for window in layout.windows(stream):
-        units = list(zip(window.shards.tolist(), window.row_lo.tolist(), window.row_hi.tolist()))
-        size = sum(counts.rows(s, a, b) for s, a, b in units)
+        size = sum(counts.rows(s, a, b) for s, a, b in _pieces(window))
         if offset >= before + size:
             before += size
             continue
-        rows = np.concatenate([counts.lengths(s)[a:b] for s, a, b in units])
-        if window.order is not None:
-            rows = rows[window.order]
-        row_ends = before + np.cumsum(rows)
+        row_ends = before + np.cumsum(_emitted_lengths(window, counts))
         r = int(np.searchsorted(row_ends, offset, side="right"))
         return window.start + r, offset - (int(row_ends[r - 1]) if r else before)
     raise ValueError(f"token {offset} is past stream {stream}'s {before} tokens")
