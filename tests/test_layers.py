@@ -26,7 +26,7 @@ LAYERS = {
     "filter": 3, "tokenize": 3, "pack": 3,
     "distributed": 4,
     "pipeline": 5,
-    "pytorch": 6, "huggingface": 6, "analysis": 6, "testing": 6, "cli": 6, "__init__": 6, "__main__": 6,
+    "pytorch": 6, "huggingface": 6, "checkpoint": 6, "analysis": 6, "testing": 6, "cli": 6, "__init__": 6, "__main__": 6,
 }
 
 #: Imports allowed upward, each with its reason.
@@ -114,3 +114,15 @@ def test_no_module_is_over_500_lines() -> None:
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500
     }
     assert not long, f"split these into modules of one concept each: {long}"
+
+
+def test_checkpoint_folders_need_no_transformers() -> None:
+    """A plain PyTorch loop saves and loads data states without the Hugging Face extra."""
+    tree = ast.parse((PACKAGE / "checkpoint.py").read_text(encoding="utf-8"))
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+    }
+    assert "transformers" not in imported and "accelerate" not in imported, imported
