@@ -96,11 +96,20 @@ def test_stream_arguments_are_checked_before_any_work(
     assert message in capsys.readouterr().err
 
 
-def test_a_tokenizer_directory_is_named_as_one(tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_tokenizer_directory_is_used_through_its_tokenizer_json(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = _data(tmp_path / "data", n=60)
-    assert main(["stream", str(root), "--tokenizer", str(tokenizer_path.parent), "--seq-len", "8", "--batch-size", "1"]) == 2
-    err = capsys.readouterr().err
-    assert "is a directory: pass the tokenizer.json file in it" in err and str(tokenizer_path) in err
+    common = ["stream", str(root), "--seq-len", "8", "--batch-size", "1", "--max-batches", "5"]
+    assert main([*common, "--tokenizer", str(tokenizer_path)]) == 0
+    by_file = _last_line(capsys.readouterr().out, "stats:")
+    assert main([*common, "--tokenizer", str(tokenizer_path.parent)]) == 0  # where save_pretrained wrote it
+    assert _last_line(capsys.readouterr().out, "stats:") == by_file
+    assert main([*common, "--tokenizer", str(root)]) == 2
+    assert "is a directory without a tokenizer.json" in capsys.readouterr().err
+    state = read_parquet(root).tokenize(str(tokenizer_path.parent)).pack(seq_len=8, batch_size=1).iter().state_dict()
+    assert state["options_hash"] == read_parquet(root).tokenize(str(tokenizer_path)).pack(
+        seq_len=8, batch_size=1).iter().state_dict()["options_hash"]  # the same tokenizer, the same pipeline
 
 
 def test_analyze_refuses_an_output_it_could_not_write_before_analysing(

@@ -246,7 +246,7 @@ def test_the_command_line_builds_and_reports_an_index(tmp_path: Path, tokenizer_
     listed = json.loads(subprocess.run([*run, "inspect", str(root), "--json"], capture_output=True, text=True, env=env).stdout)
     assert listed["length_indexes"][0]["files_covered"] == 3
     missing = subprocess.run([*run, "index", str(root), "--tokenizer", str(tmp_path)], capture_output=True, text=True, env=env)
-    assert missing.returncode == 2 and "is a directory: pass the tokenizer.json file in it" in missing.stderr
+    assert missing.returncode == 2 and "is a directory without a tokenizer.json" in missing.stderr
 
 
 def test_counted_plans_read_only_the_row_groups_cuts_fall_in(tmp_path: Path, tokenizer: Tokenizer) -> None:

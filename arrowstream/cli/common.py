@@ -63,10 +63,9 @@ def check_tokenizer(path: str) -> None:
     """Refuse a ``--tokenizer`` that is not a file, before any work."""
     p = Path(path)
     if p.is_dir():
-        raise UsageError(
-            f"--tokenizer {path!r} is a directory: pass the tokenizer.json file in it"
-            + (f" ({p / 'tokenizer.json'})" if (p / "tokenizer.json").is_file() else "")
-        )
+        if (p / "tokenizer.json").is_file():
+            return  # a saved Hugging Face tokenizer: its tokenizer.json is used
+        raise UsageError(f"--tokenizer {path!r} is a directory without a tokenizer.json: pass a tokenizer.json")
     if not p.is_file():
         raise UsageError(f"--tokenizer {path!r} does not exist: pass the path of a tokenizer.json")
 

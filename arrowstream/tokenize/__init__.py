@@ -58,7 +58,8 @@ class Tokenize(Stage):
     Parameters
     ----------
     tokenizer
-        A ``tokenizers.Tokenizer``, a path to a ``tokenizer.json``, an
+        A ``tokenizers.Tokenizer``, a path to a ``tokenizer.json`` (or to a
+        directory holding one), an
         :class:`~arrowstream.tokenize.encoders.Encoder` (a tokenizer with its backend
         options), a transformers fast tokenizer (``PreTrainedTokenizerFast``,
         used through its ``backend_tokenizer``, its ``eos_token_id`` the EOS),

@@ -87,7 +87,8 @@ def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str] | Any
 
     A transformers ``PreTrainedTokenizerFast`` is used through its
     ``backend_tokenizer``, which holds its special-token settings (the
-    post-processor that adds BOS, for example).
+    post-processor that adds BOS, for example); a directory it was saved to
+    (``save_pretrained``) through the ``tokenizer.json`` in it.
 
     Raises
     ------
@@ -116,6 +117,14 @@ def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str] | Any
         )
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
+        if os.path.isdir(path):  # a saved Hugging Face tokenizer: its tokenizer.json
+            inside = os.path.join(path, "tokenizer.json")
+            if not os.path.isfile(inside):
+                raise ConfigError(
+                    f"tokenizer {path!r} is a directory without a tokenizer.json: pass the path of "
+                    "the tokenizer.json file (a fast tokenizer saves one), or a `tokenizers.Tokenizer`"
+                )
+            path = inside
         if not os.path.isfile(path):
             raise ConfigError(
                 f"tokenizer file {path!r} does not exist: pass the path of a `tokenizer.json` "
