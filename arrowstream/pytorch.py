@@ -174,7 +174,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
     def iterator(self) -> DatasetIterator:
         """Return a new arrowstream iterator for the calling consumer, from the loaded state."""
         rank, world, worker, num_workers = self.topology()
-        state = _pick(self._pending, rank * num_workers + worker, world * num_workers)
+        state = _whole(self._pending, _pick(self._pending, rank * num_workers + worker, world * num_workers))
         return self.dataset.iter(
             state, rank=rank, world_size=world, worker=worker, num_workers=num_workers
         )
@@ -384,7 +384,7 @@ class StatefulLoader:
                 states.append(self._latest[index])
                 continue
             worker = index - consumers[0]
-            start = _pick(self._loaded, index, count)
+            start = _whole(self._loaded, _pick(self._loaded, index, count))
             it = self.dataset.dataset.iter(
                 start, rank=rank, world_size=world, worker=worker, num_workers=len(consumers)
             )
@@ -421,6 +421,15 @@ class StatefulLoader:
         self._latest = {}
         same = state.get("kind") == "rank" and len(state.get("states", [])) == len(self._consumers()[0])
         self._next = int(state.get("next_worker", 0)) if same else 0
+
+
+def _whole(state: dict[str, Any] | None, own: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Return the rank state ``own`` was picked from, whole: the iterator picks its own again.
+
+    Its siblings say when files added since it was saved join (see
+    :mod:`arrowstream.pipeline.growth`), which every worker must agree on.
+    """
+    return state if own is not None and state is not None and state.get("kind") == "rank" else own
 
 
 def _pick(state: dict[str, Any] | None, index: int, count: int) -> dict[str, Any] | None:

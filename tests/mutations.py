@@ -47,6 +47,30 @@ class Mutant:
 
 MUTANTS = [
     Mutant(
+        "grown-epoch-over-all-files",
+        "after files were added, the begun epoch's layout is cut over every file",
+        "arrowstream/pipeline/growth.py",
+        "        if epoch < self.until_epoch:\n            return self.old.layout(epoch, num_streams, by)\n",
+        "",
+        ("tests/test_growth.py",),
+    ),
+    Mutant(
+        "grown-workers-disagree",
+        "each DataLoader worker works out alone where added files join",
+        "arrowstream/pytorch.py",
+        'return state if own is not None and state is not None and state.get("kind") == "rank" else own',
+        "return own",
+        ("tests/test_growth.py",),
+    ),
+    Mutant(
+        "grown-join-ignores-saved",
+        "a grown run's state forgets the epoch the added files join at",
+        "arrowstream/pipeline/growth.py",
+        'until = saved.get("until_epoch")',
+        "until = None",
+        ("tests/test_growth.py",),
+    ),
+    Mutant(
         "resume-reads-before-position",
         "a resume reads (and discards) every row group before its position",
         "arrowstream/io/source.py",

@@ -228,3 +228,14 @@ def test_the_report_tells_split_documents_from_lost_tokens_and_shows_the_largest
     assert f"{bucket['lost_fraction']:.2%}" in bucket_line
     assert "the 20 largest of 30" in report and report.count("group-") == 20 * 3  # chars, bytes, tokens
     assert render_analysis(result, max_groups=None).count("group-") == 30 * 3
+
+
+def test_an_output_that_cannot_be_written_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    root, _, _ = _corpus(tmp_path / "data")
+    result = analyze(root, sample=50)
+    missing = tmp_path / "missing" / "a.json"
+    with pytest.raises(ConfigError, match=r"cannot write the analysis to '.*missing/a.json': No such file"):
+        result.to_json(missing)
+    pytest.importorskip("matplotlib")
+    with pytest.raises(ConfigError, match=r"cannot write the figure to '.*missing/a.png': No such file"):
+        result.plot(tmp_path / "missing" / "a.png")

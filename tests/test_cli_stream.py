@@ -68,6 +68,27 @@ def test_resuming_a_finished_run_says_what_to_do(
     assert "0 batches" in out and "hint: nothing was left to stream" in out and "--num-epochs" in out
 
 
+def test_stream_continues_on_data_with_files_added_when_told(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, state = _data(tmp_path / "data", n=60), tmp_path / "s.json"
+    common = ["stream", str(root), "--tokenizer", str(tokenizer_path), "--seq-len", "32", "--batch-size", "2",
+              "--num-epochs", "2"]
+    assert main([*common, "--max-batches", "3", "--save-state", str(state)]) == 0
+    from arrowstream.testing.texts import make_texts
+
+    write_parts(tmp_path / "more", [{}, {}, {"text": make_texts(30, seed=9), "n": list(range(60, 90))}])
+    (tmp_path / "more" / "part-002.parquet").rename(root / "part-002.parquet")
+    capsys.readouterr()
+    assert main([*common, "--resume", str(state)]) == 2
+    err = capsys.readouterr().err
+    assert "1 file(s) were added since" in err and "pass --added-files next_epoch" in err
+    assert "read_parquet" not in err
+    assert main([*common, "--resume", str(state), "--added-files", "next_epoch", "--save-state", str(state)]) == 0
+    final = json.loads(state.read_text())
+    assert final["dataset"]["num_files"] == 3 and final["position"]["epoch"] == 1
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

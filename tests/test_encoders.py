@@ -492,3 +492,32 @@ def test_a_transformers_fast_tokenizer_is_used_through_its_backend(tokenizer: To
     got = batch.column("input_ids").to_pylist()
     want = [ids + [hf.eos_token_id] for ids in hf(texts)["input_ids"]]  # its BOS, its EOS
     assert got == want
+
+
+def test_a_slow_transformers_tokenizer_is_refused_with_the_fast_way(tmp_path: Path) -> None:
+    from transformers import PythonBackend
+
+    from arrowstream import read_parquet
+    from arrowstream.errors import ConfigError
+
+    class CharTokenizer(PythonBackend):  # a pure-Python ("slow") tokenizer: no `tokenizers` core
+        def __init__(self) -> None:
+            self.vocab = {"a": 0, "<unk>": 1}
+            super().__init__(unk_token="<unk>")
+
+        @property
+        def vocab_size(self) -> int:
+            return len(self.vocab)
+
+        def get_vocab(self) -> dict[str, int]:
+            return dict(self.vocab)
+
+        def _tokenize(self, text: str) -> list[str]:
+            return list(text)
+
+        def _convert_token_to_id(self, token: str) -> int:
+            return self.vocab.get(token, 1)
+
+    write_parts(tmp_path, [{"text": ["aa"]}])
+    with pytest.raises(ConfigError, match=r"CharTokenizer is a slow transformers tokenizer.*use_fast=True"):
+        read_parquet(tmp_path).tokenize(CharTokenizer())

@@ -113,7 +113,13 @@ class Analysis:
         """Return the JSON text, and write it to ``path`` when given."""
         text = json.dumps(self.to_dict(), indent=1, default=float)
         if path is not None:
-            Path(path).write_text(text + "\n", encoding="utf-8")
+            try:
+                Path(path).write_text(text + "\n", encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot write the analysis to {str(path)!r}: {exc.strerror or exc}; pass a path in "
+                    "a writable directory"
+                ) from exc
         return text
 
     def __str__(self) -> str:

@@ -12,6 +12,8 @@ from typing import Any
 
 import polars as pl
 
+from arrowstream.errors import ConfigError
+
 #: An :class:`~arrowstream.analysis.Analysis`, read by attribute only: this module
 #: formats it and so does not import it (the analysis imports this module).
 Analysis = Any
@@ -182,6 +184,13 @@ def plot_analysis(a: Analysis, path: Path) -> Path:
         ax.set_axis_off()
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the figure to {str(path)!r}: {exc.strerror or exc}; pass a path in a "
+            "writable directory"
+        ) from exc
+    finally:
+        plt.close(fig)
     return path

@@ -6,7 +6,8 @@ The options build the same pipeline as Python does: ``read_parquet``
 ``.tokenize`` (``--cache``, ``--length-index``) and ``.pack`` or
 ``.bucket`` (``--strategy``). ``--save-state`` writes the state after the last
 batch (also on Ctrl-C, which ends the run with status 130); ``--resume``
-continues from one.
+continues from one (``--added-files next_epoch``: also on data with files
+added since).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from arrowstream.cli.common import (
     write_state,
 )
 from arrowstream.cli.expressions import FilterSyntaxError, parse_filter
+from arrowstream.errors import StateMismatchError
 from arrowstream.pipeline.dataset import Dataset, read_parquet
 
 __all__ = ["add_parser", "run"]
@@ -64,6 +66,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-batches", type=positive_int, help="stop after this many batches (default: the whole run)")
     p.add_argument("--save-state", metavar="FILE", help="write the state after the last batch (and on Ctrl-C) here")
     p.add_argument("--resume", metavar="FILE", help="continue from a state written by --save-state")
+    p.add_argument(
+        "--added-files", choices=("refuse", "next_epoch"), default="refuse",
+        help="a --resume state saved before files were added to the data: refuse it, or finish its "
+        "epoch over the old files and read the added ones from the next epoch on",
+    )
     p.set_defaults(func=run)
 
 
@@ -83,7 +90,7 @@ def build(args: argparse.Namespace) -> Dataset:
         condition = parse_filter(args.filter) if args.filter else None
     except FilterSyntaxError as exc:
         raise UsageError(f"--filter {args.filter!r}: {exc}") from exc
-    ds = read_parquet(args.path, num_epochs=None if args.endless else args.num_epochs)
+    ds = read_parquet(args.path, num_epochs=None if args.endless else args.num_epochs, added_files=args.added_files)
     if args.shuffle is not None:
         ds = ds.shuffle(args.shuffle, window=args.shuffle_window)
     if condition is not None:
@@ -106,7 +113,10 @@ def run(args: argparse.Namespace) -> int:
     """Stream the batches; print what came out; save the state when asked (also on Ctrl-C)."""
     ds = build(args)
     state = read_state(args.resume) if args.resume else None
-    it = ds.iter(state, rank=args.rank, world_size=args.world_size)
+    try:
+        it = ds.iter(state, rank=args.rank, world_size=args.world_size)
+    except StateMismatchError as exc:  # in the words of the command line
+        raise UsageError(f"--resume {args.resume}: {_as_flags(str(exc))}") from exc
     before = it.state_dict()["stats"].get("tokens", 0)
     count, start = 0, time.perf_counter()
     try:
@@ -141,3 +151,17 @@ def run(args: argparse.Namespace) -> int:
             else "hint: no batch came out: the filter kept no document, or the data has no text"
         )
     return 0
+
+
+#: What a state error says in Python, and the same on the command line.
+_FLAGS = {
+    'pass `added_files="next_epoch"` to read_parquet': "pass --added-files next_epoch",
+    "Rebuild the pipeline with the saved options": "Run with the options the state was saved with",
+    "start without the state": "run without --resume",
+}
+
+
+def _as_flags(message: str) -> str:
+    for python, flags in _FLAGS.items():
+        message = message.replace(python, flags)
+    return message

@@ -289,6 +289,33 @@ def own_share(
     return out, deals
 
 
+def _common_dataset(states: list[dict[str, Any]]) -> Any:
+    """Return the data identity of the consumers' states, which must be one run's.
+
+    After files were added (see :mod:`arrowstream.pipeline.growth`), consumers
+    still in an epoch cut over the old files carry the old files' identity
+    (with ``until_epoch``) and those past it the whole corpus's: one step of
+    one run, merged under the old identity, which says where the files join.
+    """
+    found: list[Any] = []
+    for st in states:
+        if st.get("dataset") not in found:
+            found.append(st.get("dataset"))
+    if len(found) == 1:
+        return found[0]
+    old = [d for d in found if isinstance(d, dict) and isinstance(d.get("until_epoch"), int)]
+    if len(found) == 2 and len(old) == 1:
+        until = old[0]["until_epoch"]
+        if all(
+            (st.get("dataset") == old[0]) == (int(st["position"]["epoch"]) < until) for st in states
+        ):
+            return old[0]
+    raise StateMismatchError(
+        "states disagree on `dataset`: they are not from one run; merge the states of one "
+        "pipeline over one dataset"
+    )
+
+
 #: Counters every consumer reports for the whole run, not for its share: merged, they count once.
 WHOLE_RUN_COUNTERS = ("pruned_rows",)
 
@@ -343,8 +370,9 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
             )
     first = states[0]
     count = first["consumer"]["count"]
+    dataset = _common_dataset(states)
     for st in states[1:]:
-        for key in ("version", "dataset", "options_hash"):
+        for key in ("version", "options_hash"):
             if st.get(key) != first.get(key):
                 raise StateMismatchError(
                     f"states disagree on `{key}`: they are not from one run; merge the states "
@@ -382,7 +410,7 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
                 if key != "epoch":
                     row[key] = row.get(key, 0) + int(value)
     merged = {
-        key: copy.deepcopy(first[key])
+        key: copy.deepcopy(dataset if key == "dataset" else first[key])
         for key in ("format", "version", "dataset", "options_hash", "options")
     }
     merged.update(

@@ -28,8 +28,9 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from arrowstream.errors import ConfigError, SchemaError, ShardError
+from arrowstream.errors import ShardError
 from arrowstream.io.discover import discover, relpath, resolve_filesystem
+from arrowstream.io.schema import check_schemas, normalize_type
 from arrowstream.io.statistics import FileStatistics, matching_row_groups
 
 __all__ = ["Manifest", "Shard", "normalize_type", "read_manifest", "resolve_filesystem"]
@@ -272,33 +273,39 @@ class Manifest:
         """Return the short identity used in states and error messages."""
         return dict(self._identity)
 
+    def head(self, num_files: int) -> Manifest:
+        """Return the manifest of the first ``num_files`` files (a corpus before files were added).
+
+        Files are in path order, so the first ``num_files`` are the ones a
+        corpus held before files whose paths sort after them were added; their
+        shards keep their indices.
+
+        Examples
+        --------
+        >>> from arrowstream.testing import example_dir
+        >>> m = read_manifest(example_dir())
+        >>> m.head(1).fingerprint == m.fingerprint, m.head(1).num_shards
+        (True, 3)
+        """
+        if not 1 <= num_files <= self.num_files:
+            raise ValueError(f"num_files should be 1..{self.num_files}, got {num_files}")
+        if num_files == self.num_files:
+            return self
+        return Manifest(
+            filesystem=self.filesystem,
+            root=self.root,
+            files=self._files[:num_files],
+            schema=self.schema,
+            drift=self.drift,
+            num_empty_files=0,
+            num_empty_row_groups=0,
+        )
+
     def __repr__(self) -> str:
         return (
             f"Manifest(root={self.root!r}, num_files={self.num_files}, "
             f"num_shards={self.num_shards}, num_rows={self.num_rows})"
         )
-
-
-def normalize_type(dtype: pa.DataType) -> pa.DataType:
-    """Map equivalent Arrow types to one spelling (large/view strings and lists).
-
-    Examples
-    --------
-    >>> normalize_type(pa.large_list(pa.int64()))
-    ListType(list<item: int64>)
-    """
-    if pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype):
-        return pa.string()
-    if pa.types.is_large_binary(dtype) or pa.types.is_binary_view(dtype):
-        return pa.binary()
-    if (
-        pa.types.is_large_list(dtype)
-        or pa.types.is_list_view(dtype)
-        or pa.types.is_large_list_view(dtype)
-        or pa.types.is_list(dtype)
-    ):
-        return pa.list_(normalize_type(dtype.value_type))
-    return dtype
 
 
 def read_manifest(
@@ -359,7 +366,7 @@ def read_manifest(
         raise ShardError(
             f"all {len(infos)} Parquet file(s) under {root!r} are empty: there are no rows to read"
         )
-    schema, drift = _check_schemas(non_empty, columns)
+    schema, drift = check_schemas(non_empty, columns)
     return Manifest(
         filesystem=fs,
         root=root,
@@ -433,55 +440,6 @@ def _footer_digest(meta: pq.FileMetaData) -> str:
     sink = pa.BufferOutputStream()
     meta.write_metadata_file(sink)
     return hashlib.sha256(sink.getvalue()).hexdigest()[:32]
-
-
-def _check_schemas(
-    files: list[_FileInfo], columns: Sequence[str] | None
-) -> tuple[pa.Schema, dict[str, str]]:
-    """Return the schema of the selected columns and, for ``columns=None``, the drifted ones.
-
-    With explicit ``columns`` any difference is an error. With ``columns=None``
-    a column that is missing from a file or changes type is left out of the
-    schema and described in the returned dict; using it later is an error.
-    """
-    first = files[0]
-    names = list(columns) if columns is not None else list(first.schema.names)
-    if columns is not None and len(set(names)) != len(names):
-        raise ConfigError(f"`columns` lists a column twice: {names!r}")
-    fields, drift = [], {}
-    for name in names:
-        idx = first.schema.get_field_index(name)
-        if idx < 0:
-            raise SchemaError(
-                f"column `{name}` is missing from {first.path!r}; it has columns "
-                f"{first.schema.names!r}: fix `columns=` or the data"
-            )
-        field = pa.field(name, normalize_type(first.schema.field(idx).type))
-        problem = _drift(field, first, files[1:])
-        if problem is None:
-            fields.append(field)
-        elif columns is not None:
-            raise SchemaError(problem)
-        else:
-            drift[name] = problem
-    return pa.schema(fields), drift
-
-
-def _drift(field: pa.Field, first: _FileInfo, others: Sequence[_FileInfo]) -> str | None:
-    for info in others:
-        idx = info.schema.get_field_index(field.name)
-        if idx < 0:
-            return (
-                f"column `{field.name}` is in {first.path!r} but missing from {info.path!r} "
-                "(schema drift): select common columns with `columns=` or fix the files"
-            )
-        other = normalize_type(info.schema.field(idx).type)
-        if other != field.type:
-            return (
-                f"column `{field.name}` has type {field.type} in {first.path!r} but {other} in "
-                f"{info.path!r} (schema drift): rewrite the files with one type"
-            )
-    return None
 
 
 def _fingerprint(files: Sequence[_FileInfo]) -> str:

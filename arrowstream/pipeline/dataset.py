@@ -32,6 +32,7 @@ from arrowstream.io.manifest import Manifest, read_manifest
 from arrowstream.pack import Packer
 from arrowstream.pack.bucket import BucketPacker
 from arrowstream.pack.strategies import make_packer
+from arrowstream.pipeline.growth import ADDED_FILES
 from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.pipeline.plan import Plan
 from arrowstream.tokenize import Tokenize
@@ -50,6 +51,7 @@ def read_parquet(
     num_epochs: int | None = 1,
     batch_rows: int = 1024,
     prefetch: int | None = None,
+    added_files: str = "refuse",
 ) -> Dataset:
     """Open Parquet files as a dataset of row-group shards (footers only are read).
 
@@ -75,6 +77,14 @@ def read_parquet(
         inline when it tokenizes text (the encoder calls already run in a
         thread pool; measured as fast). Does not change the output. With a
         background thread, ``close()`` iterators you are done with.
+    added_files
+        What a state saved before files were added to the corpus does:
+        ``"refuse"`` (the default: a state resumes only on the files it was
+        saved on) or ``"next_epoch"`` (the epochs the state had begun finish
+        over the old files, exactly as they would have; the added files join
+        from the next epoch). Added files must sort after the old ones
+        (``part-00010.parquet`` after ``part-00009.parquet``). See
+        ``docs/guide.md``, "Growing corpora".
 
     Returns
     -------
@@ -92,6 +102,10 @@ def read_parquet(
     num_epochs = check_int("num_epochs", num_epochs, none_ok=True)
     batch_rows = check_int("batch_rows", batch_rows)  # type: ignore[assignment]
     prefetch = check_int("prefetch", prefetch, low=0, none_ok=True)
+    if added_files not in ADDED_FILES:
+        raise ConfigError(
+            f"`added_files` should be one of {', '.join(map(repr, ADDED_FILES))}, got {added_files!r}"
+        )
     manifest = read_manifest(source, columns=columns, filesystem=filesystem)
     return Dataset(
         manifest=manifest,
@@ -99,6 +113,7 @@ def read_parquet(
         num_epochs=num_epochs,
         batch_rows=batch_rows,
         prefetch=prefetch,
+        added_files=added_files,
     )
 
 
@@ -126,6 +141,7 @@ class Dataset:
     fragments: int = 2
     stages: tuple[Stage, ...] = ()
     packer: Packer | None = None
+    added_files: str = "refuse"
 
     # -- building -----------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from arrowstream.errors import StateError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.io.prefetch import Prefetcher
 from arrowstream.pack import PackRun
+from arrowstream.pipeline.growth import resume_plan
 from arrowstream.pipeline.plan import Plan
 from arrowstream.pipeline.reading import iter_chunks
 from arrowstream.state import Held, Position, State, Work, check_identity, check_state
@@ -62,7 +63,7 @@ class DatasetIterator:
         *,
         consumer: Consumer | None = None,
     ) -> None:
-        self.plan = plan
+        self.plan = self._base = plan
         self.consumer = consumer or Consumer(0, 1)
         # every counter the pipeline can move, so a state has the same keys at every step
         packer_counters = ("batches",) if plan.packer is None else plan.packer.counters
@@ -81,7 +82,7 @@ class DatasetIterator:
     # -- state --------------------------------------------------------------------
 
     def _reset(self, state: dict[str, Any] | None) -> None:
-        keys = ("_start_epoch", "_deals", "_known_targets", "_parts", "_saved", "_started", "_run")
+        keys = ("plan", "_start_epoch", "_deals", "_known_targets", "_parts", "_saved", "_started", "_run")
         saved = {k: getattr(self, k) for k in keys if hasattr(self, k)}
         try:
             self._load(state)
@@ -95,6 +96,8 @@ class DatasetIterator:
                 f"expected a state dict (from `state_dict()`, or JSON-loaded), got "
                 f"{type(state).__name__}: load the file with `json.load` first"
             )
+        # the files each epoch is cut over: all, or the old ones where files were added since
+        self.plan = self._base if state is None else resume_plan(self._base, state)
         if state is not None and state.get("kind") == "rank":  # a loader's: one state per DataLoader worker
             state = _own_of_rank(state, self.consumer)
         fresh = self.plan.fresh_deal
@@ -104,18 +107,19 @@ class DatasetIterator:
         self._parts: dict[int, Deal] = {}
         self._known_targets: dict[int, int | None] = {}
         if state is not None:
+            identity = self.plan.describe(_epoch_of(state))  # a merged state's: its consumers' too
             if state.get("kind") == "global":
                 # the data and options first: nothing of another run's state is re-dealt
                 check_identity(
                     state,
-                    dataset=self.plan.manifest.describe(),
+                    dataset=identity,
                     options=self.plan.options(),
                     options_hash=self.plan.options_hash,
                 )
                 state, self._parts = own_share(state, self.consumer, fresh, self.plan.recut)
             saved: State | None = check_state(
                 state,
-                dataset=self.plan.manifest.describe(),
+                dataset=identity,
                 options=self.plan.options(),
                 options_hash=self.plan.options_hash,
             )
@@ -232,7 +236,7 @@ class DatasetIterator:
             ahead = self._deals[nxt]
             next_work = Work(ahead.num_streams, ahead.segments, self._known_targets.get(nxt), ahead.by)
         return State(
-            dataset=self.plan.manifest.describe(),
+            dataset=self.plan.describe(position.epoch),
             options_hash=self.plan.options_hash,
             options=self.plan.options(),
             position=position,
@@ -277,7 +281,7 @@ class DatasetIterator:
         if pos.seq >= end:
             return {**none, "stream": stream}
         shard, row = self.plan.layout(pos.epoch, share.num_streams, share.by).locate(stream, pos.seq)
-        manifest = self.plan.manifest
+        manifest = self.plan.at(pos.epoch).manifest
         return {
             "stream": stream,
             "file": manifest.relpaths[int(manifest.shard_file[shard])],
@@ -393,7 +397,8 @@ def _targets(
         deal = parts[epoch]
         return plan.batch_targets(epoch, deal.parts, deal.num_streams, deal.by, consumer.per_rank)[consumer.index]
     fresh = [plan.fresh_work(epoch, Consumer(c, consumer.count)) for c in range(consumer.count)]
-    return plan.batch_targets(epoch, fresh, consumer.count, plan.streams_by, consumer.per_rank)[consumer.index]
+    by = plan.at(epoch).streams_by
+    return plan.batch_targets(epoch, fresh, consumer.count, by, consumer.per_rank)[consumer.index]
 
 
 class _Inline:
@@ -415,6 +420,16 @@ class _Inline:
 def _to_record_batch(chunk: Chunk) -> pa.RecordBatch:
     assert chunk.batch is not None
     return chunk.batch
+
+
+def _epoch_of(state: dict[str, Any]) -> int:
+    """Return the epoch a state (own or merged) is in, 0 if it does not say (its checks report that)."""
+    if state.get("kind") == "global":
+        epoch = state.get("epoch")
+    else:
+        position = state.get("position")
+        epoch = position.get("epoch") if isinstance(position, dict) else None
+    return epoch if isinstance(epoch, int) else 0
 
 
 def _own_of_rank(state: dict[str, Any], consumer: Consumer) -> dict[str, Any]:

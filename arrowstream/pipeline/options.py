@@ -32,6 +32,7 @@ class Description(Protocol):
     fragments: int
     stages: tuple[Stage, ...]
     packer: Packer | None
+    added_files: str
 
 
 def columns_to_read(description: Description) -> tuple[str, ...]:

@@ -93,6 +93,11 @@ class Plan:
         self.options_hash = hash_options(self._options)
         self.prefetch_depth = prefetch_depth(description.prefetch, self.stages)
         self.num_inflight = max((s.num_inflight for s in self.stages if s.expensive), default=1)
+        self.added_files = description.added_files
+        self._clear()
+
+    def _clear(self) -> None:
+        """Forget everything worked out from the manifest."""
         self._shards: np.ndarray | None = None
         self._layouts: dict[tuple[int, int], Layout] = {}
         self._sample: Sample | None = None
@@ -113,6 +118,14 @@ class Plan:
         plan = cls(description)
         _PLANS[key] = (weakref.ref(description, lambda _: _PLANS.pop(key, None)), plan)
         return plan
+
+    def at(self, epoch: int) -> Plan:
+        """Return the plan ``epoch`` is cut by: this one (see :class:`~arrowstream.pipeline.growth.GrownPlan`)."""
+        return self
+
+    def describe(self, epoch: int) -> dict[str, Any]:
+        """Return the data identity a state saved in ``epoch`` carries: the manifest's."""
+        return self.manifest.describe()
 
     # -- identity and reading -----------------------------------------------------
 

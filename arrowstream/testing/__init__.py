@@ -206,12 +206,15 @@ def _shape(state: Any, key: str = "") -> Any:
     if key in _PARTS:
         return "part"
     if isinstance(state, dict):
-        return tuple(sorted((k, _shape(v, k)) for k, v in state.items()))
+        return tuple(sorted((k, _shape(v, k)) for k, v in state.items() if k not in _WHILE))
     return None
 
 
 #: Keys whose value is a dict at some steps and null at others (the part is empty now).
 _PARTS = ("held", "next_work")
+#: Keys present only for a stretch of the stream: ``dataset.until_epoch`` while epochs begun
+#: before files were added finish over the old files.
+_WHILE = ("until_epoch",)
 
 
 def _iterator_factory(source: Any) -> Callable[[], Any]:

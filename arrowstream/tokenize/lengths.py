@@ -160,6 +160,16 @@ class LengthIndex:
 
     # -- reading ------------------------------------------------------------------------
 
+    def _is_file(self, path: str) -> bool:
+        """Return whether ``path`` is a file, or raise :class:`CacheError` naming it when the storage cannot say."""
+        try:
+            return self.fs.get_file_info(path).type == pafs.FileType.File
+        except OSError as exc:
+            raise CacheError(
+                f"cannot look up the length index entry {path!r}: {exc}; check the storage and its "
+                "credentials, or pass length_index=False"
+            ) from exc
+
     def entry(self, file: int, *, quiet: bool = False) -> tuple[list[int], np.ndarray, np.ndarray] | None:
         """Return ``file``'s (row groups, ids, documents with ids) from its entry's footer; ``None`` when missing or stale.
 
@@ -171,7 +181,7 @@ class LengthIndex:
         if hit is not None:
             return hit
         path = self.entry_path(file)
-        if self.fs.get_file_info(path).type != pafs.FileType.File:
+        if not self._is_file(path):
             return None
         try:
             with self.fs.open_input_file(path) as f:
@@ -221,7 +231,7 @@ class LengthIndex:
         for file in np.unique(m.shard_file).tolist():
             entry = self.entry(file)
             if entry is None:
-                if self.explicit and self.fs.get_file_info(self.entry_path(file)).type != pafs.FileType.File:
+                if self.explicit and not self._is_file(self.entry_path(file)):
                     raise CacheError(
                         f"length index {self.dir!r} does not cover {m.paths[file]!r}: run "
                         "`arrowstream index` again (it builds only what is missing)"
