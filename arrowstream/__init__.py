@@ -8,7 +8,6 @@ and iterate. Every iterator has ``state_dict()`` / ``load_state_dict()``.
 from typing import TYPE_CHECKING, Any
 
 from arrowstream.core.stage import Stage
-from arrowstream.distributed.topology import merge_states
 from arrowstream.errors import (
     ArrowStreamError,
     CacheError,
@@ -24,6 +23,8 @@ from arrowstream.errors import (
 )
 from arrowstream.filter import Filter
 from arrowstream.io.manifest import Manifest, Shard, read_manifest
+from arrowstream.mixture import Mixture, MixtureIterator, PackedMixture, mix
+from arrowstream.mixture.merge import merge_states
 from arrowstream.pack import ConcatPacker, Packer
 from arrowstream.pack.bestfit import BestFitPacker
 from arrowstream.pack.bucket import BucketPacker
@@ -49,6 +50,9 @@ __all__ = [
     "EncoderFallbackWarning",
     "Filter",
     "Manifest",
+    "Mixture",
+    "MixtureIterator",
+    "PackedMixture",
     "Packer",
     "PerformanceWarning",
     "SchemaError",
@@ -61,6 +65,7 @@ __all__ = [
     "analyze",
     "build_length_index",
     "merge_states",
+    "mix",
     "read_manifest",
     "read_parquet",
 ]

@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from arrowstream.distributed.topology import merge_states
 from arrowstream.errors import StateError
+from arrowstream.mixture.merge import merge_states
 
 if TYPE_CHECKING:
     from arrowstream.pytorch import StatefulLoader

@@ -19,7 +19,13 @@ import pytest
 from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 
-from arrowstream import CacheError, CacheWarning, build_length_index, merge_states, read_parquet
+from arrowstream import (
+    CacheError,
+    CacheWarning,
+    build_length_index,
+    merge_states,
+    read_parquet,
+)
 from arrowstream.pipeline.plan import Plan
 from arrowstream.testing import assert_resumes_identically
 from arrowstream.testing.texts import make_texts

@@ -1,0 +1,246 @@
+"""Iterating a mixture: one consumer's batches, its state and its per-source counters.
+
+A :class:`MixtureIterator` is one consumer (rank x DataLoader worker). Its
+``k``-th batch is its rank's batch of global step ``k * num_workers + worker``
+(a loader hands out its workers' batches in turn); the rows of that step it
+emits are its rank's slots (:func:`~arrowstream.mixture.schedule.step_rows`),
+and the schedule names each row's source. Each source is that source's own
+packed pipeline, iterated as this consumer (its share of every epoch), one
+row at a time.
+
+The state is the batch count, the stages in global rows, and each source's
+own state (coordinates, as for any pipeline): resuming replays nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+from arrowstream.distributed.topology import Consumer
+from arrowstream.errors import ConfigError, StateError, StateMismatchError
+from arrowstream.mixture.merge import GLOBAL_KIND, KIND
+from arrowstream.mixture.rows import stack_rows
+from arrowstream.mixture.schedule import Schedule, Stage, step_rows
+from arrowstream.pipeline.iterator import DatasetIterator
+from arrowstream.state import STATE_FORMAT, STATE_VERSION
+
+if TYPE_CHECKING:
+    from arrowstream.mixture.mix import PackedMixture
+
+__all__ = ["MixtureIterator"]
+
+_ROW_COUNTS = (("rows", None), ("tokens", "num_tokens"), ("padding_tokens", "num_padding_tokens"), ("docs", "num_docs"))
+
+
+class MixtureIterator:
+    """Batches of one consumer of a :class:`~arrowstream.mixture.mix.PackedMixture`, with checkpointable state.
+
+    Examples
+    --------
+    >>> import json
+    >>> from arrowstream import mix, read_parquet
+    >>> from arrowstream.testing import example_dir
+    >>> ids = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0)
+    >>> m = mix({"a": ids, "b": ids}, {"a": 2, "b": 1}).pack(seq_len=4, batch_size=3)
+    >>> it = m.iter()
+    >>> _ = next(it)
+    >>> saved = json.loads(json.dumps(it.state_dict()))
+    >>> [next(it)["input_ids"].tolist() for _ in range(2)] == [next(b)["input_ids"].tolist() for b in [m.iter(saved)] * 2]
+    True
+    """
+
+    def __init__(
+        self,
+        mixture: PackedMixture,
+        state: dict[str, Any] | None = None,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+    ) -> None:
+        self.mixture = mixture
+        self.consumer = Consumer.of(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
+        self.rank, self.world_size, self.worker, self.num_workers = rank, world_size, worker, num_workers
+        self._sources: dict[str, DatasetIterator] = {}
+        self._batches = self._origin = 0
+        self._stats = self._zero_stats()
+        self.load_state_dict(state)
+
+    # -- state --------------------------------------------------------------------
+
+    def _zero_stats(self) -> dict[str, int]:
+        keys = ["batches"] + [key for key, _ in _ROW_COUNTS]
+        keys += [f"{name}.{key}" for name in self.mixture.names for key, _ in _ROW_COUNTS]
+        return dict.fromkeys(keys, 0)
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Continue from ``state``: this consumer's, a loader's rank state holding it, or a merged one (any topology).
+
+        Raises
+        ------
+        StateMismatchError
+            The state is another mixture's (sources, weights, seed, caps or row shape).
+        StateError
+            Not a mixture state, another consumer's own state (merge every
+            consumer's with :func:`~arrowstream.merge_states` to change the
+            topology), or malformed.
+        """
+        own = None if state is None else self._own(state)
+        for it in self._sources.values():
+            it.close()
+        saved = {} if own is None else own["sources"]
+        topology = {"rank": self.rank, "world_size": self.world_size, "worker": self.worker, "num_workers": self.num_workers}
+        self._sources = {
+            name: pipeline.iter(saved.get(name), **topology) for name, pipeline in self.mixture.pipelines.items()
+        }
+        stages = self.mixture.stages_for(self.world_size) if own is None else own["stages"]
+        self.schedule = Schedule(stages)
+        self._batches = 0 if own is None else own["batches"]
+        self._origin = 0 if own is None else own["origin"]
+        self._stats = self._zero_stats()
+        if own is not None:
+            self._stats.update({k: int(v) for k, v in own["stats"].items() if k in self._stats})
+
+    def _own(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Return what this consumer continues from: batches, origin, stages, sources' states, stats."""
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise StateError(f"expected a mixture state (from `state_dict()`), got {type(state).__name__}")
+        here = {"index": self.consumer.index, "count": self.consumer.count}
+        if state.get("kind") == "rank":  # a loader's: one state per DataLoader worker
+            owns = [s for s in state.get("states") or [] if isinstance(s, dict) and s.get("consumer") == here]
+            if not owns:
+                raise StateError(
+                    f"this rank state holds no state for consumer {here}: load it on the topology that "
+                    "saved it, or merge every rank's state with `arrowstream.merge_states`"
+                )
+            state = owns[0]
+        if state.get("kind") not in (KIND, GLOBAL_KIND):
+            raise StateError(
+                f"expected a mixture state (kind {KIND!r}), got kind {state.get('kind')!r}: a single "
+                "pipeline's state resumes that pipeline, not a mixture"
+            )
+        diffs = _diff(state.get("mixture"), self.mixture.options())
+        if diffs:
+            raise StateMismatchError(
+                "the state was saved by another mixture: " + "; ".join(diffs)
+                + ". Build the mixture with the saved sources and weights, or start without the state"
+            )
+        try:
+            stages = [Stage(int(start), tuple(int(c) for c in counts)) for start, counts in state["stages"]]
+            if state["kind"] == GLOBAL_KIND:
+                return self._share(state, stages)
+            if state.get("consumer") != here:
+                raise StateError(
+                    f"the state belongs to consumer {state.get('consumer')}, this iterator is consumer {here} "
+                    "(rank x DataLoader worker): load the state this consumer saved, or merge every "
+                    "consumer's state with `arrowstream.merge_states` to resume on another topology"
+                )
+            position = state["position"]
+            own = {
+                "batches": int(position["batches"]),
+                "origin": int(position.get("origin", 0)),
+                "stages": stages,
+                "sources": dict(state["sources"]),
+                "stats": state["stats"],
+            }
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StateError(f"mixture state is malformed ({exc}): pass what `state_dict()` returned") from exc
+        if own["batches"] < 0 or own["origin"] < 0:
+            raise StateError("mixture state is malformed (a negative count): pass what `state_dict()` returned")
+        return own
+
+    def _share(self, state: dict[str, Any], stages: list[Stage]) -> dict[str, Any]:
+        """Return this consumer's part of a merged state: its own on the same topology, else a fresh start at the row reached."""
+        saved = state["topology"]
+        same = (int(saved["world_size"]), int(saved["num_workers"])) == (self.world_size, self.num_workers)
+        if same:
+            entry = state["consumers"][self.consumer.index]
+            return {
+                "batches": int(entry["batches"]),
+                "origin": int(state["origin"]),
+                "stages": stages,
+                "sources": dict(state["sources"]),
+                "stats": entry.get("stats", {}),
+            }
+        # another topology: every source re-deals what its consumers had left; the schedule goes on from the row reached
+        return {"batches": 0, "origin": int(state["rows"]), "stages": stages, "sources": dict(state["sources"]), "stats": {}}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return this consumer's position after the last batch: a small JSON-able dict."""
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "kind": KIND,
+            "mixture": self.mixture.options(),
+            "consumer": {"index": self.consumer.index, "count": self.consumer.count},
+            "topology": {"world_size": self.world_size, "num_workers": self.num_workers},
+            "stages": [[s.start, list(s.counts)] for s in self.schedule.stages],
+            "position": {"batches": self._batches, "origin": self._origin},
+            "stats": dict(self._stats),
+            "sources": {name: it.state_dict() for name, it in self._sources.items()},
+        }
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: batches; rows, tokens, padding tokens and documents, in all and per source (``"web.tokens"``)."""
+        return dict(self._stats)
+
+    def source_stats(self) -> dict[str, dict[str, int]]:
+        """Each source's own pipeline counters (rows read, documents, skips, epochs begun...)."""
+        return {name: it.stats for name, it in self._sources.items()}
+
+    def _step(self) -> int:
+        """The global step of this consumer's next batch."""
+        return self._batches * self.num_workers + self.worker
+
+    # -- iteration ----------------------------------------------------------------
+
+    def __iter__(self) -> MixtureIterator:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        step = self._step()
+        first = self._origin + step * self.world_size * self.mixture.batch_size
+        if self.mixture.num_rows is not None and first >= self.mixture.num_rows:
+            raise StopIteration
+        rows = self._origin + step_rows(step, self.rank, self.world_size, self.mixture.batch_size)
+        ids = self.schedule.sources_of(rows)
+        names = self.mixture.names
+        picked = []
+        for row, source in zip(rows.tolist(), ids.tolist()):
+            name = names[source]
+            try:
+                picked.append(next(self._sources[name]))
+            except StopIteration:
+                cap = self.mixture.mixture.max_epochs.get(name)
+                raise ConfigError(
+                    f"source {name!r} ran out at global row {row}: this consumer "
+                    f"({self.consumer.index} of {self.consumer.count}) has read its share of all "
+                    f"{cap} epoch(s) of it (max_epochs). Raise max_epochs[{name!r}], lower its "
+                    "weight, or drop the cap"
+                ) from None
+        batch = stack_rows(picked, ids)
+        self._batches += 1
+        self._stats["batches"] += 1
+        for one, source in zip(picked, ids.tolist()):
+            for key, field in _ROW_COUNTS:
+                n = 1 if field is None else int(one[field])
+                self._stats[key] += n
+                self._stats[f"{names[source]}.{key}"] += n
+        return batch
+
+    def close(self) -> None:
+        """Release every source's files and threads."""
+        for it in self._sources.values():
+            it.close()
+
+
+def _diff(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    if isinstance(saved, dict) and isinstance(current, dict):
+        return [d for key in sorted(set(saved) | set(current), key=str) for d in _diff(saved.get(key), current.get(key), f"{prefix}{key}.")]
+    if saved != current:
+        return [f"`{prefix.rstrip('.')}` was {copy.deepcopy(saved)!r}, now {current!r}"]
+    return []
+
