@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -100,6 +101,9 @@ def test_stream_continues_on_data_with_files_added_when_told(
         (["--strategy", "best_fit", "--seq-len", "-"], "--seq-len: must be a whole number"),
         (["--rank", "2", "--world-size", "2"], "--rank must be in 0..1"),
         (["--cache-read-only"], "--cache-read-only needs --cache DIR"),
+        (["--shuffle", "-1"], "--shuffle: must be a whole number of at least 0, got '-1'"),
+        (["--window", "5"], "--window is the look-ahead of --strategy best_fit and bucket"),
+        (["--column", "nope"], "--column nope: the data has no such column; its columns are ['text', 'n']"),
     ],
 )
 def test_stream_arguments_are_checked_before_any_work(
@@ -142,7 +146,10 @@ def test_analyze_refuses_an_output_it_could_not_write_before_analysing(
     assert "--plot" in capsys.readouterr().err and time.perf_counter() - t0 < 5
 
 
-def test_ctrl_c_saves_the_state_and_exits_quietly(tmp_path: Path, tokenizer_path: Path) -> None:
+@pytest.mark.parametrize(("stop", "status", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_ctrl_c_or_sigterm_saves_the_state_and_exits_quietly(
+    tmp_path: Path, tokenizer_path: Path, stop: signal.Signals, status: int, word: str
+) -> None:
     root, state = _data(tmp_path / "data"), tmp_path / "s.json"
     command = [sys.executable, "-m", "arrowstream", "stream", str(root), "--tokenizer", str(tokenizer_path),
                "--seq-len", "16", "--batch-size", "1", "--endless", "--save-state", str(state)]
@@ -155,12 +162,15 @@ def test_ctrl_c_saves_the_state_and_exits_quietly(tmp_path: Path, tokenizer_path
     deadline = time.monotonic() + 60
     while "batch/s" not in "".join(seen[-400:]) and time.monotonic() < deadline:  # batches flow
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
-    reader.join(timeout=10)
+    proc.send_signal(stop)
+    proc.wait(timeout=60)
+    reader.join(timeout=10)  # it reads stderr to its end
+    proc.stdout.read()
+    proc.stdout.close()
+    proc.stderr.close()
     err = "".join(seen)
-    assert proc.returncode == 130, err[-2000:]
-    assert "Traceback" not in err and "state saved to" in out
+    assert proc.returncode == status, err[-2000:]
+    assert "Traceback" not in err and f"{word} after" in err and "state saved to" in err
     saved = json.loads(state.read_text())
     batches = saved["stats"]["batches"]
     # the state continues where the interrupted run stopped
@@ -204,3 +214,48 @@ def test_filter_conditions_select_what_they_say(text: str, rows: list[int]) -> N
 def test_anything_else_in_a_filter_is_refused(text: str) -> None:
     with pytest.raises(FilterSyntaxError):
         parse_filter(text)
+
+
+def _python_words(text: str) -> list[str]:
+    return [w for w in ("`column=`", "`columns=`", "cache_write", "state_dict()", "read_parquet") if w in text]
+
+
+def test_errors_and_warnings_speak_in_flags(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _data(tmp_path / "data", n=60)
+    common = ["stream", str(root), "--tokenizer", str(tokenizer_path), "--seq-len", "16", "--batch-size", "2"]
+    cases = [
+        ([*common, "--filter", "nope > 1"], "--filter"),
+        ([*common, "--resume", str(tokenizer_path)], f"--resume {tokenizer_path}: expected an arrowstream state"),
+        (["analyze", str(root), "--column", "nope"], "fix --column (or --by) or the data"),
+        (["inspect", str(root), "--columns", "nope"], "fix --columns or the data"),
+    ]
+    for command, message in cases:
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert message in err and not _python_words(err), err
+    # another rank's state: say which flags to pass
+    state = tmp_path / "s.json"
+    assert main([*common, "--rank", "1", "--world-size", "2", "--max-batches", "1", "--save-state", str(state)]) == 0
+    capsys.readouterr()
+    assert main([*common, "--resume", str(state)]) == 2
+    err = capsys.readouterr().err
+    assert "pass the --rank and --world-size the state was saved with" in err and not _python_words(err), err
+    # a cache the storage refuses: the warning names the flag
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")  # as outside the test suite: shown, not raised
+        assert main([*common, "--max-batches", "1", "--cache", str(blocker / "cache")]) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "--cache-read-only" in err and not _python_words(err), err
+
+
+def test_analyze_refuses_a_figure_format_it_cannot_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _data(tmp_path / "data", n=60)
+    t0 = time.perf_counter()
+    assert main(["analyze", str(root), "--plot", str(tmp_path / "x.txt")]) == 2
+    err = capsys.readouterr().err
+    assert f"--plot {tmp_path / 'x.txt'}: a figure is written as .png, .pdf, .svg" in err
+    assert time.perf_counter() - t0 < 5  # before any analysis

@@ -494,6 +494,31 @@ def test_a_transformers_fast_tokenizer_is_used_through_its_backend(tokenizer: To
     assert got == want
 
 
+def test_a_tokenizer_loaded_by_transformers_is_the_same_pipeline(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    """transformers adds a post-processor that adds nothing: states, caches and indexes carry over."""
+    from transformers import PreTrainedTokenizerFast
+
+    from arrowstream import read_parquet
+    from arrowstream.tokenize import tokenizer_hash
+
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    assert hf.backend_tokenizer.to_str() != tokenizer.to_str()
+    assert tokenizer_hash(hf.backend_tokenizer) == tokenizer_hash(tokenizer)
+    write_parts(tmp_path / "data", [{"text": ["one text", "and another one"] * 5}])
+    plain = read_parquet(tmp_path / "data").tokenize(tokenizer).pack(seq_len=8, batch_size=1).iter()
+    next(plain)
+    via_hf = read_parquet(tmp_path / "data").tokenize(hf).pack(seq_len=8, batch_size=1)
+    rest = [b["input_ids"].tolist() for b in via_hf.iter(plain.state_dict())]
+    assert rest == [b["input_ids"].tolist() for b in plain]
+    bos = Tokenizer.from_str(tokenizer.to_str())
+    from tokenizers.processors import TemplateProcessing
+
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    bos.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", eos)])
+    assert tokenizer_hash(bos) != tokenizer_hash(tokenizer)  # one that adds a token is another tokenizer
+
+
 def test_a_slow_transformers_tokenizer_is_refused_with_the_fast_way(tmp_path: Path) -> None:
     from transformers import PythonBackend
 

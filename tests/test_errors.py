@@ -130,6 +130,15 @@ def test_state_with_other_options_says_what_differs(tmp_path: Path) -> None:
         base.pack(seq_len=8, batch_size=1).iter(state)
 
 
+def test_a_changed_strategy_is_named_first_and_the_implied_options_counted(tmp_path: Path) -> None:
+    write_parts(tmp_path, [{"input_ids": pa.array([[1, 2, 3]] * 9, pa.list_(pa.int32()))}])
+    base = read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0)
+    it = base.pack(seq_len=4, batch_size=1).iter()
+    next(it)
+    with pytest.raises(StateMismatchError, match=r"options: `pack.strategy` was 'concat', now 'best_fit'; .*and \d+ more\."):
+        base.pack(seq_len=4, batch_size=1, strategy="best_fit").iter(it.state_dict())
+
+
 def test_malformed_and_foreign_states_are_state_errors(tmp_path: Path) -> None:
     write_parts(tmp_path, [{"text": ["a", "b"]}])
     ds = read_parquet(tmp_path)

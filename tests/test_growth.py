@@ -168,13 +168,15 @@ def test_files_changed_or_added_before_the_old_ones_are_other_data(tmp_path: Pat
     saved = _state(it)
     before = _write(tmp_path / "before", range(0, 4))  # part-000 sorts first: not appended
     with pytest.raises(StateMismatchError, match="other data"):
+        _pipe(before, added="refuse").iter(saved)
+    with pytest.raises(StateMismatchError, match=r"first 3 in path order are not the files.*sort last"):
         _pipe(before).iter(saved)
     changed = tmp_path / "changed"
     shutil.copytree(old, changed)
     _write(changed, range(4, 5))
     ids = pa.array(DOCS[:19], pa.list_(pa.int32()))  # an old file rewritten
     pq.write_table(pa.table({"ids": ids}), changed / "part-002.parquet", row_group_size=5)
-    with pytest.raises(StateMismatchError, match="other data"):
+    with pytest.raises(StateMismatchError, match="none was renamed, rewritten or removed"):
         _pipe(changed).iter(saved)
 
 

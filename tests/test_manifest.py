@@ -196,3 +196,18 @@ def test_column_sizes_come_from_the_one_footer_pass(tmp_path: Path) -> None:
     shutil.rmtree(root)  # nothing is read from here on
     assert m.column_bytes(["text"]).tolist() == want
     assert (m.column_bytes(["a", "text"]) > m.column_bytes(["text"])).all()
+
+
+def test_a_broken_link_to_a_parquet_file_is_an_error_naming_it(tmp_path: Path) -> None:
+    import os
+
+    from arrowstream import read_parquet
+    from arrowstream.errors import ShardError
+
+    pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "ok.parquet")
+    os.symlink(tmp_path / "gone.parquet", tmp_path / "broken.parquet")
+    with pytest.raises(ShardError, match=r"broken.parquet' is a symbolic link to .*gone.parquet', which does not exist"):
+        read_parquet(tmp_path)
+    os.remove(tmp_path / "broken.parquet")
+    os.symlink(tmp_path / "ok.parquet", tmp_path / "linked.parquet")  # a working link is a file like any
+    assert read_parquet(tmp_path).manifest.num_files == 2

@@ -22,6 +22,7 @@ import json
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,12 +38,14 @@ from arrowstream.analysis.report import render_analysis
 from arrowstream.cli import stream
 from arrowstream.cli.common import (
     HelpFormatter,
+    Terminated,
     UsageError,
     check_output,
     check_tokenizer,
     positive_int,
     progress,
 )
+from arrowstream.cli.words import as_flags, show_warning
 from arrowstream.errors import ArrowStreamError
 from arrowstream.io.manifest import read_manifest
 from arrowstream.pipeline.dataset import read_parquet
@@ -73,17 +76,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 1
     try:
-        return int(args.func(args))
+        with warnings.catch_warnings():
+            warnings.showwarning = show_warning(args.command)  # in the command line's words too
+            return int(args.func(args))
     except (ArrowStreamError, UsageError, ImportError) as exc:  # ImportError: an optional extra
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {as_flags(str(exc), args.command)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         hint = {"index": ": the files already counted are kept; run the same command again to finish"}
-        print(f"interrupted{hint.get(args.command, '')}", file=sys.stderr)
-        return 130
+        how = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"{how}{hint.get(args.command, '')}", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -103,25 +109,25 @@ def _parser() -> argparse.ArgumentParser:
         "--tokenizer",
         help="a tokenizer.json: also say how even batches are split for it (counted with a length index)",
     )
-    p.add_argument("--column", default="text", help="the text column --tokenizer reads (default: text)")
+    p.add_argument("--column", default="text", help="the text column --tokenizer reads")
     p.set_defaults(func=_inspect)
 
     p = sub.add_parser("analyze", help="document lengths and what each batching strategy costs")
     p.add_argument("path", help="directory, glob, file or URI")
-    p.add_argument("--column", default="text", help="text column, or a column of token ids (default: text)")
+    p.add_argument("--column", default="text", help="text column, or a column of token ids")
     p.add_argument("--tokenizer", help="path to a tokenizer.json, for token lengths and strategies")
-    p.add_argument("--seq-len", type=positive_int, default=2048, help="training sequence length (default 2048)")
-    p.add_argument("--batch-size", type=positive_int, default=8, help="rows per batch (default 8)")
+    p.add_argument("--seq-len", type=positive_int, default=2048, help="training sequence length")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="rows per batch")
     p.add_argument("--by", help="also summarise per value of this column, or per file with 'file'")
     p.add_argument(
         "--by-groups", type=_groups, default=20, metavar="N|all",
         help="print the N groups with the most documents, or all (the JSON always has all)",
     )
     p.add_argument("--sample", type=positive_int, help="tokenize about this many documents instead of all")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sample and the random batches (default 0)")
-    p.add_argument("--window", type=positive_int, default=1024, help="look-ahead of best-fit and bucketing (default 1024)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample and the random batches")
+    p.add_argument("--window", type=positive_int, default=1024, help="look-ahead of best-fit and bucketing")
     p.add_argument("--no-eos", action="store_true", help="do not count an EOS token per document")
-    p.add_argument("--plot", help="write a PNG figure here (needs matplotlib)")
+    p.add_argument("--plot", help="write the figure here: .png, .pdf or .svg (needs matplotlib)")
     p.add_argument("--json", help="write the full result as JSON here")
     p.set_defaults(func=_analyze)
 
@@ -147,9 +153,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="stream, checkpoint and resume on built-in sample data")
     p.add_argument("--workdir", help="where to write the sample data (default: a temp dir)")
-    p.add_argument("--batches", type=positive_int, default=40, help="batches to stream in all (default 40)")
-    p.add_argument("--seq-len", type=positive_int, default=1024, help="tokens per row (default 1024)")
-    p.add_argument("--batch-size", type=positive_int, default=8, help="rows per batch (default 8)")
+    p.add_argument("--batches", type=positive_int, default=40, help="batches to stream in all")
+    p.add_argument("--seq-len", type=positive_int, default=1024, help="tokens per row")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="rows per batch")
     p.set_defaults(func=_demo)
 
     stream.add_parser(sub)
@@ -249,10 +255,19 @@ def _groups(text: str) -> int | None:
     return None if text == "all" else positive_int(text)
 
 
+#: The figure formats --plot writes (by the file's suffix).
+_FIGURES = (".png", ".pdf", ".svg")
+
+
 def _analyze(args: argparse.Namespace) -> int:
     if args.tokenizer is not None:
         check_tokenizer(args.tokenizer)
     check_output("--plot", args.plot)
+    if args.plot and Path(args.plot).suffix.lower() not in _FIGURES:
+        raise UsageError(
+            f"--plot {args.plot}: a figure is written as {', '.join(_FIGURES)}; name the file with one "
+            "of those suffixes"
+        )
     check_output("--json", args.json)
     result = analyze(
         args.path,

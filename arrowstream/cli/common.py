@@ -13,9 +13,12 @@ from tqdm import tqdm
 
 __all__ = [
     "HelpFormatter",
+    "Terminated",
     "UsageError",
+    "on_sigterm",
     "check_output",
     "check_tokenizer",
+    "natural_int",
     "positive_int",
     "progress",
     "read_state",
@@ -28,14 +31,46 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        shown = action.default not in (None, False, argparse.SUPPRESS) and action.option_strings
+        default = action.default
+        # by identity: a default of 0 is shown (0 == False)
+        shown = not (default is None or default is False or default is argparse.SUPPRESS) and action.option_strings
         if shown and "default" not in text:
             text += " (default: %(default)s)"
         return text
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, which schedulers send before they kill a job: handled as Ctrl-C is, exit status 143."""
+
+
+def on_sigterm(signum: int, frame: Any) -> None:
+    """A SIGTERM handler that raises :class:`Terminated` in the main thread."""
+    raise Terminated
+
+
 class UsageError(Exception):
     """A command-line argument that cannot be used (printed as one line, exit status 2)."""
+
+
+def natural_int(text: str) -> int:
+    """An ``argparse`` type: an integer of at least 0 (a seed, a rank).
+
+    Examples
+    --------
+    >>> natural_int("0")
+    0
+    >>> natural_int("-1")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be a whole number of at least 0, got '-1'
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 0, got {text!r}")
+    return value
 
 
 def positive_int(text: str) -> int:

@@ -5,7 +5,7 @@ The options build the same pipeline as Python does: ``read_parquet``
 :mod:`arrowstream.cli.expressions`), ``.shuffle`` (``--shuffle SEED``),
 ``.tokenize`` (``--cache``, ``--length-index``) and ``.pack`` or
 ``.bucket`` (``--strategy``). ``--save-state`` writes the state after the last
-batch (also on Ctrl-C, which ends the run with status 130); ``--resume``
+batch (also on Ctrl-C, which ends the run with status 130, and on SIGTERM, 143); ``--resume``
 continues from one (``--added-files next_epoch``: also on data with files
 added since).
 """
@@ -13,20 +13,26 @@ added since).
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 import time
 from typing import Any
 
 from arrowstream.cli.common import (
+    Terminated,
     UsageError,
     check_output,
     check_tokenizer,
+    natural_int,
+    on_sigterm,
     positive_int,
     progress,
     read_state,
     write_state,
 )
 from arrowstream.cli.expressions import FilterSyntaxError, parse_filter
-from arrowstream.errors import StateMismatchError
+from arrowstream.cli.words import as_flags
+from arrowstream.errors import StateError
 from arrowstream.pipeline.dataset import Dataset, read_parquet
 
 __all__ = ["add_parser", "run"]
@@ -39,7 +45,7 @@ def add_parser(sub: Any) -> None:
         help="run a tokenize-and-pack pipeline over a dataset, with a progress bar",
     )
     p.add_argument("path", help="directory, glob, file or URI")
-    p.add_argument("--tokenizer", required=True, help="path to a tokenizer.json")
+    p.add_argument("--tokenizer", required=True, help="a tokenizer.json, or a directory holding one")
     p.add_argument("--column", default="text", help="text column")
     p.add_argument("--no-special-tokens", action="store_true", help="encode with add_special_tokens=False")
     p.add_argument(
@@ -49,9 +55,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--seq-len", type=positive_int, help="tokens per row (required for concat and best_fit)")
     p.add_argument("--batch-size", type=positive_int, required=True, help="rows per batch")
-    p.add_argument("--window", type=positive_int, default=1024, help="look-ahead of best_fit and bucket, in documents")
+    p.add_argument(
+        "--window", type=positive_int, metavar="DOCS",
+        help="look-ahead of best_fit and bucket, in documents (default: 1024)",
+    )
     p.add_argument("--filter", metavar="CONDITION", help="keep the rows where it holds, e.g. \"lang == 'en' and n >= 100\"")
-    p.add_argument("--shuffle", type=int, metavar="SEED", help="shuffle with this seed (default: no shuffle)")
+    p.add_argument("--shuffle", type=natural_int, metavar="SEED", help="shuffle with this seed (default: no shuffle)")
     p.add_argument("--shuffle-window", type=positive_int, default=8, help="row groups mixed together when shuffling")
     p.add_argument("--cache", metavar="DIR", help="token cache directory (filled by `arrowstream cache`)")
     p.add_argument("--cache-read-only", action="store_true", help="read the cache, never write to it")
@@ -61,7 +70,7 @@ def add_parser(sub: Any) -> None:
     epochs.add_argument("--num-epochs", type=positive_int, default=1, help="passes over the data")
     epochs.add_argument("--endless", action="store_true", help="repeat epochs forever (stop with --max-batches or Ctrl-C)")
     p.add_argument("--drop-last", action="store_true", help="drop each epoch's last partial batch")
-    p.add_argument("--rank", type=int, default=0, help="stream this rank's share (with --world-size)")
+    p.add_argument("--rank", type=natural_int, default=0, help="stream this rank's share (with --world-size)")
     p.add_argument("--world-size", type=positive_int, default=1, help="ranks the data is shared by")
     p.add_argument("--max-batches", type=positive_int, help="stop after this many batches (default: the whole run)")
     p.add_argument("--save-state", metavar="FILE", help="write the state after the last batch (and on Ctrl-C) here")
@@ -84,6 +93,9 @@ def build(args: argparse.Namespace) -> Dataset:
         raise UsageError("--length-index and --no-length-index contradict each other: pass one")
     if args.cache_read_only and not args.cache:
         raise UsageError("--cache-read-only needs --cache DIR")
+    if args.window is not None and args.strategy == "concat":
+        raise UsageError("--window is the look-ahead of --strategy best_fit and bucket; concat has none")
+    window = 1024 if args.window is None else args.window
     if not 0 <= args.rank < args.world_size:
         raise UsageError(f"--rank must be in 0..{args.world_size - 1} (--world-size {args.world_size}), got {args.rank}")
     try:
@@ -91,6 +103,9 @@ def build(args: argparse.Namespace) -> Dataset:
     except FilterSyntaxError as exc:
         raise UsageError(f"--filter {args.filter!r}: {exc}") from exc
     ds = read_parquet(args.path, num_epochs=None if args.endless else args.num_epochs, added_files=args.added_files)
+    names = ds.manifest.schema.names
+    if args.column not in names:
+        raise UsageError(f"--column {args.column}: the data has no such column; its columns are {names}")
     if args.shuffle is not None:
         ds = ds.shuffle(args.shuffle, window=args.shuffle_window)
     if condition is not None:
@@ -102,8 +117,8 @@ def build(args: argparse.Namespace) -> Dataset:
         options["length_index"] = False if args.no_length_index else args.length_index
     ds = ds.tokenize(args.tokenizer, **options)
     if args.strategy == "bucket":
-        return ds.bucket(batch_size=args.batch_size, window=args.window, max_len=args.seq_len, drop_last=args.drop_last)
-    extra = {"window": args.window} if args.strategy == "best_fit" else {}
+        return ds.bucket(batch_size=args.batch_size, window=window, max_len=args.seq_len, drop_last=args.drop_last)
+    extra = {"window": window} if args.strategy == "best_fit" else {}
     return ds.pack(
         seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy, drop_last=args.drop_last, **extra
     )
@@ -115,10 +130,11 @@ def run(args: argparse.Namespace) -> int:
     state = read_state(args.resume) if args.resume else None
     try:
         it = ds.iter(state, rank=args.rank, world_size=args.world_size)
-    except StateMismatchError as exc:  # in the words of the command line
-        raise UsageError(f"--resume {args.resume}: {_as_flags(str(exc))}") from exc
+    except StateError as exc:  # the file given: say which
+        raise UsageError(f"--resume {args.resume}: {as_flags(str(exc), 'stream')}") from exc
     before = it.state_dict()["stats"].get("tokens", 0)
     count, start = 0, time.perf_counter()
+    previous = signal.signal(signal.SIGTERM, on_sigterm)  # a scheduler's stop: saved as Ctrl-C is
     try:
         with progress(args.max_batches, "streaming") as bar:
             for _ in it:
@@ -129,12 +145,18 @@ def run(args: argparse.Namespace) -> int:
                     bar.set_postfix(tokens_per_s=f"{done / (time.perf_counter() - start):,.0f}")
                 if args.max_batches is not None and count >= args.max_batches:
                     break
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if not args.save_state:
             raise
         write_state(args.save_state, it.state_dict())
-        print(f"interrupted after {count:,} batches; state saved to {args.save_state} (continue with --resume)")
-        return 130
+        how = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(
+            f"{how} after {count:,} batches; state saved to {args.save_state} (continue with --resume)",
+            file=sys.stderr,
+        )
+        return 143 if isinstance(exc, Terminated) else 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     elapsed = time.perf_counter() - start
     final = it.state_dict()
     tokens = final["stats"].get("tokens", 0) - before
@@ -152,16 +174,3 @@ def run(args: argparse.Namespace) -> int:
         )
     return 0
 
-
-#: What a state error says in Python, and the same on the command line.
-_FLAGS = {
-    'pass `added_files="next_epoch"` to read_parquet': "pass --added-files next_epoch",
-    "Rebuild the pipeline with the saved options": "Run with the options the state was saved with",
-    "start without the state": "run without --resume",
-}
-
-
-def _as_flags(message: str) -> str:
-    for python, flags in _FLAGS.items():
-        message = message.replace(python, flags)
-    return message

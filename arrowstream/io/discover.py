@@ -124,7 +124,22 @@ def _list_files(fs: pafs.FileSystem, base: str, *, original: str) -> list[pafs.F
         infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
     except (FileNotFoundError, OSError) as exc:
         raise ShardError(f"cannot list {original!r}: {exc}") from exc
+    if isinstance(fs, pafs.LocalFileSystem):
+        _check_links(base)
     return [i for i in infos if i.type == pafs.FileType.File]
+
+
+def _check_links(base: str) -> None:
+    """Raise for a ``*.parquet`` symbolic link whose target is gone (the listing leaves it out silently)."""
+    for folder, _, names in os.walk(base):
+        for name in names:
+            path = os.path.join(folder, name)
+            broken = os.path.islink(path) and not os.path.exists(path)
+            if name.endswith(".parquet") and broken and not _is_hidden(path, base):
+                raise ShardError(
+                    f"{path!r} is a symbolic link to {os.readlink(path)!r}, which does not exist: fix or "
+                    "remove the link (its rows would be missing from the dataset)"
+                )
 
 
 def _is_hidden(path: str, base: str) -> bool:

@@ -112,6 +112,14 @@ def resume_plan(plan: Plan, state: Any) -> Plan:
     if not isinstance(num, int) or not 1 <= num < manifest.num_files:
         return plan
     if manifest.head(num).fingerprint != saved.get("fingerprint"):
+        if plan.added_files == "next_epoch":  # asked to continue: say why it cannot
+            raise StateMismatchError(
+                f"the state was saved on {num} file(s) and there are {manifest.num_files} now, but the "
+                f"first {num} in path order are not the files it was saved on: a state continues on "
+                "a grown corpus only when files were added after the old ones in path order (name "
+                "them to sort last) and none was renamed, rewritten or removed; or start without "
+                "the state"
+            )
         return plan  # not a prefix: other data, which the identity check reports
     if plan.added_files != "next_epoch":
         raise StateMismatchError(

@@ -216,10 +216,11 @@ def check_identity(
         )
     if state.get("options_hash") != options_hash:
         saved_opts = state.get("options", {})
-        diffs = _diff(saved_opts, options)
+        diffs = sorted(_diff(saved_opts, options), key=_weight)  # what a user set first
+        shown = diffs[:_SHOWN] + ([f"and {len(diffs) - _SHOWN} more"] if len(diffs) > _SHOWN else [])
         raise StateMismatchError(
             "the state was saved with other pipeline options: "
-            + "; ".join(diffs)
+            + "; ".join(shown)
             + ". Rebuild the pipeline with the saved options or start without the state"
         )
 
@@ -250,6 +251,18 @@ def _describe(d: dict[str, Any]) -> str:
         f"{d.get('num_files')} file(s), {d.get('num_shards')} row group(s), "
         f"{d.get('num_rows')} row(s), fingerprint {str(d.get('fingerprint'))[:12]}"
     )
+
+
+#: Differences of options a mismatch message lists (the rest are counted).
+_SHOWN = 4
+#: Option names users set themselves, listed first when options differ.
+_FIRST = ("strategy", "seq_len", "batch_size", "tokenizer", "column", "seed", "expr", "drop_last", "num_epochs")
+
+
+def _weight(diff: str) -> int:
+    """Where a difference is listed: options users set (``pack.strategy`` first) before those they imply."""
+    name = diff.split("`")[1].rsplit(".", 1)[-1] if "`" in diff else ""
+    return _FIRST.index(name) if name in _FIRST else len(_FIRST)
 
 
 def _diff(saved: Any, current: Any, prefix: str = "") -> list[str]:

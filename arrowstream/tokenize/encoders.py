@@ -143,13 +143,34 @@ def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str] | Any
 def tokenizer_hash(tokenizer: Tokenizer) -> str:
     """Return a short hash of the tokenizer's full JSON (vocabulary, merges, settings).
 
+    A post-processor that adds nothing to a single sequence (a template of
+    just ``$A`` and no special tokens, which transformers adds when it loads
+    a tokenizer.json without one) counts as none: the same tokenizer, loaded
+    by transformers or not, has one hash, so states, token caches and length
+    indexes carry over.
+
     Examples
     --------
     >>> from arrowstream.testing.data import sample_tokenizer
     >>> len(tokenizer_hash(sample_tokenizer(300)))
     32
     """
-    return hashlib.sha256(tokenizer.to_str().encode()).hexdigest()[:32]
+    text = tokenizer.to_str()
+    if '"post_processor":{"type":"TemplateProcessing"' in text.replace(" ", "") and _noop_template(text):
+        plain = Tokenizer.from_str(text)
+        plain.post_processor = None
+        text = plain.to_str()
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _noop_template(text: str) -> bool:
+    """Whether the tokenizer's post-processor is a template that adds nothing to one sequence."""
+    post = json.loads(text).get("post_processor") or {}
+    return (
+        post.get("type") == "TemplateProcessing"
+        and post.get("single") == [{"Sequence": {"id": "A", "type_id": 0}}]
+        and not post.get("special_tokens")
+    )
 
 
 class Encoder:

@@ -1,0 +1,67 @@
+"""Errors and warnings in the words of the command line: flags, not Python parameters.
+
+The library's messages name what to pass in Python (``column=``,
+``cache_write=False``, what ``state_dict()`` returned). On the command line the
+same advice is a flag; :func:`as_flags` rewrites a message for the command
+that raised it, and :func:`show_warning` prints warnings the same way.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["as_flags", "show_warning"]
+
+#: (what the library says, what the command line says), per command ("*": every command).
+_WORDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "*": (
+        ("pass `column=` or add it to `columns=`", "pass --column with one of the data's columns"),
+        ("pass `column=` the text column", "pass the text column with --column"),
+        ("pass cache_write=False", "pass --cache-read-only"),
+        ("pass what `state_dict()` returned", "pass a state file written by --save-state"),
+        ("Rebuild the pipeline with the saved options", "Run with the options the state was saved with"),
+        ('pass `added_files="next_epoch"` to read_parquet', "pass --added-files next_epoch"),
+        ("start without the state", "run without --resume"),
+    ),
+    "inspect": (
+        ("fix `columns=` or the data", "fix --columns or the data"),
+        ("select common columns with `columns=`", "select common columns with --columns"),
+    ),
+    "analyze": (
+        ("fix `columns=` or the data", "fix --column (or --by) or the data"),
+        ("select common columns with `columns=` or fix the files", "fix the files"),
+    ),
+    "stream": (
+        ("fix `columns=` or the data", "fix --column (or --filter) or the data"),
+        ("select common columns with `columns=` or fix the files", "fix the files"),
+        ("add the columns it uses to `columns=` or fix the expression", "fix the column names in --filter"),
+        (
+            "(rank x DataLoader worker): load the state saved by this consumer",
+            "(--rank and --world-size): pass the --rank and --world-size the state was saved with",
+        ),
+    ),
+}
+
+
+def as_flags(message: str, command: str | None) -> str:
+    """Return ``message`` with the library's Python advice in the flags of ``command``.
+
+    Examples
+    --------
+    >>> as_flags("no column `x`: pass `column=` or add it to `columns=`", "stream")
+    "no column `x`: pass --column with one of the data's columns"
+    """
+    for table in (_WORDS.get(command or "", ()), _WORDS["*"]):
+        for python, flags in table:
+            message = message.replace(python, flags)
+    return message
+
+
+def show_warning(command: str | None) -> Any:
+    """Return a ``warnings.showwarning`` that prints ``warning: <message>`` in the words of ``command``."""
+
+    def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+        print(f"warning: {as_flags(str(message), command)}", file=sys.stderr)
+
+    return show
