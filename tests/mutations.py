@@ -47,6 +47,30 @@ class Mutant:
 
 MUTANTS = [
     Mutant(
+        "reweight-stage-from-zero",
+        "a re-weighted mixture counts the new shares from the run's first row, not the row reached",
+        "arrowstream/mixture/reweight.py",
+        '"stages": [Stage(row, current.counts), *later],',
+        '"stages": [Stage(0, current.counts), *later],',
+        ("tests/test_mixture.py",),
+    ),
+    Mutant(
+        "reweight-forgets-left-out-sources",
+        "a source a re-weighting leaves out loses its place",
+        "arrowstream/mixture/reweight.py",
+        '"dormant": {name: st for name, st in known.items() if name not in names},',
+        '"dormant": {},',
+        ("tests/test_mixture.py",),
+    ),
+    Mutant(
+        "reweight-one-worker-counts-the-rank",
+        "a worker takes its own batch count for its rank's steps when re-weighting",
+        "arrowstream/mixture/reweight.py",
+        'steps = sum(int(s["position"]["batches"]) for s in rank_state["states"])',
+        'steps = int(state["position"]["batches"])',
+        ("tests/test_mixture.py",),
+    ),
+    Mutant(
         "mixture-elastic-restarts-schedule",
         "a mixture resumed on another topology restarts its schedule at row 0",
         "arrowstream/mixture/iterator.py",

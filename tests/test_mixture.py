@@ -394,3 +394,78 @@ def test_a_loader_state_merged_resumes_on_fewer_workers(sources: dict[str, Path]
     assert got == [sorted(b["source_ids"].tolist()) for b in full]
     tokens = [t for b in first + rest for t in b["input_ids"][b["input_ids"] > 0].tolist() if t // 10**6 == 1]
     assert len(tokens) == len(set(tokens)), "a web document came twice before its epoch ended"
+
+
+def _rows_of(batches: list[dict[str, Any]], source: int) -> list[list[int]]:
+    return [row.tolist() for b in batches for row, sid in zip(b["input_ids"], b["source_ids"].tolist()) if sid == source]
+
+
+def test_reweighting_on_resume_starts_a_stage_at_the_row_reached(sources: dict[str, Path]) -> None:
+    old = _mixture({k: sources[k] for k in ("web", "code")}, {"web": 0.5, "code": 0.5})
+    it = old.iter()
+    before = [next(it) for _ in range(10)]
+    saved = json.loads(json.dumps(it.state_dict()))
+    untouched = before + [next(it) for _ in range(60)]  # the old mixture, on and on
+    new_weights = {"web": 1, "code": 1, "books": 4}  # a period of 6 rows: the change (row 40) falls inside one
+    with pytest.raises(StateMismatchError, match="pass reweight=True to mix"):
+        _mixture(sources, new_weights).iter(saved)
+    with pytest.raises(StateMismatchError, match="`seq_len` was 16, now 32"):
+        _mixture(sources, new_weights, reweight=True, seq_len=32).iter(saved)
+    resumed = _mixture(sources, new_weights, reweight=True).iter(saved)
+    after = [next(resumed) for _ in range(30)]
+    # from the row reached, the new shares hold within one row at every step
+    done = np.zeros(3)
+    for t, b in enumerate(after):
+        done += np.bincount(b["source_ids"], minlength=3)
+        assert np.abs(done - (t + 1) * 4 * np.array([1, 1, 4]) / 6).max() <= 1.0, f"step {t}"
+    # web and code go on with their own next rows; books starts at its beginning
+    for source in (0, 1):
+        assert _rows_of(after, source) == _rows_of(untouched[10:], source)[: len(_rows_of(after, source))]
+    alone = _mixture({"books": sources["books"]}, {"books": 1}).iter()
+    fresh = [next(alone) for _ in range(20)]
+    assert _rows_of(after, 2) == _rows_of(fresh, 0)[: len(_rows_of(after, 2))]
+    # the re-weighted run resumes exactly itself, with the new options
+    state = json.loads(json.dumps(resumed.state_dict()))
+    assert state["stages"][0][0] == 40 and state["mixture"]["sources"] == ["web", "code", "books"]
+    again = _mixture(sources, new_weights).iter(state)
+    assert [next(again)["input_ids"].tolist() for _ in range(5)] == [next(resumed)["input_ids"].tolist() for _ in range(5)]
+
+
+def test_a_source_left_out_keeps_its_place_for_later(sources: dict[str, Path]) -> None:
+    three = {"web": 0.4, "code": 0.2, "books": 0.4}
+    it = _mixture(sources, three).iter()
+    first = [next(it) for _ in range(8)]
+    saved = json.loads(json.dumps(it.state_dict()))
+    reference = first + [next(it) for _ in range(60)]
+    two = _mixture({k: sources[k] for k in ("web", "code")}, {"web": 1, "code": 1}, reweight=True).iter(saved)
+    for _ in range(6):
+        next(two)
+    state = json.loads(json.dumps(two.state_dict()))
+    assert list(state["dormant"]) == ["books"]
+    back = _mixture(sources, three, reweight=True).iter(state)
+    later = [next(back) for _ in range(20)]
+    books = _rows_of(later, 2)
+    assert books and books == _rows_of(reference[8:], 2)[: len(books)], "books did not go on where it was"
+
+
+def test_reweighting_from_a_loader_state_uses_its_whole_rank(sources: dict[str, Path]) -> None:
+    pytest.importorskip("torch")
+    from arrowstream.pytorch import StatefulLoader
+
+    loader = StatefulLoader(_mixture(sources, {"web": 1, "code": 1}).to_torch(), num_workers=2)
+    it = iter(loader)
+    for _ in range(7):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    new = _mixture(sources, {"web": 1, "code": 1, "books": 4}, reweight=True, num_tokens=(7 + 12) * 4 * 16)
+    resumed = StatefulLoader(new.to_torch(), num_workers=2)
+    resumed.load_state_dict(state)
+    after = list(resumed)
+    assert len(after) == 12
+    done = np.zeros(3)
+    for t, b in enumerate(after):
+        done += np.bincount(b["source_ids"].numpy(), minlength=3)
+        assert np.abs(done - (t + 1) * 4 * np.array([1, 1, 4]) / 6).max() <= 1.0, f"step {t}"
+    with pytest.raises(StateError, match="needs where its whole rank is"):
+        new.iter(state["states"][1], worker=1, num_workers=2)

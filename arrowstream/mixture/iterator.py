@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from arrowstream.distributed.topology import Consumer
 from arrowstream.errors import ConfigError, StateError, StateMismatchError
 from arrowstream.mixture.merge import GLOBAL_KIND, KIND
+from arrowstream.mixture.reweight import fixed_changes, reweighted, row_reached
 from arrowstream.mixture.rows import stack_rows
 from arrowstream.mixture.schedule import Schedule, Stage, step_rows
 from arrowstream.pipeline.iterator import DatasetIterator
@@ -99,6 +100,7 @@ class MixtureIterator:
         self.schedule = Schedule(stages)
         self._batches = 0 if own is None else own["batches"]
         self._origin = 0 if own is None else own["origin"]
+        self._dormant = {} if own is None else own["dormant"]  # sources left out by a re-weighting
         self._stats = self._zero_stats()
         if own is not None:
             self._stats.update({k: int(v) for k, v in own["stats"].items() if k in self._stats})
@@ -108,7 +110,8 @@ class MixtureIterator:
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise StateError(f"expected a mixture state (from `state_dict()`), got {type(state).__name__}")
         here = {"index": self.consumer.index, "count": self.consumer.count}
-        if state.get("kind") == "rank":  # a loader's: one state per DataLoader worker
+        rank_state = state if state.get("kind") == "rank" else None
+        if rank_state is not None:  # a loader's: one state per DataLoader worker
             owns = [s for s in state.get("states") or [] if isinstance(s, dict) and s.get("consumer") == here]
             if not owns:
                 raise StateError(
@@ -121,35 +124,49 @@ class MixtureIterator:
                 f"expected a mixture state (kind {KIND!r}), got kind {state.get('kind')!r}: a single "
                 "pipeline's state resumes that pipeline, not a mixture"
             )
-        diffs = _diff(state.get("mixture"), self.mixture.options())
-        if diffs:
+        current = self.mixture.options()
+        diffs = _diff(state.get("mixture"), current)
+        fixed = fixed_changes(state.get("mixture"), current)
+        if diffs and (fixed or not self.mixture.mixture.reweight):
+            way = "" if fixed else (
+                "; or pass reweight=True to mix() to go on with these sources and weights from the row the "
+                "run reached"
+            )
             raise StateMismatchError(
                 "the state was saved by another mixture: " + "; ".join(diffs)
-                + ". Build the mixture with the saved sources and weights, or start without the state"
+                + f". Build the mixture with the saved sources and weights, or start without the state{way}"
             )
         try:
-            stages = [Stage(int(start), tuple(int(c) for c in counts)) for start, counts in state["stages"]]
-            if state["kind"] == GLOBAL_KIND:
-                return self._share(state, stages)
-            if state.get("consumer") != here:
-                raise StateError(
-                    f"the state belongs to consumer {state.get('consumer')}, this iterator is consumer {here} "
-                    "(rank x DataLoader worker): load the state this consumer saved, or merge every "
-                    "consumer's state with `arrowstream.merge_states` to resume on another topology"
-                )
-            position = state["position"]
-            own = {
-                "batches": int(position["batches"]),
-                "origin": int(position.get("origin", 0)),
-                "stages": stages,
-                "sources": dict(state["sources"]),
-                "stats": state["stats"],
-            }
+            own = self._saved(state, here)
+            if diffs:  # re-weighted: a new stage from the row reached, sources by name
+                row = row_reached(state, rank_state)
+                own = reweighted(own, row, self.mixture.names, self.mixture.stages_for(self.world_size))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StateError(f"mixture state is malformed ({exc}): pass what `state_dict()` returned") from exc
         if own["batches"] < 0 or own["origin"] < 0:
             raise StateError("mixture state is malformed (a negative count): pass what `state_dict()` returned")
         return own
+
+    def _saved(self, state: dict[str, Any], here: dict[str, int]) -> dict[str, Any]:
+        """Return what ``state`` (a consumer's or a merged one) says this consumer continues from."""
+        stages = [Stage(int(start), tuple(int(c) for c in counts)) for start, counts in state["stages"]]
+        if state["kind"] == GLOBAL_KIND:
+            return self._share(state, stages)
+        if state.get("consumer") != here:
+            raise StateError(
+                f"the state belongs to consumer {state.get('consumer')}, this iterator is consumer {here} "
+                "(rank x DataLoader worker): load the state this consumer saved, or merge every "
+                "consumer's state with `arrowstream.merge_states` to resume on another topology"
+            )
+        position = state["position"]
+        return {
+            "batches": int(position["batches"]),
+            "origin": int(position.get("origin", 0)),
+            "stages": stages,
+            "sources": dict(state["sources"]),
+            "dormant": dict(state.get("dormant") or {}),
+            "stats": state["stats"],
+        }
 
     def _share(self, state: dict[str, Any], stages: list[Stage]) -> dict[str, Any]:
         """Return this consumer's part of a merged state: its own on the same topology, else a fresh start at the row reached."""
@@ -162,10 +179,18 @@ class MixtureIterator:
                 "origin": int(state["origin"]),
                 "stages": stages,
                 "sources": dict(state["sources"]),
+                "dormant": dict(state.get("dormant") or {}),
                 "stats": entry.get("stats", {}),
             }
         # another topology: every source re-deals what its consumers had left; the schedule goes on from the row reached
-        return {"batches": 0, "origin": int(state["rows"]), "stages": stages, "sources": dict(state["sources"]), "stats": {}}
+        return {
+            "batches": 0,
+            "origin": int(state["rows"]),
+            "stages": stages,
+            "sources": dict(state["sources"]),
+            "dormant": dict(state.get("dormant") or {}),
+            "stats": {},
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """Return this consumer's position after the last batch: a small JSON-able dict."""
@@ -180,6 +205,7 @@ class MixtureIterator:
             "position": {"batches": self._batches, "origin": self._origin},
             "stats": dict(self._stats),
             "sources": {name: it.state_dict() for name, it in self._sources.items()},
+            "dormant": dict(self._dormant),
         }
 
     @property

@@ -126,4 +126,8 @@ def _merge_mixture(states: list[dict[str, Any]]) -> dict[str, Any]:
         "sources": {
             name: topology.merge_states([by_index[q]["sources"][name] for q in range(count)]) for name in names
         },
+        "dormant": {  # sources a re-weighting left out, kept for a later one
+            name: topology.merge_states([by_index[q]["dormant"][name] for q in range(count)])
+            for name in first.get("dormant") or {}
+        },
     }

@@ -46,6 +46,7 @@ def mix(
     seed: int = 0,
     max_epochs: Mapping[str, int] | None = None,
     shuffle: bool = True,
+    reweight: bool = False,
 ) -> Mixture:
     """Mix tokenized pipelines by token weight; call ``.pack(...)`` on the result.
 
@@ -70,6 +71,11 @@ def mix(
         :class:`~arrowstream.errors.ConfigError`. Unnamed sources repeat without end.
     shuffle
         Shuffle the sources that have no ``.shuffle`` of their own.
+    reweight
+        Let a state saved with other sources, weights or caps continue with
+        these: a new stage from the global row the run had reached; sources
+        matched by name (new ones start at their beginning, left-out ones keep
+        their state for later). See :mod:`arrowstream.mixture.reweight`.
 
     Examples
     --------
@@ -105,7 +111,7 @@ def mix(
         if shuffle and src.seed is None:
             src = replace(src, seed=_source_seed(seed, name))
         prepared[name] = replace(src, num_epochs=caps.get(name))
-    return Mixture(prepared, stages, seed, caps)
+    return Mixture(prepared, stages, seed, caps, bool(reweight))
 
 
 def _stages(weights: Weights, names: tuple[str, ...]) -> tuple[tuple[int, tuple[int, ...]], ...]:
@@ -139,6 +145,7 @@ class Mixture:
     stages: tuple[tuple[int, tuple[int, ...]], ...]
     seed: int
     max_epochs: dict[str, int]
+    reweight: bool = False
 
     def pack(
         self,

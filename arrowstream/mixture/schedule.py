@@ -151,7 +151,9 @@ class Schedule:
     Parameters
     ----------
     stages
-        Each from its first global row on (the first at 0), in order.
+        Each from its first global row on, in order. The first starts at 0,
+        or, after a re-weighting, at the row the run had reached (rows before
+        it are never asked for).
 
     Examples
     --------
@@ -163,8 +165,8 @@ class Schedule:
     """
 
     def __init__(self, stages: Sequence[Stage]) -> None:
-        if not stages or stages[0].start != 0:
-            raise ValueError("the first stage starts at row 0")
+        if not stages or stages[0].start < 0:
+            raise ValueError("a schedule needs a first stage, from row 0 (or, re-weighted, from the row reached)")
         starts = [s.start for s in stages]
         if starts != sorted(set(starts)):
             raise ValueError(f"stage starts must increase, got {starts}")
