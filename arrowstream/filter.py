@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import re
 from typing import Any
 
 import numpy as np
@@ -76,10 +77,16 @@ class Filter(Stage):
             schema.empty_table().filter(self.expr)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             drift = "".join(f"; {m}" for m in manifest.drift.values())
+            missing = re.search(r"No match for FieldRef\.Name\(([^)]*)\)", str(exc))
+            if missing:
+                reason = f"column `{missing.group(1)}` is not among them"
+                fix = "add the columns it uses to `columns=` or fix the expression"
+            else:  # a value of another type, most often
+                reason = " ".join(str(exc).split())
+                fix = "compare each column with a value of its type"
             raise SchemaError(
                 f"filter {self.expr} does not apply to the columns read {schema.names!r} "
-                f"(first file {manifest.paths[0]!r}): {exc}; add the columns it uses to "
-                f"`columns=` or fix the expression{drift}"
+                f"(first file {manifest.paths[0]!r}): {reason}; {fix}{drift}"
             ) from exc
         return schema
 

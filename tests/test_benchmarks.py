@@ -157,3 +157,15 @@ def test_mixed_balance_benchmark_smoke_run_carries_and_counts(tmp_path: Path) ->
     assert all(c["passed"] for c in result["checks"])
     assert result["results"]["one epoch, counted (length index)"]["dropped_tokens"] == 0
     assert result["results"]["two shuffled epochs, estimated, even_batches=True"]["carried_tokens"] > 0
+
+
+def test_mixture_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
+    out = tmp_path / "mixture.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_mixture.py"), "--smoke", "--modes", "ids",
+         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["ids"]["ratio"] > 0 and all(c["passed"] for c in result["checks"])

@@ -227,11 +227,26 @@ def test_errors_and_warnings_speak_in_flags(
     common = ["stream", str(root), "--tokenizer", str(tokenizer_path), "--seq-len", "16", "--batch-size", "2"]
     cases = [
         ([*common, "--filter", "nope > 1"], "--filter"),
-        ([*common, "--resume", str(tokenizer_path)], f"--resume {tokenizer_path}: expected an arrowstream state"),
+        ([*common, "--resume", str(tokenizer_path)], f"--resume {tokenizer_path}: the file is not an arrowstream state"),
         (["analyze", str(root), "--column", "nope"], "fix --column (or --by) or the data"),
-        (["inspect", str(root), "--columns", "nope"], "fix --columns or the data"),
+        (["inspect", str(root), "--columns", "nope"], "fix --columns (or --column) or the data"),
     ]
     for command, message in cases:
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert message in err and not _python_words(err), err
+    # a state of other options: the differences by flag, the one changed first
+    assert main([*common, "--max-batches", "1", "--save-state", str(tmp_path / "o.json")]) == 0
+    capsys.readouterr()
+    assert main([*common[:-4], "--seq-len", "32", "--batch-size", "2", "--shuffle", "3", "--resume", str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--seq-len was 16, now 32" in err and "--shuffle was None" in err and not _python_words(err), err
+    for command, message in [
+        ([*common, "--column", "n"], "this command tokenizes text: pass a text column with --column"),
+        ([*common, "--filter", "n > 'a'"], "compare each column with a value of its type"),
+        (["analyze", str(root), "--json", str(tmp_path / "file" / "x.json")], "is a file, not a directory"),
+    ]:
+        (tmp_path / "file").write_text("x")
         assert main(command) == 2, command
         err = capsys.readouterr().err
         assert message in err and not _python_words(err), err
@@ -242,6 +257,7 @@ def test_errors_and_warnings_speak_in_flags(
     assert main([*common, "--resume", str(state)]) == 2
     err = capsys.readouterr().err
     assert "pass the --rank and --world-size the state was saved with" in err and not _python_words(err), err
+    assert "merge_states" not in err
     # a cache the storage refuses: the warning names the flag
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -259,3 +275,29 @@ def test_analyze_refuses_a_figure_format_it_cannot_write(tmp_path: Path, capsys:
     err = capsys.readouterr().err
     assert f"--plot {tmp_path / 'x.txt'}: a figure is written as .png, .pdf, .svg" in err
     assert time.perf_counter() - t0 < 5  # before any analysis
+
+
+def test_a_cache_command_that_cannot_write_fails_naming_the_flag(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _data(tmp_path / "data", n=60)
+    (tmp_path / "file").write_text("x")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        status = main(["cache", str(root), "--tokenizer", str(tokenizer_path), "--cache", str(tmp_path / "file" / "c")])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "could not write the token cache" in err and "--cache must be a directory you can write to" in err
+
+
+def test_a_mistyped_argument_prints_one_line_and_where_help_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["stream", str(tmp_path), "--tokenizer", "t.json", "--batch-size", "0"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "arrowstream stream: error: argument --batch-size: must be a whole number of at least 1, got '0' "
+        "(see arrowstream stream --help)"
+    ]

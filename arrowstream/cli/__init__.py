@@ -38,6 +38,7 @@ from arrowstream.analysis.report import render_analysis
 from arrowstream.cli import stream
 from arrowstream.cli.common import (
     HelpFormatter,
+    Parser,
     Terminated,
     UsageError,
     check_output,
@@ -46,7 +47,7 @@ from arrowstream.cli.common import (
     progress,
 )
 from arrowstream.cli.words import as_flags, show_warning
-from arrowstream.errors import ArrowStreamError
+from arrowstream.errors import ArrowStreamError, CacheError
 from arrowstream.io.manifest import read_manifest
 from arrowstream.pipeline.dataset import read_parquet
 from arrowstream.pipeline.indexing import build_length_index
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="arrowstream",
         description="Resumable Parquet-to-token-batch loading for language-model training.",
     )
@@ -306,7 +307,7 @@ def _index(args: argparse.Namespace) -> int:
     where = (
         "pipelines over this data find it"
         if args.index is None
-        else "pass this directory as `.tokenize(..., length_index=...)`"
+        else "pass this directory to --length-index (stream) or as `.tokenize(..., length_index=...)` (Python)"
     )
     print(
         f"length index {summary.dir}: {summary.num_files:,} files ({summary.num_built:,} counted now, "
@@ -336,6 +337,14 @@ def _cache(args: argparse.Namespace) -> int:
             hits += cache.entry_path(manifest, shard).is_file()
             ids = reader.read(shard).column(IDS_COLUMN)
             tokens += int(pc.sum(pc.list_value_length(ids)).as_py() or 0)
+            if not cache.entry_path(manifest, shard).is_file():  # the reader warns and goes on; this command cannot
+                reader.close()
+                raise CacheError(
+                    f"could not write the token cache under {str(cache.dir)!r} (no entry for "
+                    f"{manifest.paths[int(manifest.shard_file[shard])]!r}, row group "
+                    f"{int(manifest.shard_row_group[shard])}): --cache must be a directory you can "
+                    "write to, with free space"
+                )
             bar.update(1)
             bar.set_postfix_str(f"{tokens:,} tokens")
     reader.close()

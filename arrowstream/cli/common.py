@@ -7,12 +7,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tqdm import tqdm
 
 __all__ = [
     "HelpFormatter",
+    "Parser",
     "Terminated",
     "UsageError",
     "on_sigterm",
@@ -46,6 +47,13 @@ class Terminated(KeyboardInterrupt):
 def on_sigterm(signum: int, frame: Any) -> None:
     """A SIGTERM handler that raises :class:`Terminated` in the main thread."""
     raise Terminated
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose mistakes print one ``error:`` line and where help is, not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class UsageError(Exception):
@@ -107,8 +115,16 @@ def check_tokenizer(path: str) -> None:
 
 def check_output(flag: str, path: str | None) -> None:
     """Refuse an output file whose directory does not exist, before any work."""
-    if path is not None and not Path(path).resolve().parent.is_dir():
+    if path is None:
+        return
+    parent = Path(path).resolve().parent
+    for folder in (parent, *parent.parents):  # the nearest part of the path that exists
+        if folder.exists():
+            break
+    if folder != parent:
         raise UsageError(f"{flag} {path!r}: its directory does not exist; create it first")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path!r}: {str(parent)!r} is a file, not a directory; write elsewhere")
 
 
 def progress(total: int | None, desc: str) -> tqdm:
@@ -119,11 +135,14 @@ def progress(total: int | None, desc: str) -> tqdm:
 def read_state(path: str) -> dict[str, Any]:
     """Read a state file written by ``--save-state``."""
     try:
-        return json.loads(Path(path).read_text())
+        state = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise UsageError(f"cannot read the state file {path!r}: {exc.strerror or exc}") from exc
+        raise UsageError(f"--resume {path}: cannot read the state file: {exc.strerror or exc}") from exc
     except json.JSONDecodeError as exc:
-        raise UsageError(f"state file {path!r} is not JSON: {exc}") from exc
+        raise UsageError(f"--resume {path}: the file is not JSON ({exc}): pass a file written by --save-state") from exc
+    if not isinstance(state, dict) or state.get("format") != "arrowstream.state":
+        raise UsageError(f"--resume {path}: the file is not an arrowstream state: pass a file written by --save-state")
+    return state
 
 
 def write_state(path: str, state: dict[str, Any]) -> None:

@@ -67,7 +67,9 @@ def parse_filter(text: str) -> pc.Expression:
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
-        raise FilterSyntaxError(f"{exc.msg} at column {exc.offset}: the syntax is {SYNTAX}") from exc
+        # Python reports an incomplete condition ("n >") at column 0: it is the end that is missing
+        where = f"at column {exc.offset}" if exc.offset else "at the end (something is missing)"
+        raise FilterSyntaxError(f"{exc.msg} {where}: the syntax is {SYNTAX}") from exc
     return _condition(tree.body, text)
 
 

@@ -73,7 +73,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rank", type=natural_int, default=0, help="stream this rank's share (with --world-size)")
     p.add_argument("--world-size", type=positive_int, default=1, help="ranks the data is shared by")
     p.add_argument("--max-batches", type=positive_int, help="stop after this many batches (default: the whole run)")
-    p.add_argument("--save-state", metavar="FILE", help="write the state after the last batch (and on Ctrl-C) here")
+    p.add_argument("--save-state", metavar="FILE", help="write the state after the last batch (and on Ctrl-C or SIGTERM) here")
     p.add_argument("--resume", metavar="FILE", help="continue from a state written by --save-state")
     p.add_argument(
         "--added-files", choices=("refuse", "next_epoch"), default="refuse",
@@ -163,8 +163,10 @@ def run(args: argparse.Namespace) -> int:
     if args.save_state:
         write_state(args.save_state, final)
         print(f"state saved to {args.save_state}")
-    print(f"{count:,} batches, {tokens:,} tokens in {elapsed:.2f} s: {tokens / max(elapsed, 1e-9):,.0f} tokens/s")
-    print("stats: " + ", ".join(f"{k}={v:,}" for k, v in sorted(final["stats"].items())))
+    noun = "batch" if count == 1 else "batches"
+    print(f"{count:,} {noun}, {tokens:,} tokens in {elapsed:.2f} s: {tokens / max(elapsed, 1e-9):,.0f} tokens/s")
+    since = " (since the run began)" if state is not None else ""
+    print(f"stats{since}: " + ", ".join(f"{k}={v:,}" for k, v in sorted(final["stats"].items())))
     if count == 0:
         print(
             f"hint: nothing was left to stream: the state is at the end of its run of {args.num_epochs} "

@@ -8,6 +8,7 @@ that raised it, and :func:`show_warning` prints warnings the same way.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -23,9 +24,18 @@ _WORDS: dict[str, tuple[tuple[str, str], ...]] = {
         ("Rebuild the pipeline with the saved options", "Run with the options the state was saved with"),
         ('pass `added_files="next_epoch"` to read_parquet', "pass --added-files next_epoch"),
         ("start without the state", "run without --resume"),
+        (
+            ", or merge all consumers' states with `arrowstream.merge_states` to resume on any topology",
+            "",
+        ),
+        ("this iterator is consumer", "this run is consumer"),
+    ),
+    "index": (
+        (" (`length_index=DIR` in Python)", ""),
+        ("(`--length-index`, or `.tokenize(..., length_index=DIR)`)", "(--length-index of `arrowstream stream`)"),
     ),
     "inspect": (
-        ("fix `columns=` or the data", "fix --columns or the data"),
+        ("fix `columns=` or the data", "fix --columns (or --column) or the data"),
         ("select common columns with `columns=`", "select common columns with --columns"),
     ),
     "analyze": (
@@ -36,12 +46,31 @@ _WORDS: dict[str, tuple[tuple[str, str], ...]] = {
         ("fix `columns=` or the data", "fix --column (or --filter) or the data"),
         ("select common columns with `columns=` or fix the files", "fix the files"),
         ("add the columns it uses to `columns=` or fix the expression", "fix the column names in --filter"),
+        ("for a column of token ids use `.tokenize(None, column=...)`", "this command tokenizes text: pass a text column with --column"),
         (
             "(rank x DataLoader worker): load the state saved by this consumer",
             "(--rank and --world-size): pass the --rank and --world-size the state was saved with",
         ),
     ),
 }
+
+
+#: Pipeline options (as a state mismatch names them) and the ``stream`` flags that set them.
+_OPTION_FLAGS = (
+    (r"`pack\.seq_len`", "--seq-len"),
+    (r"`pack\.batch_size`", "--batch-size"),
+    (r"`pack\.strategy`", "--strategy"),
+    (r"`pack\.window`", "--window"),
+    (r"`pack\.drop_last`", "--drop-last"),
+    (r"`source\.shuffle\.window`", "--shuffle-window"),
+    (r"`source\.shuffle(\.seed)?`", "--shuffle"),
+    (r"`source\.columns`", "the columns read (--column, --filter)"),
+    (r"`stages\.\d+\.expr(_hash)?`", "--filter"),
+    (r"`stages\.\d+\.column`", "--column"),
+    (r"`stages\.\d+\.tokenizer`", "--tokenizer"),
+    (r"`stages\.\d+\.add_special_tokens`", "--no-special-tokens"),
+    (r"`stages`", "the steps (--filter)"),
+)
 
 
 def as_flags(message: str, command: str | None) -> str:
@@ -55,6 +84,9 @@ def as_flags(message: str, command: str | None) -> str:
     for table in (_WORDS.get(command or "", ()), _WORDS["*"]):
         for python, flags in table:
             message = message.replace(python, flags)
+    if command == "stream":
+        for pattern, flag in _OPTION_FLAGS:
+            message = re.sub(pattern, flag, message)
     return message
 
 

@@ -359,8 +359,8 @@ class Plan:
         if all(k is None for k in known):
             return (
                 "estimated: text without a length index (build one with `arrowstream index PATH "
-                "--tokenizer T`) or a complete read-only token cache (`arrowstream cache`, then "
-                "cache_write=False)"
+                "--tokenizer T`) or a complete token cache read only (fill it with `arrowstream "
+                "cache`, then read it with `cache_write=False`, or `--cache-read-only`)"
             )
         return f"estimated: {', '.join(droppers)} may drop rows before they are read"
 

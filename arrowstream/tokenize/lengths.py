@@ -314,7 +314,8 @@ class LengthIndex:
         except OSError as exc:
             raise CacheError(
                 f"cannot write the length index in {self.dir!r}: {exc}; keep it elsewhere with "
-                "`--index DIR` (`length_index=DIR`), and pass the same directory to `.tokenize`"
+                "`--index DIR` (`length_index=DIR` in Python), and pass the same directory to the "
+                "pipeline (`--length-index`, or `.tokenize(..., length_index=DIR)`)"
             ) from exc
         built = num_tokens = 0
         reader = ShardReader(m, [column])
