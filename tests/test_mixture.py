@@ -469,3 +469,25 @@ def test_reweighting_from_a_loader_state_uses_its_whole_rank(sources: dict[str, 
         assert np.abs(done - (t + 1) * 4 * np.array([1, 1, 4]) / 6).max() <= 1.0, f"step {t}"
     with pytest.raises(StateError, match="needs where its whole rank is"):
         new.iter(state["states"][1], worker=1, num_workers=2)
+
+
+def test_the_budget_report_says_what_a_run_takes_from_each_source(sources: dict[str, Path]) -> None:
+    weights = {"web": 0.5, "code": 0.3, "books": 0.2}
+    budget = 16 * 4 * 150
+    mixture = _mixture(sources, weights, max_epochs={"books": 1}, num_tokens=budget)
+    report = mixture.report(budget)
+    by = {r["source"]: r for r in report.iter_rows(named=True)}
+    for k, name in enumerate(NAMES):
+        docs = _source_docs(k, name)
+        assert by[name]["counted"] and by[name]["epoch_tokens"] == sum(len(d) + 1 for d in docs)  # + EOS
+        assert by[name]["target_tokens"] == round(budget * weights[name])
+    assert by["books"]["runs_out"] and by["books"]["epochs"] > 1 and not by["web"]["runs_out"]
+    with pytest.raises(ConfigError, match="source 'books' ran out"):
+        for _ in mixture.iter():
+            pass
+    rows = Counter()
+    it = _mixture(sources, weights, num_tokens=budget).iter()
+    for b in it:
+        rows.update(b["source_ids"].tolist())
+    for k, name in enumerate(NAMES):  # what the run took, within a row of the report's target
+        assert abs(rows[k] * 16 - by[name]["target_tokens"]) <= 16

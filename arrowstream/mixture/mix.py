@@ -30,6 +30,8 @@ from arrowstream.pipeline.dataset import Dataset
 from arrowstream.tokenize import Tokenize
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from arrowstream.mixture.iterator import MixtureIterator
     from arrowstream.pytorch import TorchDataset
 
@@ -229,6 +231,17 @@ class PackedMixture:
         return [
             Stage(math.ceil(start / (self.seq_len * step)) * step, counts) for start, counts in self.mixture.stages
         ]
+
+    def report(self, num_tokens: int) -> pl.DataFrame:
+        """Return, per source, what a run of ``num_tokens`` takes from it and the epochs that implies.
+
+        See :func:`~arrowstream.mixture.report.budget_report`: weight, target
+        tokens, tokens an epoch holds (counted or estimated), epochs, cap, and
+        whether the source would run out.
+        """
+        from arrowstream.mixture.report import budget_report
+
+        return budget_report(self, num_tokens)
 
     def iter(
         self,

@@ -66,6 +66,6 @@ def budget_report(mixture: PackedMixture, num_tokens: int) -> pl.DataFrame:
             "counted": counts is not None,
             "epochs": float(epochs),
             "max_epochs": cap,
-            "runs_out": cap is not None and epochs > cap,
+            "runs_out": bool(cap is not None and epochs > cap),
         })
     return pl.DataFrame(rows, schema_overrides={"max_epochs": pl.Int64})
