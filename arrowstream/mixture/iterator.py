@@ -17,11 +17,13 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from arrowstream.distributed.topology import Consumer
 from arrowstream.errors import ConfigError, StateError, StateMismatchError
 from arrowstream.mixture.merge import GLOBAL_KIND, KIND
 from arrowstream.mixture.reweight import fixed_changes, reweighted, row_reached
-from arrowstream.mixture.rows import stack_rows
+from arrowstream.mixture.rows import Taken, place_rows, real_rows
 from arrowstream.mixture.schedule import Schedule, Stage, step_rows
 from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
@@ -31,7 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MixtureIterator"]
 
-_ROW_COUNTS = (("rows", None), ("tokens", "num_tokens"), ("padding_tokens", "num_padding_tokens"), ("docs", "num_docs"))
+#: The counters kept in all and per source.
+_ROW_COUNTS = ("rows", "tokens", "padding_tokens", "docs")
 
 
 class MixtureIterator:
@@ -72,8 +75,8 @@ class MixtureIterator:
     # -- state --------------------------------------------------------------------
 
     def _zero_stats(self) -> dict[str, int]:
-        keys = ["batches"] + [key for key, _ in _ROW_COUNTS]
-        keys += [f"{name}.{key}" for name in self.mixture.names for key, _ in _ROW_COUNTS]
+        keys = ["batches", *_ROW_COUNTS]
+        keys += [f"{name}.{key}" for name in self.mixture.names for key in _ROW_COUNTS]
         return dict.fromkeys(keys, 0)
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
@@ -234,11 +237,41 @@ class MixtureIterator:
         rows = self._origin + step_rows(step, self.rank, self.world_size, self.mixture.batch_size)
         ids = self.schedule.sources_of(rows)
         names = self.mixture.names
-        picked = []
-        for row, source in zip(rows.tolist(), ids.tolist()):
-            name = names[source]
+        taken = {
+            source: self._take(names[source], int(np.count_nonzero(ids == source)), int(rows.min()))
+            for source in np.unique(ids).tolist()  # in source order: the same pulls on every resume
+        }
+        batch = place_rows(taken, ids)
+        self._batches += 1
+        self._stats["batches"] += 1
+        seg = batch["segment_ids"]
+        for source in taken:
+            mine = seg[ids == source]
+            counts = {
+                "rows": mine.shape[0],
+                "tokens": int(np.count_nonzero(mine)),
+                "padding_tokens": int(mine.size - np.count_nonzero(mine)),
+                "docs": int(mine.max(axis=1).sum()),
+            }
+            for key, n in counts.items():
+                self._stats[key] += n
+                self._stats[f"{names[source]}.{key}"] += n
+        return batch
+
+    def _take(self, name: str, need: int, row: int) -> list[Taken]:
+        """Return ``need`` rows of source ``name``: one packed batch of them, or more at its epoch end.
+
+        With ``concat`` one pull gives exactly the rows asked for (the
+        source's state stays at a batch boundary, so it merges like any
+        pipeline's); other strategies give one row a pull. Rows that hold no
+        token (an epoch's end pads whole rows) are left out and asked for again.
+        """
+        it = self._sources[name]
+        out: list[Taken] = []
+        empty = 0
+        while need:
             try:
-                picked.append(next(self._sources[name]))
+                batch = it.next_rows(need) if self.mixture.strategy == "concat" else next(it)
             except StopIteration:
                 cap = self.mixture.mixture.max_epochs.get(name)
                 raise ConfigError(
@@ -247,15 +280,14 @@ class MixtureIterator:
                     f"{cap} epoch(s) of it (max_epochs). Raise max_epochs[{name!r}], lower its "
                     "weight, or drop the cap"
                 ) from None
-        batch = stack_rows(picked, ids)
-        self._batches += 1
-        self._stats["batches"] += 1
-        for one, source in zip(picked, ids.tolist()):
-            for key, field in _ROW_COUNTS:
-                n = 1 if field is None else int(one[field])
-                self._stats[key] += n
-                self._stats[f"{names[source]}.{key}"] += n
-        return batch
+            real = real_rows(batch)[:need]
+            empty = empty + 1 if real.size == 0 else 0
+            if empty > 2:
+                raise ConfigError(f"source {name!r} yields no tokens (every document filtered, empty or null)")
+            if real.size:
+                out.append((batch, real))
+                need -= real.size
+        return out
 
     def close(self) -> None:
         """Release every source's files and threads."""

@@ -179,8 +179,10 @@ class Mixture:
         for key in ("even_batches", "drop_last"):
             if key in options:
                 raise ConfigError(f"`{key}` does not apply to a mixture: its sources never end, so batches never do")
+        # concat gives any number of rows a pull (a batch's rows of a source at once); other strategies one
+        rows = batch_size if strategy == "concat" else 1
         packed = {
-            name: src.pack(seq_len=seq_len, batch_size=1, strategy=strategy, even_batches=False, **options)
+            name: src.pack(seq_len=seq_len, batch_size=rows, strategy=strategy, even_batches=False, **options)
             for name, src in self.sources.items()
         }
         num_rows = None if num_tokens is None else -(-num_tokens // seq_len)

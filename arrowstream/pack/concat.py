@@ -114,8 +114,9 @@ class _ConcatRun(PackRun):
                 return None
             self.queue.append(chunk)
 
-    def next_batch(self, chunks: Iterator[Chunk]) -> dict[str, np.ndarray]:
-        L, B = self.p.seq_len, self.p.batch_size
+    def next_batch(self, chunks: Iterator[Chunk], rows: int | None = None) -> dict[str, np.ndarray]:
+        """Return the next batch: ``batch_size`` rows, or ``rows`` (a mixture asks for its rows of a source)."""
+        L, B = self.p.seq_len, self.p.batch_size if rows is None else rows
         need = L * B
         while True:
             if self.target is not None and self.emitted >= self.target:
@@ -141,7 +142,7 @@ class _ConcatRun(PackRun):
                 if self.target is not None and self.emitted < self.target:
                     self.emitted += 1
                     self.ledger.add("padding_batches", 1)
-                    return self._assemble([], 0)  # all padding: other consumers still have data
+                    return self._assemble([], 0, B)  # all padding: other consumers still have data
                 if not self._next_epoch(chunks):
                     raise StopIteration
                 continue
@@ -149,7 +150,7 @@ class _ConcatRun(PackRun):
                 self.ledger.add("dropped_tokens", got)
                 continue
             self.emitted += 1
-            return self._assemble(pieces, got)
+            return self._assemble(pieces, got, B)
 
     def _carry(self, chunks: Iterator[Chunk]) -> bool:
         """At the target with data left: count it toward the next epoch, if there is one; return whether."""
@@ -194,8 +195,8 @@ class _ConcatRun(PackRun):
             self.ledger.add("dropped_docs", untouched)
             self.cursor = int(head.offsets[-1])
 
-    def _assemble(self, pieces: list[tuple[Chunk, int, int]], got: int) -> dict[str, np.ndarray]:
-        L, B = self.p.seq_len, self.p.batch_size
+    def _assemble(self, pieces: list[tuple[Chunk, int, int]], got: int, B: int) -> dict[str, np.ndarray]:
+        L = self.p.seq_len
         src = np.concatenate([c.tokens[a:b] for c, a, b in pieces] or [np.empty(0, np.int32)])
         masked = pieces and all(c.mask is not None for c, _, _ in pieces)
         mask = np.concatenate([c.mask[a:b] for c, a, b in pieces]) if masked else None  # type: ignore[index]

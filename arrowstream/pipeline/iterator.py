@@ -18,10 +18,10 @@ from typing import Any
 import pyarrow as pa
 
 from arrowstream.distributed.topology import Consumer, Deal, own_share
-from arrowstream.errors import StateError
+from arrowstream.errors import ConfigError, StateError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.io.prefetch import Prefetcher
-from arrowstream.pack import PackRun
+from arrowstream.pack import ConcatPacker, PackRun
 from arrowstream.pipeline.growth import resume_plan
 from arrowstream.pipeline.plan import Plan
 from arrowstream.pipeline.reading import iter_chunks
@@ -367,6 +367,19 @@ class DatasetIterator:
             if chunk.num_docs:
                 self._ledger.add("batches", 1)
                 return _to_record_batch(chunk)
+
+    def next_rows(self, rows: int) -> Any:
+        """Return the next packed batch with ``rows`` rows instead of ``batch_size`` (``concat`` only).
+
+        For a mixture, which takes from each source as many rows as the
+        schedule gives it in a batch: the state stays at batch boundaries.
+        """
+        if not isinstance(self.plan.packer, ConcatPacker):
+            raise ConfigError("`next_rows` needs a pipeline packed with strategy='concat'")
+        if not self._started:
+            self._start()
+        assert self._chunks is not None and self._run is not None
+        return self._run.next_batch(self._chunks, rows=rows)  # type: ignore[call-arg]
 
     def close(self) -> None:
         """Release open files."""
