@@ -72,13 +72,7 @@ def natural_int(text: str) -> int:
     ...
     argparse.ArgumentTypeError: must be a whole number of at least 0, got '-1'
     """
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 0, got {text!r}")
-    return value
+    return _whole(text, 0)
 
 
 def positive_int(text: str) -> int:
@@ -93,12 +87,16 @@ def positive_int(text: str) -> int:
     ...
     argparse.ArgumentTypeError: must be a whole number of at least 1, got '0'
     """
+    return _whole(text, 1)
+
+
+def _whole(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+        value = low - 1
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least {low}, got {text!r}")
     return value
 
 
