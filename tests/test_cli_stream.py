@@ -64,7 +64,7 @@ def test_resuming_a_finished_run_says_what_to_do(
     common = ["stream", str(root), "--tokenizer", str(tokenizer_path), "--seq-len", "32", "--batch-size", "2"]
     assert main([*common, "--save-state", str(state)]) == 0
     capsys.readouterr()
-    assert main([*common, "--resume", str(state)]) == 0
+    assert main([*common, "--resume", str(state), "--save-state", str(state)]) == 0
     out = capsys.readouterr().out
     assert "0 batches" in out and "hint: nothing was left to stream" in out and "--num-epochs" in out
 
@@ -301,3 +301,47 @@ def test_a_mistyped_argument_prints_one_line_and_where_help_is(
         "arrowstream stream: error: argument --batch-size: must be a whole number of at least 1, got '0' "
         "(see arrowstream stream --help)"
     ]
+
+
+def test_a_mixture_file_streams_and_reports_from_the_command_line(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _data(tmp_path / "data", n=200)
+    spec = {
+        "sources": {"low": {"path": "data", "filter": "n < 100"}, "high": {"path": "data", "filter": "n >= 100"}},
+        "weights": {"low": 3, "high": 1},
+        "max_epochs": {"high": 1},
+        "num_tokens": 16 * 4 * 30,
+    }
+    (tmp_path / "mix.json").write_text(json.dumps(spec))
+    mix_file = str(tmp_path / "mix.json")
+    assert main(["analyze", "--mixture", mix_file, "--tokenizer", str(tokenizer_path), "--seq-len", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "a run of 1,920 tokens" in out and "low" in out and "1,440 tokens" in out and "high" in out
+    state = tmp_path / "s.json"
+    common = ["stream", "--mixture", mix_file, "--tokenizer", str(tokenizer_path), "--seq-len", "16", "--batch-size", "4"]
+    assert main([*common, "--max-batches", "10", "--save-state", str(state)]) == 0
+    assert main([*common, "--resume", str(state), "--save-state", str(state)]) == 0
+    out = capsys.readouterr().out
+    assert "20 batches" in out  # the budget: 30 steps in all
+    stats = _last_line(out, "stats")
+    assert "batches=30" in stats and "low.rows=90" in stats and "high.rows=30" in stats
+    # the same mixture in Python gives the same state
+    from arrowstream import mix
+
+    src = {name: read_parquet(root).filter(cond).tokenize(str(tokenizer_path))
+           for name, cond in (("low", pc.field("n") < 100), ("high", pc.field("n") >= 100))}
+    it = mix(src, {"low": 3, "high": 1}, max_epochs={"high": 1}).pack(seq_len=16, batch_size=4).iter()
+    for _ in range(30):
+        next(it)
+    assert json.loads(state.read_text())["stats"] == it.state_dict()["stats"]
+    for extra, message in [
+        (["--filter", "n > 1"], "--filter (give each source's `filter` in the file) does not apply to --mixture"),
+        ([str(root)], "give PATH or --mixture FILE, not both"),
+        (["--strategy", "bucket"], "--mixture packs with --strategy concat or best_fit"),
+    ]:
+        assert main([*common, *extra]) == 2
+        assert message in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text(json.dumps({**spec, "weight": 1}))
+    assert main(["stream", "--mixture", str(tmp_path / "bad.json"), *common[3:]]) == 2
+    assert "unknown key(s) ['weight']" in capsys.readouterr().err

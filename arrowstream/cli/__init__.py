@@ -46,6 +46,7 @@ from arrowstream.cli.common import (
     positive_int,
     progress,
 )
+from arrowstream.cli.mixfile import load_mixture
 from arrowstream.cli.words import as_flags, show_warning
 from arrowstream.errors import ArrowStreamError, CacheError
 from arrowstream.io.manifest import read_manifest
@@ -114,7 +115,13 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_inspect)
 
     p = sub.add_parser("analyze", help="document lengths and what each batching strategy costs")
-    p.add_argument("path", help="directory, glob, file or URI")
+    p.add_argument("path", nargs="?", help="directory, glob, file or URI (or --mixture FILE)")
+    p.add_argument(
+        "--mixture", metavar="FILE",
+        help="a mixture file (sources, weights, budget; see docs/mixtures.md): report the tokens and "
+        "epochs a run takes from each source (with --tokenizer, --seq-len, --tokens)",
+    )
+    p.add_argument("--tokens", type=positive_int, help="the run's token budget for --mixture (default: the file's num_tokens)")
     p.add_argument("--column", default="text", help="text column, or a column of token ids")
     p.add_argument("--tokenizer", help="path to a tokenizer.json, for token lengths and strategies")
     p.add_argument("--seq-len", type=positive_int, default=2048, help="training sequence length")
@@ -256,11 +263,44 @@ def _groups(text: str) -> int | None:
     return None if text == "all" else positive_int(text)
 
 
+def _analyze_mixture(args: argparse.Namespace) -> int:
+    """``analyze --mixture FILE``: per source, the tokens a budget takes and the epochs they imply."""
+    if args.mixture is None:
+        raise UsageError("give the data: PATH, or --mixture FILE")
+    if args.path is not None:
+        raise UsageError("give PATH or --mixture FILE, not both")
+    if args.tokenizer is None:
+        raise UsageError("--mixture needs --tokenizer (every source is tokenized with it)")
+    check_tokenizer(args.tokenizer)
+    mixture, budget = load_mixture(args.mixture, tokenizer=args.tokenizer, column=args.column)
+    budget = args.tokens or budget
+    if budget is None:
+        raise UsageError(f"--mixture {args.mixture}: give the run's budget with --tokens N (or `num_tokens` in the file)")
+    report = mixture.pack(seq_len=args.seq_len, batch_size=args.batch_size).report(budget)
+    print(f"a run of {budget:,} tokens (rows of {args.seq_len}):")
+    for row in report.iter_rows(named=True):
+        how = "counted" if row["counted"] else "estimated"
+        cap = f", max_epochs {row['max_epochs']}" if row["max_epochs"] is not None else ""
+        warn = "  <- runs out: raise max_epochs or lower the weight" if row["runs_out"] else ""
+        print(
+            f"  {row['source']:<12} weight {row['weight']:.3f}  {row['target_tokens']:>16,} tokens  "
+            f"{row['epochs']:8.2f} epochs of {row['epoch_tokens']:,} ({how}){cap}{warn}"
+        )
+    if args.json:
+        Path(args.json).write_text(report.write_json())
+        print(f"wrote {args.json}")
+    return 0
+
+
 #: The figure formats --plot writes (by the file's suffix).
 _FIGURES = (".png", ".pdf", ".svg")
 
 
 def _analyze(args: argparse.Namespace) -> int:
+    if args.mixture or args.path is None:
+        return _analyze_mixture(args)
+    if args.tokens is not None:
+        raise UsageError("--tokens is the budget of --mixture; without one there is nothing to budget")
     if args.tokenizer is not None:
         check_tokenizer(args.tokenizer)
     check_output("--plot", args.plot)

@@ -31,8 +31,10 @@ from arrowstream.cli.common import (
     write_state,
 )
 from arrowstream.cli.expressions import FilterSyntaxError, parse_filter
+from arrowstream.cli.mixfile import load_mixture
 from arrowstream.cli.words import as_flags
 from arrowstream.errors import StateError
+from arrowstream.mixture import PackedMixture
 from arrowstream.pipeline.dataset import Dataset, read_parquet
 
 __all__ = ["add_parser", "run"]
@@ -44,7 +46,11 @@ def add_parser(sub: Any) -> None:
         "stream",
         help="run a tokenize-and-pack pipeline over a dataset, with a progress bar",
     )
-    p.add_argument("path", help="directory, glob, file or URI")
+    p.add_argument("path", nargs="?", help="directory, glob, file or URI (or --mixture FILE)")
+    p.add_argument(
+        "--mixture", metavar="FILE",
+        help="stream a mixture of sources described in this file (see docs/mixtures.md) instead of PATH",
+    )
     p.add_argument("--tokenizer", required=True, help="a tokenizer.json, or a directory holding one")
     p.add_argument("--column", default="text", help="text column")
     p.add_argument("--no-special-tokens", action="store_true", help="encode with add_special_tokens=False")
@@ -83,7 +89,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def build(args: argparse.Namespace) -> Dataset:
+def build(args: argparse.Namespace) -> Dataset | PackedMixture:
     """Return the pipeline the options describe (checked before any data is read)."""
     check_tokenizer(args.tokenizer)
     check_output("--save-state", args.save_state)
@@ -98,6 +104,8 @@ def build(args: argparse.Namespace) -> Dataset:
     window = 1024 if args.window is None else args.window
     if not 0 <= args.rank < args.world_size:
         raise UsageError(f"--rank must be in 0..{args.world_size - 1} (--world-size {args.world_size}), got {args.rank}")
+    if args.mixture is not None or args.path is None:
+        return _mixture(args, window)
     try:
         condition = parse_filter(args.filter) if args.filter else None
     except FilterSyntaxError as exc:
@@ -121,6 +129,40 @@ def build(args: argparse.Namespace) -> Dataset:
     extra = {"window": window} if args.strategy == "best_fit" else {}
     return ds.pack(
         seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy, drop_last=args.drop_last, **extra
+    )
+
+
+#: Options of one pipeline that a mixture file says per source, or that a mixture has no use for.
+_NOT_WITH_MIXTURE = (
+    ("filter", None, "--filter (give each source's `filter` in the file)"),
+    ("shuffle", None, "--shuffle (the file's `seed` orders every source)"),
+    ("length_index", None, "--length-index"),
+    ("no_length_index", False, "--no-length-index"),
+    ("endless", False, "--endless (a mixture never ends; stop with --max-batches)"),
+    ("num_epochs", 1, "--num-epochs (sources repeat; cap them with the file's `max_epochs`)"),
+    ("drop_last", False, "--drop-last"),
+    ("added_files", "refuse", "--added-files"),
+)
+
+
+def _mixture(args: argparse.Namespace, window: int) -> PackedMixture:
+    """Return the packed mixture of ``--mixture FILE`` (checked before any data is read)."""
+    if args.mixture is None:
+        raise UsageError("give the data: PATH, or --mixture FILE")
+    if args.path is not None:
+        raise UsageError("give PATH or --mixture FILE, not both")
+    for key, default, flag in _NOT_WITH_MIXTURE:
+        if getattr(args, key) != default:
+            raise UsageError(f"{flag} does not apply to --mixture")
+    if args.strategy == "bucket":
+        raise UsageError("--mixture packs with --strategy concat or best_fit")
+    mixture, budget = load_mixture(
+        args.mixture, tokenizer=args.tokenizer, column=args.column, add_special_tokens=not args.no_special_tokens,
+        cache=args.cache, cache_write=not args.cache_read_only,
+    )
+    extra = {"window": window} if args.strategy == "best_fit" else {}
+    return mixture.pack(
+        seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy, num_tokens=budget, **extra
     )
 
 

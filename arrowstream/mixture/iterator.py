@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["MixtureIterator"]
 
 #: The counters kept in all and per source.
-_ROW_COUNTS = ("rows", "tokens", "padding_tokens", "docs")
+_ROW_COUNTS = ("rows", "tokens", "padding_tokens", "segments")
 
 
 class MixtureIterator:
@@ -213,7 +213,7 @@ class MixtureIterator:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters: batches; rows, tokens, padding tokens and documents, in all and per source (``"web.tokens"``)."""
+        """Counters: batches; rows, tokens, padding tokens and segments (document pieces), in all and per source (``"web.tokens"``)."""
         return dict(self._stats)
 
     def source_stats(self) -> dict[str, dict[str, int]]:
@@ -251,7 +251,7 @@ class MixtureIterator:
                 "rows": mine.shape[0],
                 "tokens": int(np.count_nonzero(mine)),
                 "padding_tokens": int(mine.size - np.count_nonzero(mine)),
-                "docs": int(mine.max(axis=1).sum()),
+                "segments": int(mine.max(axis=1).sum()),  # pieces of documents: one cut at a row end counts twice
             }
             for key, n in counts.items():
                 self._stats[key] += n
