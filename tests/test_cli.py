@@ -88,7 +88,7 @@ def test_stream_reports_unusable_state_files_cleanly(
     common = ["stream", str(tmp_path / "d"), "--tokenizer", str(tokenizer_path), "--seq-len", "4",
               "--batch-size", "1"]
     assert main([*common, "--resume", str(tmp_path / "missing.json")]) == 2
-    assert "cannot read the state file" in capsys.readouterr().err
+    assert "missing.json: cannot read it" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{not json")
     assert main([*common, "--resume", str(tmp_path / "bad.json")]) == 2
     assert "is not JSON" in capsys.readouterr().err

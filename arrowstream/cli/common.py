@@ -22,6 +22,7 @@ __all__ = [
     "natural_int",
     "positive_int",
     "progress",
+    "read_json",
     "read_state",
     "write_state",
 ]
@@ -130,14 +131,19 @@ def progress(total: int | None, desc: str) -> tqdm:
     return tqdm(total=total, desc=desc, unit="batch", file=sys.stderr, dynamic_ncols=True)
 
 
+def read_json(flag: str, path: str, what: str) -> Any:
+    """Return the JSON file ``path`` given to ``flag``, or raise :class:`UsageError` naming both and ``what`` it should be."""
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot read it: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{flag} {path}: the file is not JSON ({exc}): pass {what}") from exc
+
+
 def read_state(path: str) -> dict[str, Any]:
     """Read a state file written by ``--save-state``."""
-    try:
-        state = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise UsageError(f"--resume {path}: cannot read the state file: {exc.strerror or exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"--resume {path}: the file is not JSON ({exc}): pass a file written by --save-state") from exc
+    state = read_json("--resume", path, "a file written by --save-state")
     if not isinstance(state, dict) or state.get("format") != "arrowstream.state":
         raise UsageError(f"--resume {path}: the file is not an arrowstream state: pass a file written by --save-state")
     return state

@@ -22,11 +22,10 @@ run's budget: ``analyze`` reports on it, ``stream`` ends there.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from arrowstream.cli.common import UsageError
+from arrowstream.cli.common import UsageError, read_json
 from arrowstream.cli.expressions import FilterSyntaxError, parse_filter
 from arrowstream.errors import ArrowStreamError
 from arrowstream.mixture import Mixture, mix
@@ -51,12 +50,7 @@ def load_mixture(
         the message starts with ``--mixture PATH`` and names the key.
     """
     where = f"--mixture {path}"
-    try:
-        spec = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise UsageError(f"{where}: cannot read it: {exc.strerror or exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{where}: not JSON ({exc})") from exc
+    spec = read_json("--mixture", path, "a mixture file (see docs/mixtures.md)")
     if not isinstance(spec, dict) or not isinstance(spec.get("sources"), dict) or "weights" not in spec:
         raise UsageError(f"{where}: expected a JSON object with `sources` (name -> {{\"path\": ...}}) and `weights`")
     unknown = sorted(set(spec) - _KEYS)
