@@ -10,6 +10,9 @@ alternate, and the medians of ``--repeats`` runs give the ratio.
 
 Two modes: ``text`` tokenizes as it reads (the tokenizer bounds both), and
 ``ids`` reads a token cache filled beforehand (the loader itself is measured).
+Then, per strategy (``concat``, ``best_fit``), each source's share of the
+real tokens after ``--batches`` batches, against its weight: the schedule
+shares out rows, and padding is what separates rows from tokens.
 
 Usage::
 
@@ -56,6 +59,27 @@ def _rate(it: Any, batches: int) -> tuple[float, list[Any]]:
         tokens += int(b["num_tokens"])
         kept.append(b.get("source_ids"))
     return tokens / (time.perf_counter() - start), kept
+
+
+def _shares(dirs: list[Path], tok: str, weights: list[float], args: argparse.Namespace) -> dict[str, Any]:
+    """Per strategy: each source's share of the real (unpadded) tokens minus its weight, after ``--batches`` batches."""
+    out: dict[str, Any] = {}
+    table = []
+    for strategy in ("concat", "best_fit"):
+        m = _mixture(dirs, tok, None, weights).pack(seq_len=args.seq_len, batch_size=args.batch_size, strategy=strategy)
+        it = m.iter()
+        for _ in range(args.batches):
+            next(it)
+        stats = it.stats
+        real = sum(stats[f"s{i}.tokens"] for i in range(3))
+        gaps = [stats[f"s{i}.tokens"] / real - w for i, w in enumerate(weights)]
+        padding = stats["padding_tokens"] / (stats["tokens"] + stats["padding_tokens"])
+        out[strategy] = {"share_minus_weight": gaps, "padding": padding}
+        table.append([strategy, *(f"{100 * g:+.3f}" for g in gaps), f"{100 * padding:.2f}"])
+        it.close()
+    log()
+    log(fmt_table(["strategy", "s0 share - weight (pp)", "s1", "s2", "padding %"], table))
+    return out
 
 
 def main() -> int:
@@ -116,6 +140,7 @@ def main() -> int:
         rows.append([mode, f"{median(single) / 1e6:.2f}", f"{median(mixed) / 1e6:.2f}", f"{ratio:.2f}"])
         results[mode] = {"single_tok_s": single, "mixture_tok_s": mixed, "ratio": ratio}
         log(f"{mode}: one source {median(single) / 1e6:.2f} M tok/s, mixture {median(mixed) / 1e6:.2f} M tok/s, ratio {ratio:.2f}")
+    results["shares"] = _shares(dirs, str(tok), weights, args)
     log()
     log(fmt_table(["mode", "one source (M tok/s)", "mixture of 3 (M tok/s)", "mixture / one"], rows))
     log("(medians of runs alternating in one process; weights by source size; concat)")
