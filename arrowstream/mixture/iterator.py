@@ -14,7 +14,6 @@ own state (coordinates, as for any pipeline): resuming replays nothing.
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -299,6 +298,6 @@ def _diff(saved: Any, current: Any, prefix: str = "") -> list[str]:
     if isinstance(saved, dict) and isinstance(current, dict):
         return [d for key in sorted(set(saved) | set(current), key=str) for d in _diff(saved.get(key), current.get(key), f"{prefix}{key}.")]
     if saved != current:
-        return [f"`{prefix.rstrip('.')}` was {copy.deepcopy(saved)!r}, now {current!r}"]
+        return [f"`{prefix.rstrip('.')}` was {saved!r}, now {current!r}"]
     return []
 
