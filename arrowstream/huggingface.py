@@ -100,7 +100,13 @@ class DataStateCallback(TrainerCallback):
                 "batches on top of the restored data state and lose them"
             )
         dataset = self.loader.dataset.dataset
-        if dataset.num_epochs is not None:
+        if getattr(dataset, "num_rows", None) is not None:  # a mixture's token budget
+            raise ConfigError(
+                "`DataStateCallback` needs an endless mixture, got one packed with `num_tokens`: a "
+                "Trainer re-iterates its loader when it ends, which would repeat data from the "
+                "restored state; drop `num_tokens` and bound the run with `TrainingArguments(max_steps=...)`"
+            )
+        if getattr(dataset, "num_epochs", None) is not None:
             raise ConfigError(
                 "`DataStateCallback` needs an endless pipeline, got "
                 f"`num_epochs={dataset.num_epochs!r}`: a Trainer re-iterates its loader when it "

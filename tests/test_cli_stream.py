@@ -338,10 +338,20 @@ def test_a_mixture_file_streams_and_reports_from_the_command_line(
     for extra, message in [
         (["--filter", "n > 1"], "--filter (give each source's `filter` in the file) does not apply to --mixture"),
         ([str(root)], "give PATH or --mixture FILE, not both"),
-        (["--strategy", "bucket"], "--mixture packs with --strategy concat or best_fit"),
+        (["--strategy", "bucket"], "--mixture with --strategy bucket takes --max-tokens N"),
+        (["--max-tokens", "64"], "--max-tokens is the budget of --strategy bucket's batches; concat takes"),
     ]:
         assert main([*common, *extra]) == 2
         assert message in capsys.readouterr().err
+    # bucketed: each batch one source's, at most --max-tokens padded tokens
+    bucketed = ["stream", "--mixture", mix_file, "--tokenizer", str(tokenizer_path), "--strategy", "bucket",
+                "--max-tokens", "64"]
+    assert main([*bucketed, "--max-batches", "12", "--save-state", str(state)]) == 0
+    saved = json.loads(state.read_text())
+    assert saved["mixture"]["strategy"] == "bucket" and saved["stats"]["batches"] == 12
+    assert saved["stats"]["low.segments"] > saved["stats"]["high.segments"] > 0
+    assert main([*bucketed, "--batch-size", "4"]) == 2
+    assert "--batch-size and --max-tokens both size the batch" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text(json.dumps({**spec, "weight": 1}))
     assert main(["stream", "--mixture", str(tmp_path / "bad.json"), *common[3:]]) == 2
     assert "unknown key(s) ['weight']" in capsys.readouterr().err

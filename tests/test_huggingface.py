@@ -19,7 +19,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from arrowstream import ConfigError, StateError, read_parquet
+from arrowstream import ConfigError, StateError, mix, read_parquet
 from arrowstream.huggingface import DataStateCallback, load_data_state, save_data_state
 from arrowstream.pytorch import StatefulLoader
 
@@ -30,8 +30,11 @@ SEQ_LEN = 16
 COLUMNS = ["input_ids", "labels"]
 
 
-def _ds(tmp_path: Path, *, num_epochs: int | None = None):
-    """Pre-tokenized documents ``[i + 1] * n`` (so every token names its document), packed."""
+def _ds(tmp_path: Path, *, num_epochs: int | None = None, mixture: bool = False, num_tokens: int | None = None):
+    """Pre-tokenized documents ``[i + 1] * n`` (so every token names its document), packed.
+
+    ``mixture``: the same files as two sources, each its own order, mixed 2:1.
+    """
     rng = np.random.default_rng(1)
     lengths = rng.integers(1, 12, size=NUM_DOCS)
     docs = [[i + 1] * int(n) for i, n in enumerate(lengths)]
@@ -40,6 +43,12 @@ def _ds(tmp_path: Path, *, num_epochs: int | None = None):
     if not data.exists():
         write_parts(data, parts, row_group_size=9)
     expected = Counter({i + 1: int(n) for i, n in enumerate(lengths)})
+    if mixture:
+        sources = {
+            name: read_parquet(data, batch_rows=5).shuffle(seed=seed, window=2).tokenize(None, column="input_ids", eos_id=0)
+            for name, seed in (("a", 3), ("b", 4))
+        }
+        return mix(sources, {"a": 2, "b": 1}).pack(seq_len=SEQ_LEN, batch_size=2, num_tokens=num_tokens), expected
     ds = read_parquet(data, batch_rows=5, num_epochs=num_epochs).shuffle(seed=3, window=2)
     return ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=SEQ_LEN, batch_size=2), expected
 
@@ -106,11 +115,13 @@ def _trainer(
     out: Path,
     *,
     num_epochs: int | None = None,
+    mixture: bool = False,
+    num_tokens: int | None = None,
     callbacks: list[TrainerCallback] = (),  # type: ignore[assignment]
     resume_from: Path | None = None,
     **overrides: Any,
 ) -> _RecordingTrainer:
-    ds, _ = _ds(tmp_path, num_epochs=num_epochs)
+    ds, _ = _ds(tmp_path, num_epochs=num_epochs, mixture=mixture, num_tokens=num_tokens)
     # its own generator: a DataLoader draws its workers' base seed when iteration starts, which
     # would otherwise shift the global RNG (dropout) of a resumed run against an uninterrupted one
     loader = StatefulLoader(ds.to_torch(columns=COLUMNS), num_workers=2, generator=torch.Generator())
@@ -122,14 +133,15 @@ def _trainer(
     )
 
 
-def test_trainer_resumed_from_a_checkpoint_trains_on_the_same_batches(tmp_path: Path) -> None:
-    full = _trainer(tmp_path, tmp_path / "full")
+@pytest.mark.parametrize("mixture", [False, True])
+def test_trainer_resumed_from_a_checkpoint_trains_on_the_same_batches(tmp_path: Path, mixture: bool) -> None:
+    full = _trainer(tmp_path, tmp_path / "full", mixture=mixture)
     full.train()
     assert len(full.trained) == 12  # 6 optimizer steps x 2 accumulated batches
     assert len(set(full.trained)) == 12
 
     out = tmp_path / "run"
-    stopped = _trainer(tmp_path, out, callbacks=[_StopAt(4)])
+    stopped = _trainer(tmp_path, out, mixture=mixture, callbacks=[_StopAt(4)])
     stopped.train()
     assert stopped.trained == full.trained[:8]
     saved = out / "checkpoint-3" / "arrowstream" / "rank-00000-of-00001.json"
@@ -138,7 +150,7 @@ def test_trainer_resumed_from_a_checkpoint_trains_on_the_same_batches(tmp_path: 
     assert not (out / "checkpoint-6").exists()
 
     # a new process would build all of this anew; the callback finds checkpoint-3 from global_step
-    resumed = _trainer(tmp_path, out)
+    resumed = _trainer(tmp_path, out, mixture=mixture)
     resumed.train(resume_from_checkpoint=str(out / "checkpoint-3"))
     assert resumed.state.global_step == 6
     assert resumed.trained == full.trained[6:]  # byte for byte, from step 4 on
@@ -169,6 +181,10 @@ def test_trainer_that_would_skip_batches_is_refused(tmp_path: Path) -> None:
 def test_finite_dataset_is_refused(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, tmp_path / "out", num_epochs=1)
     with pytest.raises(ConfigError, match="num_epochs=None"):
+        trainer.train()
+    assert trainer.trained == []
+    trainer = _trainer(tmp_path, tmp_path / "out", mixture=True, num_tokens=10_000)
+    with pytest.raises(ConfigError, match="drop `num_tokens`"):
         trainer.train()
     assert trainer.trained == []
 

@@ -60,7 +60,11 @@ def add_parser(sub: Any) -> None:
         "similar length (--seq-len is then the longest kept, truncating longer ones)",
     )
     p.add_argument("--seq-len", type=positive_int, help="tokens per row (required for concat and best_fit)")
-    p.add_argument("--batch-size", type=positive_int, required=True, help="rows per batch")
+    p.add_argument("--batch-size", type=positive_int, help="rows per batch (required but with --max-tokens)")
+    p.add_argument(
+        "--max-tokens", type=positive_int, metavar="N",
+        help="bucket: batches of at most N padded tokens instead of --batch-size rows (a mixture buckets so)",
+    )
     p.add_argument(
         "--window", type=positive_int, metavar="DOCS",
         help="look-ahead of best_fit and bucket, in documents (default: 1024)",
@@ -95,6 +99,12 @@ def build(args: argparse.Namespace) -> Dataset | PackedMixture:
     check_output("--save-state", args.save_state)
     if args.strategy != "bucket" and args.seq_len is None:
         raise UsageError(f"--strategy {args.strategy} needs --seq-len (tokens per row)")
+    if args.strategy != "bucket" and args.max_tokens is not None:
+        raise UsageError(f"--max-tokens is the budget of --strategy bucket's batches; {args.strategy} takes --batch-size rows")
+    if args.batch_size is None and args.max_tokens is None:
+        raise UsageError("give the batch: --batch-size N rows (or, with --strategy bucket, --max-tokens N)")
+    if args.batch_size is not None and args.max_tokens is not None:
+        raise UsageError("--batch-size and --max-tokens both size the batch: pass one")
     if args.length_index and args.no_length_index:
         raise UsageError("--length-index and --no-length-index contradict each other: pass one")
     if args.cache_read_only and not args.cache:
@@ -125,7 +135,8 @@ def build(args: argparse.Namespace) -> Dataset | PackedMixture:
         options["length_index"] = False if args.no_length_index else args.length_index
     ds = ds.tokenize(args.tokenizer, **options)
     if args.strategy == "bucket":
-        return ds.bucket(batch_size=args.batch_size, window=window, max_len=args.seq_len, drop_last=args.drop_last)
+        size = {"batch_size": args.batch_size} if args.max_tokens is None else {"max_tokens": args.max_tokens}
+        return ds.bucket(**size, window=window, max_len=args.seq_len, drop_last=args.drop_last)
     extra = {"window": window} if args.strategy == "best_fit" else {}
     return ds.pack(
         seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy, drop_last=args.drop_last, **extra
@@ -154,12 +165,17 @@ def _mixture(args: argparse.Namespace, window: int) -> PackedMixture:
     for key, default, flag in _NOT_WITH_MIXTURE:
         if getattr(args, key) != default:
             raise UsageError(f"{flag} does not apply to --mixture")
-    if args.strategy == "bucket":
-        raise UsageError("--mixture packs with --strategy concat or best_fit")
+    if args.strategy == "bucket" and args.max_tokens is None:
+        raise UsageError(
+            "--mixture with --strategy bucket takes --max-tokens N (padded tokens a batch), not --batch-size: "
+            "the weights share out tokens"
+        )
     mixture, budget = load_mixture(
         args.mixture, tokenizer=args.tokenizer, column=args.column, add_special_tokens=not args.no_special_tokens,
         cache=args.cache, cache_write=not args.cache_read_only,
     )
+    if args.strategy == "bucket":
+        return mixture.bucket(max_tokens=args.max_tokens, window=window, max_len=args.seq_len, num_tokens=budget)
     extra = {"window": window} if args.strategy == "best_fit" else {}
     return mixture.pack(
         seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy, num_tokens=budget, **extra

@@ -152,10 +152,12 @@ def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[tuple[int, str
     """Return, per epoch still open in a global state, its stream count and the rows left, pooled.
 
     The global state's ``epoch`` is the earliest epoch of any consumer. Near
-    an epoch end some consumers may already be one epoch further: the next
-    epoch is pooled too, from what those consumers have left of it and the
-    whole shares (fresh, or dealt earlier as ``next_work``) of the others.
-    Pools are in consumer order.
+    an epoch end some consumers may already be further on (one epoch, or
+    several for the sources of a mixture, whose consumers drift apart):
+    every epoch up to the last any consumer has begun (or was dealt, as
+    ``next_work`` and ``later_work``) is pooled, from what each consumer has
+    left of its own epoch and the whole shares (fresh, or dealt earlier) of
+    the epochs it has not begun. Pools are in consumer order.
 
     Raises
     ------
@@ -174,26 +176,17 @@ def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[tuple[int, str
         have[1].extend(list(share.segments) if segs is None else segs)
 
     entries = state["consumers"]
-    ahead = any(int(e["position"]["epoch"]) > epoch for e in entries)
-    dealt = any(e.get("next_work") is not None for e in entries)
-    for i, entry in enumerate(entries):
-        pos = entry["position"]
-        at = int(pos["epoch"])
-        if at not in (epoch, epoch + 1):
-            raise ValueError(f"consumer {i} is in epoch {at}, more than one past epoch {epoch}")
+    dealt = [[] if e.get("next_work") is None else [e["next_work"], *(e.get("later_work") or [])] for e in entries]
+    last = max(int(e["position"]["epoch"]) + len(ahead) for e, ahead in zip(entries, dealt))
+    for i, (entry, ahead) in enumerate(zip(entries, dealt)):
+        at = int(entry["position"]["epoch"])
+        if at < epoch:
+            raise ValueError(f"consumer {i} is in epoch {at}, before the state's epoch {epoch}")
         share = Work.from_dict(entry["work"])
-        left = _left(entry, list(share.segments))
-        if at == epoch:
-            add(epoch, share, left)
-            if ahead or dealt:
-                if entry.get("next_work") is not None:
-                    add(epoch + 1, Work.from_dict(entry["next_work"], field="next_work"))
-                else:
-                    add(epoch + 1, fresh(epoch + 1, Consumer(i, count)))
-        else:
-            if entry.get("next_work") is not None:
-                raise ValueError(f"consumer {i} is one epoch ahead and holds the work of the one after")
-            add(epoch + 1, share, left)
+        add(at, share, _left(entry, list(share.segments)))
+        for e in range(at + 1, last + 1):  # epochs it has not begun: its whole share
+            k = e - at - 1
+            add(e, Work.from_dict(ahead[k], field="next_work") if k < len(ahead) else fresh(e, Consumer(i, count)))
     return out
 
 
@@ -268,6 +261,7 @@ def own_share(
         entry = entries[consumer.index]
         own = {k: entry[k] for k in ("position", "work", "stats", "packer")}
         own.update({k: entry.get(k) for k in ("held", "next_work")})  # absent in version 2
+        own["later_work"] = entry.get("later_work") or []
         own["epoch_stats"] = entry.get("epoch_stats", [])  # version 5 on
         return {**common, **own, "consumer": me}, deals
     mine = deals[epoch].parts[consumer.index]
@@ -283,9 +277,12 @@ def own_share(
         "next_work": None,
         "epoch_stats": [],
     }
-    if epoch + 1 in deals:
-        nxt = deals[epoch + 1]
-        out["next_work"] = Work(nxt.num_streams, tuple(nxt.parts[consumer.index]), by=nxt.by).to_dict()
+    later = [
+        Work(deals[e].num_streams, tuple(deals[e].parts[consumer.index]), by=deals[e].by).to_dict()
+        for e in range(epoch + 1, max(deals) + 1)
+    ]
+    out["next_work"] = later[0] if later else None
+    out["later_work"] = later[1:]
     return out, deals
 
 
@@ -324,7 +321,7 @@ def _is_rank(state: Any) -> bool:
     return isinstance(state, dict) and state.get("kind") == "rank"
 
 
-def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_states(states: list[dict[str, Any]], *, drift: bool = False) -> dict[str, Any]:
     """Join the states of all consumers of one run into a global checkpoint.
 
     Parameters
@@ -333,6 +330,12 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
         One ``state_dict()`` per consumer (every rank, every worker), or one
         per rank from :class:`~arrowstream.pytorch.StatefulLoader`, taken at the
         same training step.
+    drift
+        Accept consumers more than one epoch apart: a mixture's sources are
+        read at the pace the schedule takes their rows, so consumers whose
+        shares differ drift apart over many epochs. A lone pipeline's
+        consumers stay within one epoch of each other, so there it means the
+        states are not of one step.
 
     Returns
     -------
@@ -390,7 +393,7 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
             "collect every rank's (and every DataLoader worker's) state"
         )
     epochs = sorted({int(st["position"]["epoch"]) for st in states})
-    if epochs[-1] - epochs[0] > 1:
+    if epochs[-1] - epochs[0] > 1 and not drift:
         raise StateError(
             f"consumers are in epochs {epochs}, more than one apart: merge the states of one "
             "training step of one run"
@@ -421,7 +424,7 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
             "consumers": [
                 {
                     k: copy.deepcopy(st[k])
-                    for k in ("position", "work", "stats", "packer", "next_work", "held", "epoch_stats")
+                    for k in ("position", "work", "stats", "packer", "next_work", "later_work", "held", "epoch_stats")
                     if k in st
                 }
                 for st in ordered

@@ -5,8 +5,9 @@ A :class:`MixtureIterator` is one consumer (rank x DataLoader worker). Its
 (a loader hands out its workers' batches in turn); the rows of that step it
 emits are its rank's slots (:func:`~arrowstream.mixture.schedule.step_rows`),
 and the schedule names each row's source. Each source is that source's own
-packed pipeline, iterated as this consumer (its share of every epoch), one
-row at a time.
+packed pipeline, iterated as this consumer (its share of every epoch); a
+batch takes each source's rows in one pull where it can and gathers the
+batch once.
 
 The state is the batch count, the stages in global rows, and each source's
 own state (coordinates, as for any pipeline): resuming replays nothing.
@@ -22,7 +23,7 @@ from arrowstream.distributed.topology import Consumer
 from arrowstream.errors import ConfigError, StateError, StateMismatchError
 from arrowstream.mixture.merge import GLOBAL_KIND, KIND
 from arrowstream.mixture.reweight import fixed_changes, reweighted, row_reached
-from arrowstream.mixture.rows import Taken, place_rows, real_rows
+from arrowstream.mixture.rows import Taken, place_rows
 from arrowstream.mixture.schedule import Schedule, Stage, step_rows
 from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
@@ -230,63 +231,79 @@ class MixtureIterator:
 
     def __next__(self) -> dict[str, Any]:
         step = self._step()
-        first = self._origin + step * self.world_size * self.mixture.batch_size
+        slots = self.mixture.slots
+        first = self._origin + step * self.world_size * slots
         if self.mixture.num_rows is not None and first >= self.mixture.num_rows:
             raise StopIteration
-        rows = self._origin + step_rows(step, self.rank, self.world_size, self.mixture.batch_size)
+        rows = self._origin + step_rows(step, self.rank, self.world_size, slots)
         ids = self.schedule.sources_of(rows)
-        names = self.mixture.names
-        taken = {
-            source: self._take(names[source], int(np.count_nonzero(ids == source)), int(rows.min()))
-            for source in np.unique(ids).tolist()  # in source order: the same pulls on every resume
-        }
-        batch = place_rows(taken, ids)
+        if self.mixture.strategy == "bucket":  # one slot: the whole batch is one source's
+            batch, counts = self._bucketed(int(ids[0]), int(rows[0]))
+        else:
+            names = self.mixture.names
+            taken = {
+                source: self._take(names[source], int(np.count_nonzero(ids == source)), int(rows.min()))
+                for source in np.unique(ids).tolist()  # in source order: the same pulls on every resume
+            }
+            batch, counts = place_rows(taken, ids, unit=self.mixture.unit, pad_ids=self.mixture.pad_ids)
         self._batches += 1
         self._stats["batches"] += 1
-        seg = batch["segment_ids"]
-        for source in taken:
-            mine = seg[ids == source]
-            counts = {
-                "rows": mine.shape[0],
-                "tokens": int(np.count_nonzero(mine)),
-                "padding_tokens": int(mine.size - np.count_nonzero(mine)),
-                "segments": int(mine.max(axis=1).sum()),  # pieces of documents: one cut at a row end counts twice
-            }
-            for key, n in counts.items():
+        for source, mine in counts.items():
+            for key, n in mine.items():
                 self._stats[key] += n
-                self._stats[f"{names[source]}.{key}"] += n
+                self._stats[f"{self.mixture.names[source]}.{key}"] += n
         return batch
 
-    def _take(self, name: str, need: int, row: int) -> list[Taken]:
-        """Return ``need`` rows of source ``name``: one packed batch of them, or more at its epoch end.
-
-        With ``concat`` one pull gives exactly the rows asked for (the
-        source's state stays at a batch boundary, so it merges like any
-        pipeline's); other strategies give one row a pull. Rows that hold no
-        token (an epoch's end pads whole rows) are left out and asked for again.
-        """
+    def _pull(self, name: str, row: int, rows: int | None = None) -> Any:
+        """Return source ``name``'s next batch (``rows``: its next layout of that many rows)."""
         it = self._sources[name]
+        try:
+            return next(it) if rows is None else it.next_layout(rows)
+        except StopIteration:
+            cap = self.mixture.mixture.max_epochs.get(name)
+            raise ConfigError(
+                f"source {name!r} ran out at global row {row}: this consumer "
+                f"({self.consumer.index} of {self.consumer.count}) has read its share of all "
+                f"{cap} epoch(s) of it (max_epochs). Raise max_epochs[{name!r}], lower its "
+                "weight, or drop the cap"
+            ) from None
+
+    def _take(self, name: str, need: int, row: int) -> list[Taken]:
+        """Return ``need`` rows of source ``name``: one packed layout of them, or more at its epoch end.
+
+        One pull gives at most the rows asked for (the source's state stays
+        at a batch boundary, so it merges like any pipeline's). Rows that hold
+        no token (an epoch's end pads whole rows) are left out and asked for again.
+        """
         out: list[Taken] = []
         empty = 0
         while need:
-            try:
-                batch = it.next_rows(need) if self.mixture.strategy == "concat" else next(it)
-            except StopIteration:
-                cap = self.mixture.mixture.max_epochs.get(name)
-                raise ConfigError(
-                    f"source {name!r} ran out at global row {row}: this consumer "
-                    f"({self.consumer.index} of {self.consumer.count}) has read its share of all "
-                    f"{cap} epoch(s) of it (max_epochs). Raise max_epochs[{name!r}], lower its "
-                    "weight, or drop the cap"
-                ) from None
-            real = real_rows(batch)[:need]
+            layout = self._pull(name, row, need)
+            real = layout.real_rows
             empty = empty + 1 if real.size == 0 else 0
             if empty > 2:
                 raise ConfigError(f"source {name!r} yields no tokens (every document filtered, empty or null)")
             if real.size:
-                out.append((batch, real))
+                out.append(layout)
                 need -= real.size
         return out
+
+    def _bucketed(self, source: int, row: int) -> tuple[dict[str, Any], dict[int, dict[str, int]]]:
+        """Return source ``source``'s next bucketed batch with its ``source_ids``, and its counts."""
+        name = self.mixture.names[source]
+        for _ in range(3):
+            batch = self._pull(name, row)
+            if batch["num_docs"]:
+                break
+        else:
+            raise ConfigError(f"source {name!r} yields no tokens (every document filtered, empty or null)")
+        n = int(batch["input_ids"].shape[0])
+        batch["source_ids"] = np.full(n, source, dtype=np.int32)
+        counts = {
+            "rows": n, "tokens": batch["num_tokens"], "padding_tokens": batch["num_padding_tokens"],
+            "segments": batch["num_docs"],
+        }
+        return batch, {source: counts}
 
     def close(self) -> None:
         """Release every source's files and threads."""

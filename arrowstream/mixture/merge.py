@@ -22,7 +22,7 @@ from arrowstream.distributed import topology
 from arrowstream.errors import StateError, StateMismatchError
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 
-__all__ = ["GLOBAL_KIND", "KIND", "merge_states"]
+__all__ = ["GLOBAL_KIND", "KIND", "merge_states", "slots_per_batch"]
 
 #: ``kind`` of a mixture consumer's state, and of a merged one.
 KIND, GLOBAL_KIND = "mixture", "mixture-global"
@@ -105,7 +105,7 @@ def _merge_mixture(states: list[dict[str, Any]]) -> dict[str, Any]:
                 f"consumer {q} (worker {worker}) emitted {k} batches, but its rank's {step} steps give "
                 f"its worker {-(-(step - worker) // workers)}: pass the states a `StatefulLoader` saved"
             )
-    batch_size = int(first["mixture"]["batch_size"])
+    slots = slots_per_batch(first["mixture"])
     names = list(first["sources"])
     stats: dict[str, int] = {}
     for st in states:
@@ -120,14 +120,20 @@ def _merge_mixture(states: list[dict[str, Any]]) -> dict[str, Any]:
         "topology": copy.deepcopy(first["topology"]),
         "origin": origins.pop(),
         "step": step,
-        "rows": int(first["position"]["origin"]) + step * world * batch_size,
+        "rows": int(first["position"]["origin"]) + step * world * slots,
         "consumers": [{"batches": k} for k in batches],
         "stats": stats,
         "sources": {
-            name: topology.merge_states([by_index[q]["sources"][name] for q in range(count)]) for name in names
+            name: topology.merge_states([by_index[q]["sources"][name] for q in range(count)], drift=True)
+            for name in names
         },
         "dormant": {  # sources a re-weighting left out, kept for a later one
-            name: topology.merge_states([by_index[q]["dormant"][name] for q in range(count)])
+            name: topology.merge_states([by_index[q]["dormant"][name] for q in range(count)], drift=True)
             for name in first.get("dormant") or {}
         },
     }
+
+
+def slots_per_batch(options: dict[str, Any]) -> int:
+    """Return the schedule's slots in one consumer's batch, from a state's mixture options: its rows, or 1 when bucketed."""
+    return int(options.get("batch_size", 1))

@@ -16,6 +16,7 @@ share of every epoch, as a lone pipeline does.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
@@ -26,8 +27,10 @@ from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError
 from arrowstream.mixture.rows import MIXTURE_KEYS
 from arrowstream.mixture.schedule import Stage, exact_weights
+from arrowstream.pack.assemble import BATCH_KEYS, PADDED_KEYS
 from arrowstream.pipeline.dataset import Dataset
 from arrowstream.tokenize import Tokenize
+from arrowstream.tokenize.encoders import Encoder
 
 if TYPE_CHECKING:
     import polars as pl
@@ -109,7 +112,7 @@ def mix(
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ConfigError(f"`seed` should be an int, got {seed!r}")
     prepared = {}
-    for name, src in sources.items():
+    for name, src in _share_encoders(sources).items():
         if shuffle and src.seed is None:
             src = replace(src, seed=_source_seed(seed, name))
         prepared[name] = replace(src, num_epochs=caps.get(name))
@@ -132,6 +135,30 @@ def _stages(weights: Weights, names: tuple[str, ...]) -> tuple[tuple[int, tuple[
     if starts[0] != 0 or starts != sorted(set(starts)):
         raise ConfigError(f"stage starts (tokens) should begin at 0 and increase, got {starts}")
     return tuple(out)
+
+
+def _share_encoders(sources: Mapping[str, Dataset]) -> dict[str, Dataset]:
+    """Return the sources, those that tokenize alike sharing one encoder.
+
+    An encoder proves its fast backend on the first documents it sees
+    (:mod:`arrowstream.tokenize.encoders`); shared, it does so once on the
+    mixture's first documents, not once per source.
+    """
+    seen: dict[tuple[Any, ...], Encoder] = {}
+    out = {}
+    for name, src in sources.items():
+        stages = []
+        for stage in src.stages:
+            encoder = getattr(stage, "encoder", None)
+            if isinstance(stage, Tokenize) and isinstance(encoder, Encoder):
+                key = (encoder.hash, encoder.add_special_tokens, encoder.requested, encoder.sample_bytes, encoder.cache_dir)
+                shared = seen.setdefault(key, encoder)
+                if shared is not encoder:
+                    stage = copy.copy(stage)
+                    stage.encoder = shared
+            stages.append(stage)
+        out[name] = replace(src, stages=tuple(stages))
+    return out
 
 
 def _source_seed(seed: int, name: str) -> int:
@@ -175,18 +202,50 @@ class Mixture:
             raise ConfigError(f"a mixture packs with strategy 'concat' or 'best_fit', got {strategy!r}")
         seq_len = check_int("seq_len", seq_len)
         batch_size = check_int("batch_size", batch_size)
-        num_tokens = check_int("num_tokens", num_tokens, none_ok=True)
-        for key in ("even_batches", "drop_last"):
-            if key in options:
-                raise ConfigError(f"`{key}` does not apply to a mixture: its sources never end, so batches never do")
-        # concat gives any number of rows a pull (a batch's rows of a source at once); other strategies one
-        rows = batch_size if strategy == "concat" else 1
+        _no_even_batches(options)
+        # a pull asks a source for its rows of a batch, up to batch_size
         packed = {
-            name: src.pack(seq_len=seq_len, batch_size=rows, strategy=strategy, even_batches=False, **options)
+            name: src.pack(seq_len=seq_len, batch_size=batch_size, strategy=strategy, even_batches=False, **options)
             for name, src in self.sources.items()
         }
-        num_rows = None if num_tokens is None else -(-num_tokens // seq_len)
-        return PackedMixture(self, packed, seq_len, batch_size, strategy, num_rows)
+        shape = {"seq_len": seq_len, "batch_size": batch_size, "strategy": strategy}
+        return PackedMixture(self, packed, shape, unit=seq_len, slots=batch_size, num_tokens=num_tokens)
+
+    def bucket(self, *, max_tokens: int, num_tokens: int | None = None, **options: Any) -> PackedMixture:
+        """Bucket each source by length; each batch is one source's, a budget of ``max_tokens`` padded tokens.
+
+        ``options`` are those of :meth:`Dataset.bucket
+        <arrowstream.Dataset.bucket>` (``window``, ``max_len``,
+        ``long_docs``, ``pad_to_multiple_of``, ``seed``, ``pad_id``), applied
+        to every source. Batches are not shared between sources (that would
+        batch documents of unlike lengths together): the schedule gives
+        each rank's batch of a global step to one source, so the weights share
+        out batches, each worth ``max_tokens`` padded tokens; the real tokens
+        of a batch depend on how well its documents fill it, so token shares
+        follow the weights only as closely as the sources' fills agree
+        (``stats`` counts them). Each batch has the keys of a bucketed batch
+        plus ``source_ids`` (one per row, all the same). ``num_tokens`` ends
+        the run at the first global step reaching that many batch budgets'
+        worth of tokens.
+        """
+        max_tokens = check_int("max_tokens", max_tokens)
+        if "batch_size" in options:
+            raise ConfigError(
+                "a mixture buckets by token budget: pass `max_tokens` (padded tokens per batch), not "
+                "`batch_size`, so the weights share out tokens"
+            )
+        _no_even_batches(options)
+        packed = {
+            name: src.bucket(max_tokens=max_tokens, even_batches=False, **options) for name, src in self.sources.items()
+        }
+        shape = {"max_tokens": max_tokens, "strategy": "bucket"}
+        return PackedMixture(self, packed, shape, unit=max_tokens, slots=1, num_tokens=num_tokens)
+
+
+def _no_even_batches(options: dict[str, Any]) -> None:
+    for key in ("even_batches", "drop_last"):
+        if key in options:
+            raise ConfigError(f"`{key}` does not apply to a mixture: its sources never end, so batches never do")
 
 
 @dataclass(frozen=True)
@@ -203,17 +262,25 @@ class PackedMixture:
         self,
         mixture: Mixture,
         pipelines: dict[str, Dataset],
-        seq_len: int,
-        batch_size: int,
-        strategy: str,
-        num_rows: int | None = None,
+        shape: dict[str, Any],
+        *,
+        unit: int,
+        slots: int,
+        num_tokens: int | None = None,
     ) -> None:
         self.mixture = mixture
         self.names = tuple(pipelines)
         self.pipelines = pipelines
-        self.seq_len, self.batch_size, self.strategy = seq_len, batch_size, strategy
-        self.num_rows = num_rows  # the run's end: global rows (None: endless)
-        self.packer = _MixtureBatches()
+        self.shape = shape  # the batch shape options a state checks
+        self.strategy: str = shape["strategy"]
+        self.unit = unit  # tokens one slot of the schedule is worth: a row, or a bucketed batch
+        self.slots = slots  # slots of the schedule in one consumer's batch
+        num_tokens = check_int("num_tokens", num_tokens, none_ok=True)
+        self.num_rows = None if num_tokens is None else -(-num_tokens // unit)  # the run's end, in slots
+        # the same options pack every source, but each source's tokenizer may name its own EOS (the default pad)
+        self.pad_ids = tuple(int(p.packer.pad_id) for p in pipelines.values())
+        keys = PADDED_KEYS if self.strategy == "bucket" else BATCH_KEYS
+        self.packer = _MixtureBatches((*keys, "source_ids"))
 
     def options(self) -> dict[str, Any]:
         """Return what a state checks: sources, stages, seed, caps, row shape and strategy (not ``num_tokens``: a run may be extended)."""
@@ -222,17 +289,13 @@ class PackedMixture:
             "stages": [[start, list(counts)] for start, counts in self.mixture.stages],
             "seed": self.mixture.seed,
             "max_epochs": dict(sorted(self.mixture.max_epochs.items())),
-            "seq_len": self.seq_len,
-            "batch_size": self.batch_size,
-            "strategy": self.strategy,
+            **self.shape,
         }
 
     def stages_for(self, world_size: int) -> list[Stage]:
-        """Return the schedule's stages, their starts in global rows (whole global steps of ``world_size`` ranks)."""
-        step = world_size * self.batch_size
-        return [
-            Stage(math.ceil(start / (self.seq_len * step)) * step, counts) for start, counts in self.mixture.stages
-        ]
+        """Return the schedule's stages, their starts in global slots (whole global steps of ``world_size`` ranks)."""
+        step = world_size * self.slots
+        return [Stage(math.ceil(start / (self.unit * step)) * step, counts) for start, counts in self.mixture.stages]
 
     def report(self, num_tokens: int) -> pl.DataFrame:
         """Return, per source, what a run of ``num_tokens`` takes from it and the epochs that implies.

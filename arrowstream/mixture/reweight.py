@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from arrowstream.errors import StateError
+from arrowstream.mixture.merge import slots_per_batch
 from arrowstream.mixture.schedule import Stage
 
 __all__ = ["REWEIGHTABLE", "fixed_changes", "reweighted", "row_reached"]
@@ -59,7 +60,7 @@ def row_reached(state: dict[str, Any], rank_state: dict[str, Any] | None) -> int
             "re-weighting from one DataLoader worker's state needs where its whole rank is: load the "
             "loader's rank state (`StatefulLoader.state_dict()`) or a merged state (`merge_states`)"
         )
-    return int(state["position"].get("origin", 0)) + steps * world * int(state["mixture"]["batch_size"])
+    return int(state["position"].get("origin", 0)) + steps * world * slots_per_batch(state["mixture"])
 
 
 def reweighted(

@@ -45,7 +45,7 @@ from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import Packer, PackRun
-from arrowstream.pack.assemble import assemble_batch
+from arrowstream.pack.layout import Layout
 from arrowstream.pack.lookahead import (
     Doc,
     DocumentSource,
@@ -256,9 +256,13 @@ class _BestFitRun(LookaheadRun):
     # -- batches --------------------------------------------------------------------
 
     def next_batch(self, chunks: Iterator[Chunk]) -> dict[str, Any]:
+        return self.next_layout(chunks).assemble(seq_len=self.p.seq_len, pad_id=self.p.pad_id)
+
+    def next_layout(self, chunks: Iterator[Chunk], rows: int | None = None) -> Layout:
+        """Return the next batch's layout: ``batch_size`` rows, or ``rows`` (a mixture asks for its rows of a source)."""
         if self.loaded is not None:
             self._recover(chunks)
-        B = self.p.batch_size
+        B = self.p.batch_size if rows is None else rows
         while True:
             if self.target is not None and self.emitted >= self.target:
                 # this consumer's share is used up: carry the rest into the next epoch's count, or
@@ -267,17 +271,17 @@ class _BestFitRun(LookaheadRun):
                     raise StopIteration
                 continue
             if len(self.out) >= B or (self.flushed and self.out):
-                rows, self.out = self.out[:B], self.out[B:]
-                if len(rows) < B and self.p.drop_last and self.target is None:
-                    self._drop(rows)
+                taken, self.out = self.out[:B], self.out[B:]
+                if len(taken) < B and self.p.drop_last and self.target is None:
+                    self._drop(taken)
                     continue
                 self.emitted += 1
-                return self._assemble(rows)
+                return self._layout(taken, B)
             if self.flushed:  # the epoch's data is used up
                 if self._pad_to_target():
                     self.emitted += 1
                     self.ledger.add("padding_batches", 1)
-                    return self._assemble([])  # all padding: other consumers still have data
+                    return self._layout([], B)  # all padding: other consumers still have data
                 if not self._next_epoch(chunks):
                     raise StopIteration
                 continue
@@ -289,8 +293,9 @@ class _BestFitRun(LookaheadRun):
                 continue
             self._place(window.keys, window.docs)
             self._close_after_window()
-            while len(self.ready) >= self.p.shuffle_batches * B:
-                self._shuffle_block(self.p.shuffle_batches * B)
+            block = self.p.shuffle_batches * self.p.batch_size  # whatever the rows asked for
+            while len(self.ready) >= block:
+                self._shuffle_block(block)
 
     def _recover(self, chunks: Iterator[Chunk]) -> None:
         """Re-read the held documents of a loaded state and complete their pieces."""
@@ -386,8 +391,8 @@ class _BestFitRun(LookaheadRun):
         self.out.extend(block[int(i)] for i in order)
         self.block += 1
 
-    def _assemble(self, rows: list[list[DocSegment]]) -> dict[str, Any]:
-        L, B = self.p.seq_len, self.p.batch_size
+    def _layout(self, rows: list[list[DocSegment]], B: int) -> Layout:
+        L = self.p.seq_len
         flat = [(r, piece) for r, row in enumerate(rows) for piece in row]
         parts, masks = [], []
         for _, (key, start, n, _) in flat:
@@ -399,26 +404,25 @@ class _BestFitRun(LookaheadRun):
         seg_len = np.fromiter((p[2] for _, p in flat), dtype=np.int64, count=len(flat))
         seg_row = np.fromiter((r for r, _ in flat), dtype=np.int64, count=len(flat))
         whole = np.fromiter((p[3] for _, p in flat), dtype=bool, count=len(flat))
-        batch = assemble_batch(
+        layout = Layout(
             src,
             np.cumsum(seg_len) - seg_len,
             seg_len,
             seg_row,
-            batch_size=B,
-            seq_len=L,
-            pad_id=self.p.pad_id,
-            seg_whole=whole,
-            mask=np.concatenate(masks) if masks and len(masks) == len(parts) else None,
+            whole,
+            np.concatenate(masks) if masks and len(masks) == len(parts) else None,
+            B,
         )
+        tokens = layout.num_tokens
         if self.carrying:  # read in an earlier epoch, counted in this one
-            self.ledger.add("carried_tokens", batch["num_tokens"])
+            self.ledger.add("carried_tokens", tokens)
             heads = sum(1 for _, (key, start, _, _) in flat if start == 0 and self.store[key].skip == 0)
             self.ledger.add("carried_docs", heads)
         self._release(piece for _, piece in flat)
-        self.ledger.add("tokens", batch["num_tokens"])
-        self.ledger.add("padding_tokens", batch["num_padding_tokens"])
+        self.ledger.add("tokens", tokens)
+        self.ledger.add("padding_tokens", B * L - tokens)
         self.ledger.add("batches", 1)
-        return batch
+        return layout
 
     def _release(self, pieces: Iterator[DocSegment]) -> None:
         for key, _, _, _ in pieces:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from arrowstream.io.chunk import Chunk, Ledger
-from arrowstream.pack.assemble import assemble_batch
 from arrowstream.pack.base import Packer, PackRun, drop_at_target
+from arrowstream.pack.layout import Layout
 from arrowstream.state import Position, Progress, State
 
 __all__ = ["ConcatPacker"]
@@ -114,8 +114,11 @@ class _ConcatRun(PackRun):
                 return None
             self.queue.append(chunk)
 
-    def next_batch(self, chunks: Iterator[Chunk], rows: int | None = None) -> dict[str, np.ndarray]:
-        """Return the next batch: ``batch_size`` rows, or ``rows`` (a mixture asks for its rows of a source)."""
+    def next_batch(self, chunks: Iterator[Chunk]) -> dict[str, np.ndarray]:
+        return self.next_layout(chunks).assemble(seq_len=self.p.seq_len, pad_id=self.p.pad_id)
+
+    def next_layout(self, chunks: Iterator[Chunk], rows: int | None = None) -> Layout:
+        """Return the next batch's layout: ``batch_size`` rows, or ``rows`` (a mixture asks for its rows of a source)."""
         L, B = self.p.seq_len, self.p.batch_size if rows is None else rows
         need = L * B
         while True:
@@ -142,7 +145,7 @@ class _ConcatRun(PackRun):
                 if self.target is not None and self.emitted < self.target:
                     self.emitted += 1
                     self.ledger.add("padding_batches", 1)
-                    return self._assemble([], 0, B)  # all padding: other consumers still have data
+                    return self._layout([], 0, B)  # all padding: other consumers still have data
                 if not self._next_epoch(chunks):
                     raise StopIteration
                 continue
@@ -150,7 +153,7 @@ class _ConcatRun(PackRun):
                 self.ledger.add("dropped_tokens", got)
                 continue
             self.emitted += 1
-            return self._assemble(pieces, got, B)
+            return self._layout(pieces, got, B)
 
     def _carry(self, chunks: Iterator[Chunk]) -> bool:
         """At the target with data left: count it toward the next epoch, if there is one; return whether."""
@@ -195,7 +198,7 @@ class _ConcatRun(PackRun):
             self.ledger.add("dropped_docs", untouched)
             self.cursor = int(head.offsets[-1])
 
-    def _assemble(self, pieces: list[tuple[Chunk, int, int]], got: int, B: int) -> dict[str, np.ndarray]:
+    def _layout(self, pieces: list[tuple[Chunk, int, int]], got: int, B: int) -> Layout:
         L = self.p.seq_len
         src = np.concatenate([c.tokens[a:b] for c, a, b in pieces] or [np.empty(0, np.int32)])
         masked = pieces and all(c.mask is not None for c, _, _ in pieces)
@@ -223,21 +226,10 @@ class _ConcatRun(PackRun):
         whole = _member(bounds, starts_all) & _member(
             bounds + seg_len, np.concatenate(doc_ends or [np.empty(0, np.int64)])
         )
-        batch = assemble_batch(
-            src,
-            bounds,
-            seg_len,
-            bounds // L,
-            batch_size=B,
-            seq_len=L,
-            pad_id=self.p.pad_id,
-            seg_whole=whole,
-            mask=mask,
-        )
         self.ledger.add("tokens", got)
         self.ledger.add("padding_tokens", B * L - got)
         self.ledger.add("batches", 1)
-        return batch
+        return Layout(src, bounds, seg_len, bounds // L, whole, mask, B)
 
     def state_dict(self) -> dict[str, Any]:
         pos, partial = self.pos, None

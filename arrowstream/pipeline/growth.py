@@ -166,7 +166,8 @@ def _last_epoch(state: dict[str, Any], fingerprint: str) -> int:
             position = entry.get("position")
             epoch = position.get("epoch") if isinstance(position, dict) else None
             if isinstance(epoch, int):
-                last = max(last, epoch + (1 if entry.get("next_work") else 0))
+                ahead = (1 + len(entry.get("later_work") or [])) if entry.get("next_work") else 0
+                last = max(last, epoch + ahead)
         if isinstance(own.get("epoch"), int):
             last = max(last, own["epoch"])
     return last

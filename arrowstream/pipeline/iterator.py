@@ -21,7 +21,8 @@ from arrowstream.distributed.topology import Consumer, Deal, own_share
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.io.prefetch import Prefetcher
-from arrowstream.pack import ConcatPacker, PackRun
+from arrowstream.pack import PackRun
+from arrowstream.pack.layout import Layout
 from arrowstream.pipeline.growth import resume_plan
 from arrowstream.pipeline.plan import Plan
 from arrowstream.pipeline.reading import iter_chunks
@@ -127,11 +128,11 @@ class DatasetIterator:
             self._check_consumer(saved.consumer)
             self._start_epoch = saved.position.epoch
             self._deals[self._start_epoch] = saved.work
-            nxt = saved.next_work
-            if nxt is not None:
-                self._deals[self._start_epoch + 1] = nxt
+            ahead = [] if saved.next_work is None else [saved.next_work, *saved.later_work]
+            for epoch, nxt in enumerate(ahead, start=self._start_epoch + 1):  # shares a merge dealt
+                self._deals[epoch] = nxt
                 if nxt.target_known:
-                    self._known_targets[self._start_epoch + 1] = nxt.target
+                    self._known_targets[epoch] = nxt.target
             for epoch in sorted(self._deals):
                 self._check_work(epoch)
             self._check_position(saved)
@@ -162,10 +163,10 @@ class DatasetIterator:
             targets = functools.partial(
                 _targets, self.plan, self.consumer, self._parts, self._known_targets
             )
-            nxt_epoch = self._start_epoch + 1
-            if nxt_epoch in self._deals and nxt_epoch not in self._known_targets:
-                # saved with next_work, so an own-state resume needs no other consumer's parts
-                self._known_targets[nxt_epoch] = targets(nxt_epoch)
+            for nxt_epoch in sorted(e for e in self._deals if e > self._start_epoch):
+                if nxt_epoch not in self._known_targets:
+                    # saved with next_work, so an own-state resume needs no other consumer's parts
+                    self._known_targets[nxt_epoch] = targets(nxt_epoch)
             origin = None
             if saved is None and self._deals[0].segments:  # a share may begin inside a document
                 first = self._deals[0].segments[0]
@@ -230,11 +231,12 @@ class DatasetIterator:
         if "pruned_rows" in stats:  # derived, so it is exact at any position: epochs begun times rows pruned
             stats["pruned_rows"] = self.plan.num_pruned_rows * (position.epoch + 1)
         share = self._work(position.epoch)
+        ahead = []  # the shares of the epochs after this one that a merge dealt
         nxt = position.epoch + 1
-        next_work = None
-        if nxt in self._deals:
-            ahead = self._deals[nxt]
-            next_work = Work(ahead.num_streams, ahead.segments, self._known_targets.get(nxt), ahead.by)
+        while nxt in self._deals:
+            deal = self._deals[nxt]
+            ahead.append(Work(deal.num_streams, deal.segments, self._known_targets.get(nxt), deal.by))
+            nxt += 1
         return State(
             dataset=self.plan.describe(position.epoch),
             options_hash=self.plan.options_hash,
@@ -246,8 +248,9 @@ class DatasetIterator:
             stats=stats,
             packer=extra,
             held=Held.from_dict(inner["held"]) if self._run is not None and inner.get("held") else None,
-            next_work=next_work,
+            next_work=ahead[0] if ahead else None,
             epoch_stats=tuple(epochs),
+            later_work=tuple(ahead[1:]),
         ).to_dict()
 
     @property
@@ -368,18 +371,19 @@ class DatasetIterator:
                 self._ledger.add("batches", 1)
                 return _to_record_batch(chunk)
 
-    def next_rows(self, rows: int) -> Any:
-        """Return the next packed batch with ``rows`` rows instead of ``batch_size`` (``concat`` only).
+    def next_layout(self, rows: int) -> Layout:
+        """Return the next packed batch's layout, of ``rows`` rows instead of ``batch_size`` (``concat``, ``best_fit``).
 
         For a mixture, which takes from each source as many rows as the
-        schedule gives it in a batch: the state stays at batch boundaries.
+        schedule gives it in a batch and gathers the batch once.
         """
-        if not isinstance(self.plan.packer, ConcatPacker):
-            raise ConfigError("`next_rows` needs a pipeline packed with strategy='concat'")
         if not self._started:
             self._start()
-        assert self._chunks is not None and self._run is not None
-        return self._run.next_batch(self._chunks, rows=rows)  # type: ignore[call-arg]
+        assert self._chunks is not None
+        next_layout = getattr(self._run, "next_layout", None)
+        if next_layout is None:
+            raise ConfigError("`next_layout` needs a pipeline packed with strategy='concat' or 'best_fit'")
+        return next_layout(self._chunks, rows)
 
     def close(self) -> None:
         """Release open files."""

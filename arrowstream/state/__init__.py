@@ -16,6 +16,7 @@ from the first state on, at 0)::
       "packer": {},
       "held": null,       # documents a look-ahead packer holds back, as references
       "next_work": null,  # the next epoch's share, when a merge re-dealt it
+      "later_work": [],   # the shares of the epochs after that (a mixture's drifted sources)
     }
 
 Version 2 states (which left empty parts out) load too.

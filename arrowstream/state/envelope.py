@@ -93,6 +93,7 @@ class State:
     held: Held | None = None
     next_work: Work | None = None
     epoch_stats: tuple[dict[str, int], ...] = ()
+    later_work: tuple[Work, ...] = ()
 
     @classmethod
     def from_dict(cls, data: Any) -> State:
@@ -119,6 +120,12 @@ class State:
         if not isinstance(packer, dict):
             raise StateError(f"state `packer` should be a dict, got {type(packer).__name__}: the state was edited")
         held, nxt = data.get("held"), data.get("next_work")
+        later = data.get("later_work") or []  # epochs after next_work's, dealt by a merge (mixtures)
+        if not isinstance(later, list) or (later and nxt is None):
+            raise StateError(
+                f"state `later_work` should be a list of shares following `next_work`, got {later!r}: "
+                "the state was edited"
+            )
         epochs = data.get("epoch_stats") or []  # version 5 on
         if not isinstance(epochs, list) or not all(
             isinstance(e, dict) and "epoch" in e and all(isinstance(v, int) and not isinstance(v, bool) for v in e.values())
@@ -141,6 +148,7 @@ class State:
             held=None if held is None else Held.from_dict(held),
             next_work=None if nxt is None else Work.from_dict(nxt, field="next_work"),
             epoch_stats=tuple(dict(e) for e in epochs),
+            later_work=tuple(Work.from_dict(w, field="later_work") for w in later),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,6 +167,7 @@ class State:
             "held": None if self.held is None else self.held.to_dict(),
             "next_work": None if self.next_work is None else self.next_work.to_dict(with_target=True),
             "epoch_stats": [dict(e) for e in self.epoch_stats],
+            "later_work": [w.to_dict(with_target=True) for w in self.later_work],
         }
 
 
