@@ -326,6 +326,9 @@ def test_a_mixture_file_streams_and_reports_from_the_command_line(
     assert "20 batches" in out  # the budget: 30 steps in all
     stats = _last_line(out, "stats")
     assert "batches=30" in stats and "low.rows=90" in stats and "high.rows=30" in stats
+    low, high = [line.split() for line in out.splitlines() if line.startswith(("  low ", "  high "))][-2:]
+    assert low[-1] == "0.7500" and high[-1] == "0.2500", "each source's target share is printed"
+    assert float(low[-3]) > 0.5 and high[5] == "epoch" and high[6] == "0"
     # the same mixture in Python gives the same state
     from arrowstream import mix
 
@@ -343,6 +346,17 @@ def test_a_mixture_file_streams_and_reports_from_the_command_line(
     ]:
         assert main([*common, *extra]) == 2
         assert message in capsys.readouterr().err
+    # the same file in YAML gives the same stream
+    import yaml
+
+    (tmp_path / "mix.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))  # sources in their order
+    for name in ("mix.json", "mix.yaml"):
+        main(["stream", "--mixture", str(tmp_path / name), *common[3:], "--max-batches", "5",
+              "--save-state", str(tmp_path / f"{name}.state")])
+    assert json.loads((tmp_path / "mix.json.state").read_text()) == json.loads((tmp_path / "mix.yaml.state").read_text())
+    (tmp_path / "bad.yml").write_text("sources: [unclosed")
+    assert main(["stream", "--mixture", str(tmp_path / "bad.yml"), *common[3:]]) == 2
+    assert "bad.yml: the file is not YAML" in capsys.readouterr().err
     # bucketed: each batch one source's, at most --max-tokens padded tokens
     bucketed = ["stream", "--mixture", mix_file, "--tokenizer", str(tokenizer_path), "--strategy", "bucket",
                 "--max-tokens", "64"]

@@ -1,6 +1,7 @@
 """A mixture described in a file, for ``stream --mixture`` and ``analyze --mixture``.
 
-The file is JSON::
+The file is JSON (or YAML, with the same keys, when its name ends in
+``.yaml`` or ``.yml``; reading it needs PyYAML)::
 
     {
       "sources": {
@@ -50,9 +51,11 @@ def load_mixture(
         the message starts with ``--mixture PATH`` and names the key.
     """
     where = f"--mixture {path}"
-    spec = read_json("--mixture", path, "a mixture file (see docs/mixtures.md)")
+    yaml_file = Path(path).suffix.lower() in (".yaml", ".yml")
+    spec = _read_yaml(path) if yaml_file else read_json("--mixture", path, "a mixture file (see docs/mixtures.md)")
     if not isinstance(spec, dict) or not isinstance(spec.get("sources"), dict) or "weights" not in spec:
-        raise UsageError(f"{where}: expected a JSON object with `sources` (name -> {{\"path\": ...}}) and `weights`")
+        kind = "a YAML mapping" if yaml_file else "a JSON object"
+        raise UsageError(f"{where}: expected {kind} with `sources` (name -> {{\"path\": ...}}) and `weights`")
     unknown = sorted(set(spec) - _KEYS)
     if unknown:
         raise UsageError(f"{where}: unknown key(s) {unknown}; the keys are {sorted(_KEYS)}")
@@ -88,3 +91,21 @@ def load_mixture(
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise UsageError(f"{where}: `num_tokens` should be a whole number of at least 1, got {budget!r}")
     return mixture, budget
+
+
+def _read_yaml(path: str) -> Any:
+    """Return the YAML file ``path`` (a mixture file ending in ``.yaml`` or ``.yml``), read with PyYAML."""
+    try:
+        import yaml
+    except ImportError as exc:
+        raise UsageError(
+            f"--mixture {path}: reading YAML needs PyYAML: pip install 'arrowstream[yaml]', or write the file as JSON"
+        ) from exc
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"--mixture {path}: cannot read it: {exc.strerror or exc}") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"--mixture {path}: the file is not YAML ({exc}): pass a mixture file (see docs/mixtures.md)") from exc

@@ -35,6 +35,7 @@ from arrowstream.cli.mixfile import load_mixture
 from arrowstream.cli.words import as_flags
 from arrowstream.errors import StateError
 from arrowstream.mixture import PackedMixture
+from arrowstream.mixture.iterator import MixtureIterator
 from arrowstream.pipeline.dataset import Dataset, read_parquet
 
 __all__ = ["add_parser", "run"]
@@ -225,6 +226,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"{count:,} {noun}, {tokens:,} tokens in {elapsed:.2f} s: {tokens / max(elapsed, 1e-9):,.0f} tokens/s")
     since = " (since the run began)" if state is not None else ""
     print(f"stats{since}: " + ", ".join(f"{k}={v:,}" for k, v in sorted(final["stats"].items())))
+    if isinstance(it, MixtureIterator):
+        print(f"per source{since}:")
+        for row in it.report().iter_rows(named=True):
+            print(
+                f"  {row['source']:<12} {row['tokens']:>14,} tokens  {row['docs']:>10,} docs  epoch {row['epoch']:<4} "
+                f"token share {row['token_share']:.4f}  target {row['target_share']:.4f}"
+            )
     if count == 0:
         print(
             f"hint: nothing was left to stream: the state is at the end of its run of {args.num_epochs} "

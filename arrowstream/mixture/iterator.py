@@ -29,6 +29,8 @@ from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from arrowstream.mixture.mix import PackedMixture
 
 __all__ = ["MixtureIterator"]
@@ -215,6 +217,31 @@ class MixtureIterator:
     def stats(self) -> dict[str, int]:
         """Counters: batches; rows, tokens, padding tokens and segments (document pieces), in all and per source (``"web.tokens"``)."""
         return dict(self._stats)
+
+    def report(self) -> pl.DataFrame:
+        """Return, per source, what this consumer has emitted against what the schedule asks.
+
+        One row per source: ``rows``, ``tokens``, ``docs`` (documents its
+        pipeline read), ``epoch`` (the source epoch it is in), ``row_share``
+        and ``token_share`` (of this consumer's rows and real tokens) and
+        ``target_share`` (the schedule's share of the global slots these
+        counters cover). See :mod:`arrowstream.mixture.progress`.
+
+        Examples
+        --------
+        >>> from arrowstream import mix, read_parquet
+        >>> from arrowstream.testing import example_dir
+        >>> ids = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0)
+        >>> it = mix({"a": ids, "b": ids}, {"a": 3, "b": 1}).pack(seq_len=4, batch_size=4).iter()
+        >>> _ = [next(it) for _ in range(5)]
+        >>> it.report().select("source", "rows", "row_share", "target_share").rows()
+        [('a', 15, 0.75, 0.75), ('b', 5, 0.25, 0.25)]
+        """
+        from arrowstream.mixture.progress import progress_report
+
+        end = self._origin + self._step() * self.world_size * self.mixture.slots
+        states = {name: it.state_dict() for name, it in self._sources.items()}
+        return progress_report(self.mixture.names, self._stats, states, self.schedule.stages, (self._origin, end))
 
     def source_stats(self) -> dict[str, dict[str, int]]:
         """Each source's own pipeline counters (rows read, documents, skips, epochs begun...)."""
