@@ -23,6 +23,7 @@ from arrowstream.errors import (
 )
 from arrowstream.filter import Filter
 from arrowstream.io.manifest import Manifest, Shard, read_manifest
+from arrowstream.io.manifest_file import merge_manifests, write_manifest
 from arrowstream.mixture import Mixture, MixtureIterator, PackedMixture, mix
 from arrowstream.mixture.merge import merge_states
 from arrowstream.pack import ConcatPacker, Packer
@@ -64,10 +65,12 @@ __all__ = [
     "Tokenize",
     "analyze",
     "build_length_index",
+    "merge_manifests",
     "merge_states",
     "mix",
     "read_manifest",
     "read_parquet",
+    "write_manifest",
 ]
 
 __version__ = "0.1.0"

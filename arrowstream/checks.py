@@ -11,7 +11,7 @@ import numpy as np
 
 from arrowstream.errors import ConfigError
 
-__all__ = ["check_int"]
+__all__ = ["check_choice", "check_int"]
 
 
 def check_int(name: str, value: object, *, low: int = 1, none_ok: bool = False, hint: str = "") -> int | None:
@@ -38,3 +38,18 @@ def check_int(name: str, value: object, *, low: int = 1, none_ok: bool = False, 
         expected += f" ({hint})" if hint else ""
         raise ConfigError(f"`{name}` must be {expected}, got {value!r}")
     return int(value)
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    """Raise :class:`~arrowstream.errors.ConfigError` unless ``value`` is one of ``choices``.
+
+    Examples
+    --------
+    >>> check_choice("on_error", "skip", ("raise", "skip"))
+    >>> check_choice("on_error", "ignore", ("raise", "skip"))
+    Traceback (most recent call last):
+    ...
+    arrowstream.errors.ConfigError: `on_error` should be 'raise' or 'skip', got 'ignore'
+    """
+    if value not in choices:
+        raise ConfigError(f"`{name}` should be {' or '.join(map(repr, choices))}, got {value!r}")

@@ -47,6 +47,38 @@ class Mutant:
 
 MUTANTS = [
     Mutant(
+        "skipped-rows-flow-on",
+        "the rows of a skipped row group go on as nulls instead of being counted as unreadable",
+        "arrowstream/io/source.py",
+        'yield chunk.with_rows(~skipped[a:b], "unreadable") if unreadable else chunk',
+        "yield chunk",
+        ("tests/test_skip.py",),
+    ),
+    Mutant(
+        "pin-ignores-the-etag",
+        "an object replaced by one of the same size is read with the old footer",
+        "arrowstream/io/manifest.py",
+        "if etag is not None and etag != f.etag:",
+        "if False:",
+        ("tests/test_storage.py",),
+    ),
+    Mutant(
+        "reader-rereads-footers",
+        "opening a file for its row groups reads its footer again, though discovery or the manifest file has it",
+        "arrowstream/io/reader.py",
+        "metadata=self.manifest.footer(path))",
+        "metadata=None)",
+        ("tests/test_storage.py",),
+    ),
+    Mutant(
+        "reads-never-retried",
+        "a transient storage error ends the run at once",
+        "arrowstream/io/reader.py",
+        "if attempt < attempts and transient(exc):",
+        "if False:",
+        ("tests/test_storage.py",),
+    ),
+    Mutant(
         "merge-pools-one-epoch-ahead",
         "a merge of drifted consumers pools only the next epoch: shares of later epochs are lost or read twice",
         "arrowstream/distributed/topology.py",

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from arrowstream import __version__
 from arrowstream.analysis import analyze
 from arrowstream.analysis.report import render_analysis
-from arrowstream.cli import stream
+from arrowstream.cli import manifest, stream
 from arrowstream.cli.common import (
     HelpFormatter,
     Parser,
@@ -167,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_demo)
 
     stream.add_parser(sub)
+    manifest.add_parser(sub)
     return parser
 
 

@@ -17,7 +17,8 @@ The file is JSON (or YAML, with the same keys, when its name ends in
 ``weights`` may also be stages, ``[[0, {...}], [start_tokens, {...}]]``.
 Relative paths are taken from the file's directory. Every source is
 tokenized with ``--tokenizer``; ``column`` defaults to ``--column``;
-``filter`` takes the ``--filter`` syntax. ``num_tokens`` (optional) is the
+``filter`` takes the ``--filter`` syntax; ``manifest`` names the source's
+manifest file (``arrowstream manifest``). ``num_tokens`` (optional) is the
 run's budget: ``analyze`` reports on it, ``stream`` ends there.
 """
 
@@ -35,7 +36,7 @@ from arrowstream.pipeline.dataset import read_parquet
 __all__ = ["load_mixture"]
 
 _KEYS = {"sources", "weights", "seed", "max_epochs", "num_tokens"}
-_SOURCE_KEYS = {"path", "column", "filter"}
+_SOURCE_KEYS = {"path", "column", "filter", "manifest"}
 
 
 def load_mixture(
@@ -69,7 +70,10 @@ def load_mixture(
             raise UsageError(f"{where}: source {name!r} has unknown key(s) {odd}; its keys are {sorted(_SOURCE_KEYS)}")
         data = src["path"] if "://" in str(src["path"]) else str(base / src["path"])
         try:
-            ds = read_parquet(data)
+            manifest = src.get("manifest")
+            if manifest is not None and "://" not in str(manifest):
+                manifest = str(base / manifest)
+            ds = read_parquet(data, manifest=manifest)
             if src.get("filter"):
                 ds = ds.filter(parse_filter(src["filter"]))
             options: dict[str, Any] = {"column": src.get("column", column), "add_special_tokens": add_special_tokens}

@@ -52,6 +52,10 @@ def add_parser(sub: Any) -> None:
         "--mixture", metavar="FILE",
         help="stream a mixture of sources described in this file (see docs/mixtures.md) instead of PATH",
     )
+    p.add_argument(
+        "--manifest", metavar="FILE",
+        help="open PATH from this manifest file (`arrowstream manifest`): no listing, no footer reads",
+    )
     p.add_argument("--tokenizer", required=True, help="a tokenizer.json, or a directory holding one")
     p.add_argument("--column", default="text", help="text column")
     p.add_argument("--no-special-tokens", action="store_true", help="encode with add_special_tokens=False")
@@ -121,7 +125,10 @@ def build(args: argparse.Namespace) -> Dataset | PackedMixture:
         condition = parse_filter(args.filter) if args.filter else None
     except FilterSyntaxError as exc:
         raise UsageError(f"--filter {args.filter!r}: {exc}") from exc
-    ds = read_parquet(args.path, num_epochs=None if args.endless else args.num_epochs, added_files=args.added_files)
+    ds = read_parquet(
+        args.path, num_epochs=None if args.endless else args.num_epochs, added_files=args.added_files,
+        manifest=args.manifest,
+    )
     names = ds.manifest.schema.names
     if args.column not in names:
         raise UsageError(f"--column {args.column}: the data has no such column; its columns are {names}")
@@ -154,6 +161,7 @@ _NOT_WITH_MIXTURE = (
     ("num_epochs", 1, "--num-epochs (sources repeat; cap them with the file's `max_epochs`)"),
     ("drop_last", False, "--drop-last"),
     ("added_files", "refuse", "--added-files"),
+    ("manifest", None, "--manifest (give each source's `manifest` in the file)"),
 )
 
 

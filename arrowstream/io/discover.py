@@ -64,8 +64,8 @@ def resolve_filesystem(
 
 def discover(
     sources: Sequence[str | os.PathLike[str]], filesystem: Any
-) -> tuple[pafs.FileSystem, str, list[tuple[str, int]]]:
-    """Return the filesystem, the common root of ``sources`` and (path, size) of every Parquet file.
+) -> tuple[pafs.FileSystem, str, list[tuple[str, int, int | None]]]:
+    """Return the filesystem, the common root of ``sources`` and (path, size, mtime in ns) of every Parquet file.
 
     Examples
     --------
@@ -75,11 +75,11 @@ def discover(
     ...     (pathlib.Path(d) / name).parent.mkdir(parents=True, exist_ok=True)
     ...     _ = (pathlib.Path(d) / name).write_bytes(b"PAR1")
     >>> fs, root, files = discover([d], None)
-    >>> [relpath(path, root) for path, _ in files]
+    >>> [relpath(path, root) for path, _, _ in files]
     ['a/c.parquet', 'b.parquet']
     """
     fs: pafs.FileSystem | None = None
-    found: dict[str, int] = {}
+    found: dict[str, tuple[int, int | None]] = {}
     roots: list[str] = []
     for item in sources:
         item_fs, path = resolve_filesystem(item, filesystem)
@@ -95,7 +95,7 @@ def discover(
             roots.append(base)
             for info in _list_files(fs, base, original=path):
                 if _glob_match(info.path, path):
-                    found[info.path] = info.size
+                    found[info.path] = (info.size, info.mtime_ns)
             continue
         try:
             info = fs.get_file_info(path)
@@ -110,13 +110,13 @@ def discover(
             roots.append(path.rstrip("/") or "/")
             for sub in _list_files(fs, path, original=path):
                 if sub.path.endswith(".parquet") and not _is_hidden(sub.path, path):
-                    found[sub.path] = sub.size
+                    found[sub.path] = (sub.size, sub.mtime_ns)
         else:
             roots.append(_parent(path))
-            found[info.path] = info.size
+            found[info.path] = (info.size, info.mtime_ns)
     assert fs is not None
     root = _common_root(roots)
-    return fs, root, sorted(found.items(), key=lambda kv: relpath(kv[0], root))
+    return fs, root, sorted(((p, *v) for p, v in found.items()), key=lambda kv: relpath(kv[0], root))
 
 
 def _list_files(fs: pafs.FileSystem, base: str, *, original: str) -> list[pafs.FileInfo]:

@@ -28,10 +28,11 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from arrowstream.errors import ShardError
-from arrowstream.io.discover import discover, relpath, resolve_filesystem
+from arrowstream.errors import ConfigError, ShardError
+from arrowstream.io.discover import discover, resolve_filesystem
+from arrowstream.io.footer import FileInfo, entity_tag, read_footer
 from arrowstream.io.schema import check_schemas, normalize_type
-from arrowstream.io.statistics import FileStatistics, matching_row_groups
+from arrowstream.io.statistics import matching_row_groups
 
 __all__ = ["Manifest", "Shard", "normalize_type", "read_manifest", "resolve_filesystem"]
 
@@ -61,21 +62,6 @@ class Shard:
     row_group: int
     num_rows: int
     num_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class _FileInfo:
-    path: str
-    relpath: str
-    size: int
-    row_counts: tuple[int, ...]
-    row_bytes: tuple[int, ...]
-    schema: pa.Schema
-    column_bytes: tuple[dict[str, int], ...]  # per row group: uncompressed bytes per top-level column
-    # per row group and list column: (elements, rows holding a null or empty list), None if unknown
-    list_values: tuple[dict[str, tuple[int, int] | None], ...]
-    footer: str  # digest of the Parquet footer (sizes, offsets, statistics of every column chunk)
-    statistics: FileStatistics  # per row group: bounds and null counts of the top-level columns
 
 
 class Manifest:
@@ -115,7 +101,7 @@ class Manifest:
         *,
         filesystem: pafs.FileSystem,
         root: str,
-        files: Sequence[_FileInfo],
+        files: Sequence[FileInfo],
         schema: pa.Schema,
         drift: dict[str, str] | None = None,
         num_empty_files: int,
@@ -129,6 +115,7 @@ class Manifest:
         self.num_empty_row_groups = num_empty_row_groups
         self._files = tuple(files)
         self.paths = tuple(f.path for f in self._files)
+        self._by_path = {f.path: i for i, f in enumerate(self._files)}
         self.relpaths = tuple(f.relpath for f in self._files)
         file_idx, rg_idx, rows, nbytes = [], [], [], []
         for fi, info in enumerate(self._files):
@@ -253,6 +240,41 @@ class Manifest:
         f = self._files[index]
         return {"relpath": f.relpath, "size": f.size, "row_counts": list(f.row_counts), "footer": f.footer}
 
+    def footer(self, path: str) -> pq.FileMetaData | None:
+        """Return file ``path``'s parsed footer, kept from discovery or a manifest file (``None`` if not kept)."""
+        return self._files[self._by_path[path]].meta
+
+    def check_pin(self, path: str, handle: Any) -> None:
+        """Raise :class:`~arrowstream.errors.ShardError` when the open file ``handle`` is not the one discovered.
+
+        Its size must be the recorded one, and so must its ETag (object
+        stores that state one) or, on a local disk, its modification time:
+        a file replaced, rewritten or cut since the dataset was opened (or
+        since its manifest file was written) is refused, never read with
+        the old footer.
+        """
+        f = self._files[self._by_path[path]]
+        changes = []
+        size = handle.size()
+        if size != f.size:
+            changes.append(f"its size was {f.size:,} bytes, now {size:,}")
+        etag = entity_tag(handle) if f.etag is not None else None
+        if etag is not None and etag != f.etag:
+            changes.append(f"its ETag was {f.etag}, now {etag}")
+        if f.etag is None and f.mtime_ns is not None and isinstance(self.filesystem, pafs.LocalFileSystem):
+            try:
+                mtime = os.stat(path).st_mtime_ns
+            except OSError:
+                mtime = None
+            if mtime != f.mtime_ns:
+                changes.append("its modification time changed")
+        if changes:
+            raise ShardError(
+                f"{path!r} changed since the dataset was opened: {'; '.join(changes)}. Reading it would mix "
+                "its new bytes with what was recorded of the old ones: open the dataset again (and rebuild "
+                "its manifest file, if it has one), or restore the file"
+            )
+
     def shard(self, index: int) -> Shard:
         """Return shard ``index`` as a :class:`Shard`."""
         fi = int(self.shard_file[index])
@@ -313,6 +335,7 @@ def read_manifest(
     *,
     columns: Sequence[str] | None = None,
     filesystem: Any = None,
+    manifest: str | os.PathLike[str] | None = None,
 ) -> Manifest:
     """Discover Parquet files and read their footers into a :class:`Manifest`.
 
@@ -327,6 +350,10 @@ def read_manifest(
         ``None`` selects every column of the first file.
     filesystem
         A ``pyarrow.fs.FileSystem`` or fsspec filesystem; ``None`` infers it.
+    manifest
+        A manifest file :func:`~arrowstream.io.manifest_file.write_manifest`
+        wrote for ``source`` (a directory or URI prefix; the file local or
+        remote): nothing is listed and no footer read.
 
     Returns
     -------
@@ -351,6 +378,16 @@ def read_manifest(
     sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     if not sources:
         raise ShardError("`source` is an empty list: pass at least one Parquet file or directory")
+    if manifest is not None:
+        from arrowstream.io.manifest_file import load_manifest_files
+
+        if len(sources) != 1 or any(c in os.fspath(sources[0]) for c in "*?["):
+            raise ConfigError(
+                f"with `manifest=`, `source` is the directory or URI prefix the manifest was written for, "
+                f"got {source!r}"
+            )
+        fs, root = resolve_filesystem(sources[0], filesystem)
+        return _build(fs, root.rstrip("/") or "/", load_manifest_files(manifest, root), columns)
     fs, root, pairs = discover(sources, filesystem)
     if not pairs:
         raise ShardError(
@@ -358,7 +395,12 @@ def read_manifest(
             "in the directory, matching the glob, or listed explicitly"
         )
     with ThreadPoolExecutor(max_workers=min(_MAX_FOOTER_THREADS, len(pairs))) as pool:
-        infos = list(pool.map(lambda p: _read_footer(fs, root, *p), pairs))
+        infos = list(pool.map(lambda p: read_footer(fs, root, *p), pairs))
+    return _build(fs, root, infos, columns)
+
+
+def _build(fs: pafs.FileSystem, root: str, infos: list[FileInfo], columns: Sequence[str] | None) -> Manifest:
+    """Return the manifest of ``infos`` (every file found, empty ones included)."""
     non_empty = [f for f in infos if any(n > 0 for n in f.row_counts)]
     num_empty_files = len(infos) - len(non_empty)
     num_empty_rgs = sum(sum(1 for n in f.row_counts if n == 0) for f in non_empty)
@@ -378,71 +420,7 @@ def read_manifest(
     )
 
 
-def _read_footer(fs: pafs.FileSystem, root: str, path: str, size: int) -> _FileInfo:
-    try:
-        with fs.open_input_file(path) as handle:
-            meta = pq.ParquetFile(handle).metadata
-            schema = meta.schema.to_arrow_schema()
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
-        raise ShardError(
-            f"cannot read the Parquet footer of {path!r} ({size} bytes): {exc}; "
-            "the file is not Parquet or is truncated or corrupt: remove or rewrite it"
-        ) from exc
-    counts = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-    nbytes = tuple(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    by_column = tuple(_column_bytes(meta.row_group(i)) for i in range(meta.num_row_groups))
-    lists = _list_values(meta, schema)
-    return _FileInfo(
-        path=path, relpath=relpath(path, root), size=size, row_counts=counts, row_bytes=nbytes,
-        schema=schema, column_bytes=by_column, list_values=lists, footer=_footer_digest(meta),
-        statistics=FileStatistics.of(meta, schema),
-    )
-
-
-def _list_values(meta: pq.FileMetaData, schema: pa.Schema) -> tuple[dict[str, tuple[int, int] | None], ...]:
-    """Per row group, (elements, null or empty lists) of each top-level list column of primitive values.
-
-    A leaf's value count less its nulls: a null or empty list takes one leaf
-    slot, counted as a null.
-    """
-    lists = {
-        j: name
-        for j in range(meta.num_columns)
-        if (name := meta.schema.column(j).path.split(".")[0]) in schema.names
-        and (pa.types.is_list(dtype := schema.field(name).type) or pa.types.is_large_list(dtype))
-        and not pa.types.is_nested(dtype.value_type)
-    }
-    out = []
-    for i in range(meta.num_row_groups):
-        group = meta.row_group(i)
-        counts: dict[str, tuple[int, int] | None] = {}
-        for j, name in lists.items():
-            chunk = group.column(j)
-            st = chunk.statistics
-            known = st is not None and st.has_null_count
-            counts[name] = (chunk.num_values - st.null_count, st.null_count) if known else None
-        out.append(counts)
-    return tuple(out)
-
-
-def _column_bytes(rg: pq.RowGroupMetaData) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for j in range(rg.num_columns):
-        chunk = rg.column(j)
-        name = chunk.path_in_schema.split(".")[0]  # a nested column's leaves add up
-        out[name] = out.get(name, 0) + chunk.total_uncompressed_size
-    return out
-
-
-def _footer_digest(meta: pq.FileMetaData) -> str:
-    # The footer serialized again from what was parsed (no second read): about 0.3 ms for
-    # a footer of 1,000 row groups.
-    sink = pa.BufferOutputStream()
-    meta.write_metadata_file(sink)
-    return hashlib.sha256(sink.getvalue()).hexdigest()[:32]
-
-
-def _fingerprint(files: Sequence[_FileInfo]) -> str:
+def _fingerprint(files: Sequence[FileInfo]) -> str:
     digest = hashlib.sha256()
     for f in files:
         digest.update(json.dumps([f.relpath, f.size, f.row_counts]).encode())

@@ -9,20 +9,60 @@ cheap to create and never pickled.
 
 from __future__ import annotations
 
+import os
+import random
+import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from arrowstream.errors import SchemaError, ShardError
+from arrowstream.errors import ConfigError, DataLossWarning, SchemaError, ShardError
 from arrowstream.io.manifest import Manifest
 
-__all__ = ["Reader", "ShardReader"]
+__all__ = ["Reader", "ShardReader", "transient"]
 
 _OPEN_FILES = 4
+
+#: Words of the errors worth another attempt: throttling, server errors, connections reset or timed out.
+_TRANSIENT = (
+    "SLOW_DOWN", "SlowDown", "SERVICE_UNAVAILABLE", "INTERNAL_FAILURE", "NETWORK_CONNECTION",
+    "REQUEST_TIMEOUT", "Timeout was reached", "timed out", "Connection reset", "Broken pipe",
+    "HTTP status 500", "HTTP status 502", "HTTP status 503", "HTTP status 504",
+)
+
+
+def transient(exc: BaseException) -> bool:
+    """Return whether a storage error is worth retrying (throttling, a 5xx, a reset or timed-out connection).
+
+    Examples
+    --------
+    >>> transient(OSError("AWS Error SLOW_DOWN during GetObject operation: Please reduce your request rate."))
+    True
+    >>> transient(OSError("Parquet magic bytes not found in footer"))
+    False
+    """
+    text = str(exc)
+    return isinstance(exc, (OSError, pa.ArrowIOError)) and any(word in text for word in _TRANSIENT)
+
+
+def _retry_settings() -> tuple[int, float]:
+    """Return (attempts, first backoff in seconds) from the environment, checked."""
+    try:
+        attempts = int(os.environ.get("ARROWSTREAM_READ_ATTEMPTS", "3"))
+        backoff = float(os.environ.get("ARROWSTREAM_READ_BACKOFF", "0.5"))
+    except ValueError as exc:
+        raise ConfigError(f"ARROWSTREAM_READ_ATTEMPTS and ARROWSTREAM_READ_BACKOFF should be numbers: {exc}") from exc
+    if attempts < 1 or backoff < 0:
+        raise ConfigError(
+            f"ARROWSTREAM_READ_ATTEMPTS should be at least 1 and ARROWSTREAM_READ_BACKOFF at least 0, got "
+            f"{attempts} and {backoff}"
+        )
+    return attempts, backoff
 
 
 class Reader(Protocol):
@@ -62,8 +102,15 @@ class ShardReader:
     ['four', 'five', 'six', 'seven']
     """
 
-    def __init__(self, manifest: Manifest, columns: Sequence[str]) -> None:
+    def __init__(
+        self, manifest: Manifest, columns: Sequence[str], *, skip_unreadable: bool = False, warn: bool = True
+    ) -> None:
         self.manifest = manifest
+        self.skip_unreadable = skip_unreadable
+        self._warn = warn
+        #: Shards found unreadable and skipped (``skip_unreadable``): shard -> the error.
+        self.unreadable: dict[int, str] = {}
+        self._warned: set[int] = set()
         self.columns = list(columns)
         self.schema = pa.schema([manifest.schema.field(c) for c in self.columns])
         self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
@@ -71,6 +118,8 @@ class ShardReader:
         # the calling thread: an Arrow pool thread that calls into Python while the interpreter
         # shuts down is killed mid C++ frame, which aborts the process at exit.
         self._native = not isinstance(manifest.filesystem, pafs.PyFileSystem)
+        #: Reads retried after a transient storage error (not part of any state: it varies run to run).
+        self.retries = 0
 
     def read(self, shard: int) -> pa.Table:
         """Return every row of shard ``shard`` for the selected columns."""
@@ -78,21 +127,44 @@ class ShardReader:
 
     def without(self, column: str) -> ShardReader:
         """Return a reader of the same manifest that does not read ``column``."""
-        return ShardReader(self.manifest, [c for c in self.columns if c != column])
+        return ShardReader(
+            self.manifest, [c for c in self.columns if c != column], skip_unreadable=self.skip_unreadable
+        )
 
     def read_columns(self, shard: int, columns: list[str]) -> pa.Table:
-        """Return every row of shard ``shard`` for ``columns`` (any of the manifest's)."""
+        """Return every row of shard ``shard`` for ``columns`` (any of the manifest's).
+
+        A transient storage error (throttling, a server error, a connection
+        reset or timeout) is retried on a freshly opened file, up to
+        ``ARROWSTREAM_READ_ATTEMPTS`` attempts in all (default 3) with
+        exponential backoff from ``ARROWSTREAM_READ_BACKOFF`` seconds (default
+        0.5), on top of the storage client's own retries; :attr:`retries`
+        counts them. Any other error, or the last attempt's, is a
+        :class:`~arrowstream.errors.ShardError` naming the file and row group.
+        """
         info = self.manifest.shard(shard)
         where = f"{info.path!r}, row group {info.row_group}, columns {columns!r}"
-        try:
-            table = self._open(info.path).read_row_group(
-                info.row_group, columns=columns, use_threads=self._native
-            )
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError, IndexError) as exc:
-            raise ShardError(
-                f"cannot read {where}: {exc}; the file may be truncated, corrupt or changed "
-                "since the manifest was built: rebuild the dataset or remove the file"
-            ) from exc
+        attempts, backoff = _retry_settings()
+        for attempt in range(1, attempts + 1):
+            try:
+                table = self._open(info.path).read_row_group(
+                    info.row_group, columns=columns, use_threads=self._native
+                )
+                break
+            except (pa.ArrowInvalid, pa.ArrowIOError, OSError, IndexError) as exc:
+                if attempt < attempts and transient(exc):
+                    self._forget(info.path)  # a fresh connection, and the file's identity checked again
+                    self.retries += 1
+                    time.sleep(backoff * 2 ** (attempt - 1) * (0.5 + random.random()))
+                    continue
+                if self.skip_unreadable and not transient(exc):
+                    return self._skip(shard, info, columns, exc)
+                tried = f" (after {attempt} attempts)" if attempt > 1 else ""
+                raise ShardError(
+                    f"cannot read {where}{tried}: {exc}; the file may be truncated, corrupt or changed "
+                    "since the manifest was built, or the storage unreachable: rebuild the dataset, "
+                    "remove the file, or check the storage"
+                ) from exc
         if table.num_rows != info.num_rows:
             raise ShardError(
                 f"{where} has {table.num_rows} rows but its footer said {info.num_rows} when the "
@@ -110,22 +182,55 @@ class ShardReader:
                 ) from exc
         return table
 
+    def _skip(self, shard: int, info: Any, columns: list[str], exc: BaseException) -> pa.Table:
+        """Record shard ``shard`` as unreadable, warn once, and return its rows as nulls (dropped downstream)."""
+        if shard not in self.unreadable:
+            self.unreadable[shard] = str(exc)
+        if self._warn and shard not in self._warned:
+            self._warned.add(shard)
+            warnings.warn(
+                f"skipped the unreadable row group {info.row_group} of {info.path!r} ({info.num_rows:,} rows, "
+                f"counted as `unreadable`), as on_error='skip' asks: {exc}",
+                DataLossWarning,
+                stacklevel=2,
+            )
+        schema = pa.schema([self.manifest.schema.field(c) for c in columns])
+        return pa.table([pa.nulls(info.num_rows, f.type) for f in schema], schema=schema)
+
     def _open(self, path: str) -> pq.ParquetFile:
         handle = self._files.pop(path, None)
         if handle is None:
             fs = self.manifest.filesystem
             try:
-                handle = pq.ParquetFile(fs.open_input_file(path), pre_buffer=self._native)
+                raw = fs.open_input_file(path)
             except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
                 raise ShardError(
                     f"cannot open {path!r}: {exc}; it was readable when the dataset was opened: "
                     "check that it still exists and is complete"
                 ) from exc
+            try:
+                self.manifest.check_pin(path, raw)
+                # the footer kept at discovery: opening the file reads no footer again
+                handle = pq.ParquetFile(raw, pre_buffer=self._native, metadata=self.manifest.footer(path))
+            except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+                raw.close()
+                raise ShardError(
+                    f"cannot open {path!r}: {exc}; it was readable when the dataset was opened: "
+                    "check that it still exists and is complete"
+                ) from exc
+            except ShardError:
+                raw.close()
+                raise
             while len(self._files) >= _OPEN_FILES:
                 _, old = self._files.popitem(last=False)
                 old.close()
         self._files[path] = handle
         return handle
+
+    def _forget(self, path: str) -> None:
+        handle = self._files.pop(path, None)
+        if handle is not None:
+            handle.close()
 
     def close(self) -> None:
         """Close the open files."""

@@ -59,11 +59,13 @@ def _iter_window(
     batch_rows: int,
     segment: int,
 ) -> Iterator[Chunk]:
+    unreadable = _unreadable(reader)
     if window.order is None:
         # natural order: one piece per window; read it and slice from the offset
         shard, lo = int(window.shards[0]), int(window.row_lo[0])
         batch = _read_piece(reader, shard, lo, int(window.row_hi[0]))
         mixed: tuple[int, ...] = ()
+        skipped = np.zeros(batch.num_rows, dtype=bool) | (shard in unreadable)
     else:
         # shuffled: every piece is needed, since the window's rows are interleaved
         parts = [
@@ -73,6 +75,8 @@ def _iter_window(
         batch = pa.concat_batches(parts) if len(parts) > 1 else parts[0]
         shard, lo = int(window.shards[0]), 0
         mixed = tuple(int(s) for s in window.shards)
+        bad = np.array([int(s) in unreadable for s in window.shards])
+        skipped = np.repeat(bad, [p.num_rows for p in parts])[window.order]
     a = offset
     while a < n:
         b = min((a // batch_rows + 1) * batch_rows, n)
@@ -80,7 +84,7 @@ def _iter_window(
             rows = batch.slice(a, b - a)
         else:
             rows = batch.take(pa.array(window.order[a:b]))
-        yield Chunk(
+        chunk = Chunk(
             epoch=epoch,
             shard=shard,
             seq_start=window.start + a,
@@ -91,9 +95,18 @@ def _iter_window(
             mixed=mixed,
             segment=segment,
         )
+        # rows of a row group skipped as unreadable (on_error="skip"): counted, never emitted
+        yield chunk.with_rows(~skipped[a:b], "unreadable") if unreadable else chunk
         a = b
 
 
 def _read_piece(reader: ShardReader, shard: int, lo: int, hi: int) -> pa.RecordBatch:
     # shards are non-empty row groups (the manifest leaves empty ones out)
     return reader.read(shard).combine_chunks().to_batches()[0].slice(lo, hi - lo)
+
+
+def _unreadable(reader: ShardReader) -> dict[int, str]:
+    """Return the shards the innermost reader skipped as unreadable (a stage may wrap it)."""
+    while not hasattr(reader, "unreadable") and hasattr(reader, "inner"):
+        reader = reader.inner
+    return getattr(reader, "unreadable", {})

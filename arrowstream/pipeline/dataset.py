@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
-from arrowstream.checks import check_int
+from arrowstream.checks import check_choice, check_int
 from arrowstream.core.stage import Stage
 from arrowstream.distributed.topology import Consumer
 from arrowstream.errors import ConfigError
@@ -52,6 +52,8 @@ def read_parquet(
     batch_rows: int = 1024,
     prefetch: int | None = None,
     added_files: str = "refuse",
+    manifest: str | os.PathLike[str] | None = None,
+    on_error: str = "raise",
 ) -> Dataset:
     """Open Parquet files as a dataset of row-group shards (footers only are read).
 
@@ -85,6 +87,15 @@ def read_parquet(
         from the next epoch). Added files must sort after the old ones
         (``part-00010.parquet`` after ``part-00009.parquet``). See
         ``docs/guide.md``, "Growing corpora".
+    manifest
+        A manifest file of ``source`` (``arrowstream manifest``), local or
+        remote: opens with no listing and no footer read; the same dataset
+        and states. See ``docs/storage.md``.
+    on_error
+        An unreadable row group: ``"raise"`` a ``ShardError`` naming it;
+        ``"skip"`` leave its rows out, counted (``stats["unreadable"]``),
+        warned about, the same ones on every resume. Storage errors, missing
+        or changed files always raise.
 
     Returns
     -------
@@ -99,21 +110,20 @@ def read_parquet(
     >>> next(iter(ds)).column("text").to_pylist()
     ['zero', 'one', 'two', 'three']
     """
+    check_choice("on_error", on_error, ("raise", "skip"))
     num_epochs = check_int("num_epochs", num_epochs, none_ok=True)
     batch_rows = check_int("batch_rows", batch_rows)  # type: ignore[assignment]
     prefetch = check_int("prefetch", prefetch, low=0, none_ok=True)
-    if added_files not in ADDED_FILES:
-        raise ConfigError(
-            f"`added_files` should be one of {', '.join(map(repr, ADDED_FILES))}, got {added_files!r}"
-        )
-    manifest = read_manifest(source, columns=columns, filesystem=filesystem)
+    check_choice("added_files", added_files, ADDED_FILES)
+    opened = read_manifest(source, columns=columns, filesystem=filesystem, manifest=manifest)
     return Dataset(
-        manifest=manifest,
+        manifest=opened,
         columns=None if columns is None else tuple(columns),
         num_epochs=num_epochs,
         batch_rows=batch_rows,
         prefetch=prefetch,
         added_files=added_files,
+        on_error=on_error,
     )
 
 
@@ -142,6 +152,7 @@ class Dataset:
     stages: tuple[Stage, ...] = ()
     packer: Packer | None = None
     added_files: str = "refuse"
+    on_error: str = "raise"
 
     # -- building -----------------------------------------------------------------
 

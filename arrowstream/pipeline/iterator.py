@@ -69,7 +69,8 @@ class DatasetIterator:
         # every counter the pipeline can move, so a state has the same keys at every step
         packer_counters = ("batches",) if plan.packer is None else plan.packer.counters
         self._counters = dict.fromkeys(
-            ["rows", "docs", *(c for s in plan.stages for c in s.counters), *packer_counters]
+            ["rows", "docs", *(["unreadable"] if plan.skip_unreadable else []),
+             *(c for s in plan.stages for c in s.counters), *packer_counters]
         )
         self._reader = plan.make_reader()
         self._chunks: Prefetcher[Chunk] | _Inline | None = None

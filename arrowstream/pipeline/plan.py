@@ -94,6 +94,7 @@ class Plan:
         self.prefetch_depth = prefetch_depth(description.prefetch, self.stages)
         self.num_inflight = max((s.num_inflight for s in self.stages if s.expensive), default=1)
         self.added_files = description.added_files
+        self.skip_unreadable = getattr(description, "on_error", "raise") == "skip"
         self._clear()
 
     def _clear(self) -> None:
@@ -140,7 +141,7 @@ class Plan:
         packer) reads is told it need not keep them (the token cache then reads
         the text only to fill a miss).
         """
-        reader: Reader = ShardReader(self.manifest, self.columns)
+        reader: Reader = ShardReader(self.manifest, self.columns, skip_unreadable=self.skip_unreadable)
         for stage in self.stages:
             used = stage.columns() or set()
             others = any(

@@ -66,7 +66,9 @@ def known_tokens(
     if ids:
 
         def from_column(shard: int) -> np.ndarray:
-            reader = ShardReader(manifest, [column])
+            # a row group that does not decode counts no token (nulls): the pipeline's own read of it
+            # raises, or skips it under on_error="skip"; either way the cut made here is the same
+            reader = ShardReader(manifest, [column], skip_unreadable=True, warn=False)
             try:
                 return per_row(reader.read(shard).column(column).combine_chunks())
             finally:

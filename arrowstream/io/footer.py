@@ -1,0 +1,129 @@
+"""What one Parquet footer tells: a file's row groups, sizes, statistics and identity, read once.
+
+:func:`read_footer` opens a file once (the object store's ETag comes with it)
+and :func:`file_info` turns its parsed footer into the :class:`FileInfo` a
+manifest keeps: rows and bytes per row group, uncompressed bytes per column,
+elements of list columns, statistics for pruning, a digest of the footer, and
+what pins the file's bytes (size, mtime, ETag). The parsed footer is kept too,
+so opening the file later to read row groups reads no footer again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from arrowstream.errors import ShardError
+from arrowstream.io.discover import relpath
+from arrowstream.io.statistics import FileStatistics
+
+__all__ = ["FileInfo", "entity_tag", "file_info", "read_footer"]
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """What a manifest keeps of one file (see the module's docstring)."""
+
+    path: str
+    relpath: str
+    size: int
+    row_counts: tuple[int, ...]
+    row_bytes: tuple[int, ...]
+    schema: pa.Schema
+    column_bytes: tuple[dict[str, int], ...]  # per row group: uncompressed bytes per top-level column
+    # per row group and list column: (elements, rows holding a null or empty list), None if unknown
+    list_values: tuple[dict[str, tuple[int, int] | None], ...]
+    footer: str  # digest of the Parquet footer (sizes, offsets, statistics of every column chunk)
+    statistics: FileStatistics  # per row group: bounds and null counts of the top-level columns
+    # what pins the file's bytes: a read refuses the file when they changed (see `check_pin`)
+    mtime_ns: int | None = None  # on a local disk (object stores: the ETag says more)
+    etag: str | None = None  # an object store's entity tag, when it gives one
+    meta: pq.FileMetaData | None = field(default=None, compare=False, repr=False)  # the footer, parsed
+
+
+def read_footer(fs: pafs.FileSystem, root: str, path: str, size: int, mtime_ns: int | None = None) -> FileInfo:
+    try:
+        with fs.open_input_file(path) as handle:
+            etag = entity_tag(handle)
+            meta = pq.ParquetFile(handle).metadata
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        raise ShardError(
+            f"cannot read the Parquet footer of {path!r} ({size} bytes): {exc}; "
+            "the file is not Parquet or is truncated or corrupt: remove or rewrite it"
+        ) from exc
+    return file_info(path, relpath(path, root), size, meta, mtime_ns=mtime_ns, etag=etag)
+
+
+def file_info(
+    path: str, rel: str, size: int, meta: pq.FileMetaData, *, mtime_ns: int | None = None, etag: str | None = None
+) -> FileInfo:
+    """Return what the manifest keeps of one file, from its parsed footer (read now, or from a manifest file)."""
+    schema = meta.schema.to_arrow_schema()
+    counts = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+    nbytes = tuple(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    by_column = tuple(_column_bytes(meta.row_group(i)) for i in range(meta.num_row_groups))
+    lists = _list_values(meta, schema)
+    return FileInfo(
+        path=path, relpath=rel, size=size, row_counts=counts, row_bytes=nbytes,
+        schema=schema, column_bytes=by_column, list_values=lists, footer=_footer_digest(meta),
+        statistics=FileStatistics.of(meta, schema), mtime_ns=mtime_ns, etag=etag, meta=meta,
+    )
+
+
+def entity_tag(handle: Any) -> str | None:
+    """Return the ETag an open object-store file states (``None`` for a local file or a store without one)."""
+    try:
+        value = (handle.metadata() or {}).get("ETag")
+    except (AttributeError, NotImplementedError, OSError):
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value or None
+
+
+def _list_values(meta: pq.FileMetaData, schema: pa.Schema) -> tuple[dict[str, tuple[int, int] | None], ...]:
+    """Per row group, (elements, null or empty lists) of each top-level list column of primitive values.
+
+    A leaf's value count less its nulls: a null or empty list takes one leaf
+    slot, counted as a null.
+    """
+    lists = {
+        j: name
+        for j in range(meta.num_columns)
+        if (name := meta.schema.column(j).path.split(".")[0]) in schema.names
+        and (pa.types.is_list(dtype := schema.field(name).type) or pa.types.is_large_list(dtype))
+        and not pa.types.is_nested(dtype.value_type)
+    }
+    out = []
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        counts: dict[str, tuple[int, int] | None] = {}
+        for j, name in lists.items():
+            chunk = group.column(j)
+            st = chunk.statistics
+            known = st is not None and st.has_null_count
+            counts[name] = (chunk.num_values - st.null_count, st.null_count) if known else None
+        out.append(counts)
+    return tuple(out)
+
+
+def _column_bytes(rg: pq.RowGroupMetaData) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for j in range(rg.num_columns):
+        chunk = rg.column(j)
+        name = chunk.path_in_schema.split(".")[0]  # a nested column's leaves add up
+        out[name] = out.get(name, 0) + chunk.total_uncompressed_size
+    return out
+
+
+def _footer_digest(meta: pq.FileMetaData) -> str:
+    # The footer serialized again from what was parsed (no second read): about 0.3 ms for
+    # a footer of 1,000 row groups.
+    sink = pa.BufferOutputStream()
+    meta.write_metadata_file(sink)
+    return hashlib.sha256(sink.getvalue()).hexdigest()[:32]

@@ -1,0 +1,79 @@
+"""The opt-in skip policy: an unreadable row group is skipped, counted, warned about, and skipped the same way on resume."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from arrowstream import ConfigError, DataLossWarning, ShardError, read_parquet
+from arrowstream.testing import assert_resumes_identically
+
+from .conftest import BASE, write_named_docs
+
+LENGTHS = [int(n) for n in np.random.default_rng(2).integers(5, 60, size=60)]
+
+
+def _corrupt(path: Path, row_group: int) -> None:
+    """Scramble the data pages of one row group's column chunk (its footer stays intact)."""
+    col = pq.read_metadata(path).row_group(row_group).column(0)
+    data = bytearray(path.read_bytes())
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    for i in range(start + 8, start + col.total_compressed_size - 2):
+        data[i] = (data[i] * 7 + 13) % 256
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    root = write_named_docs(tmp_path / "docs", LENGTHS, files=3, rg=5)
+    _corrupt(root / "part-001.parquet", 1)
+    return root
+
+
+def _docs(batches: list[dict[str, Any]]) -> set[int]:
+    out: set[int] = set()
+    for b in batches:
+        ids = b["input_ids"]
+        out.update((ids[ids > 0] // BASE - 1).tolist())
+    return out
+
+
+def _pipeline(root: Path, **kw: Any) -> Any:
+    ds = read_parquet(root, **kw).shuffle(seed=4, window=2)
+    return ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=32, batch_size=2)
+
+
+def test_by_default_an_unreadable_row_group_is_a_named_error(corpus: Path) -> None:
+    with pytest.raises(ShardError, match=r"part-001\.parquet', row group 1"):
+        list(_pipeline(corpus))
+
+
+def test_skipped_row_groups_are_counted_warned_and_nothing_else_is_lost(corpus: Path) -> None:
+    it = _pipeline(corpus, on_error="skip").iter()
+    with pytest.warns(DataLossWarning, match=r"skipped the unreadable row group 1 of '.*part-001\.parquet'"):
+        batches = list(it)
+    # part-001 holds documents 20..39, five to a row group: its row group 1 is documents 25..29
+    assert _docs(batches) == set(range(len(LENGTHS))) - set(range(25, 30))
+    stats = it.state_dict()["stats"]
+    assert stats["unreadable"] == 5 and stats["rows"] == len(LENGTHS)
+    with pytest.raises(ConfigError, match="`on_error` should be 'raise' or 'skip'"):
+        read_parquet(corpus, on_error="ignore")
+
+
+def test_a_resume_skips_the_same_row_groups_and_yields_the_same_batches(corpus: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataLossWarning)
+        assert assert_resumes_identically(lambda: _pipeline(corpus, on_error="skip", num_epochs=2)) > 0
+        it = _pipeline(corpus, on_error="skip").iter()
+        for _ in range(3):
+            next(it)
+        state = json.loads(json.dumps(it.state_dict()))
+        rest = [b["input_ids"].tobytes() for b in it]
+        again = [b["input_ids"].tobytes() for b in _pipeline(corpus, on_error="skip").iter(state)]
+    assert again == rest

@@ -1,0 +1,237 @@
+"""Object storage, held by a real server: a moto S3 server on loopback, a fault proxy in front, manifest files.
+
+The server is a child process (``python -m moto.server``), so pyarrow's C++ S3
+client talks HTTP to it as it would to a cloud store; set
+``ARROWSTREAM_TEST_S3_ENDPOINT`` (with ``..._ACCESS_KEY`` and
+``..._SECRET_KEY``) to run the same tests against another server. The proxy
+(``tests/s3fixtures.py``) adds 503s, cut bodies, stalls and 403s, and counts
+the requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+import pytest
+
+from arrowstream import read_parquet, write_manifest
+from arrowstream.cli import main
+from arrowstream.errors import ShardError
+
+from .conftest import write_named_docs
+from .s3fixtures import FaultProxy, Faults, S3Server
+
+BUCKET = "corpus"
+LENGTHS = [int(n) for n in np.random.default_rng(0).integers(20, 400, size=120)]
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_named_docs(tmp_path_factory.mktemp("data") / "docs", LENGTHS, files=3, rg=10)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, local: Path) -> Iterator[S3Server]:
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # no 5 s probe of a cloud's metadata service
+    srv = S3Server(tmp_path_factory.mktemp("s3"))
+    try:
+        srv.upload(BUCKET, "docs", local)
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def proxy(server: S3Server) -> Iterator[FaultProxy]:
+    p = FaultProxy(server.endpoint)
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def _pipeline(source: Any, **kw: Any) -> Any:
+    ds = read_parquet(source, num_epochs=2, **kw).shuffle(seed=1, window=3)
+    return ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=64, batch_size=4)
+
+
+def _batches(ds: Any, state: Any = None, limit: int | None = None) -> list[bytes]:
+    it = ds.iter(state)
+    try:
+        return [b["input_ids"].tobytes() for _, b in zip(range(limit or 10**9), it)]
+    finally:
+        it.close()
+
+
+def _fs(server: S3Server, proxy: FaultProxy, **options: Any) -> pafs.S3FileSystem:
+    return server.filesystem(proxy.endpoint, **options)
+
+
+def test_batches_from_the_server_equal_local_disk_with_and_without_a_manifest(
+    server: S3Server, proxy: FaultProxy, local: Path, tmp_path: Path
+) -> None:
+    want = _batches(_pipeline(local))
+    fs = _fs(server, proxy)
+    assert _batches(_pipeline(f"{BUCKET}/docs", filesystem=fs)) == want
+    # a manifest file, local and on the server
+    manifest = tmp_path / "manifest.parquet"
+    assert write_manifest(f"{BUCKET}/docs", manifest, filesystem=fs) == 3
+    assert _batches(_pipeline(f"{BUCKET}/docs", filesystem=fs, manifest=manifest)) == want
+    server.client().put_object(Bucket=BUCKET, Key="meta/manifest.parquet", Body=manifest.read_bytes())
+    endpoint = f"s3://{BUCKET}/meta/manifest.parquet?endpoint_override={proxy.endpoint}&scheme=http&region=us-east-1"
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", server.access_key)
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", server.secret_key)
+    remote = _pipeline(f"{BUCKET}/docs", filesystem=fs, manifest=endpoint)
+    assert _batches(remote) == want
+    # states move between local disk, the server and the manifest file
+    it = _pipeline(f"{BUCKET}/docs", filesystem=fs).iter()
+    for _ in range(7):
+        next(it)
+    state = json.loads(json.dumps(it.state_dict()))
+    it.close()
+    assert _batches(_pipeline(local), state) == want[7:]
+    assert _batches(remote, state) == want[7:]
+
+
+def test_a_manifest_starts_16_consumers_with_no_listing_and_no_footer_read(
+    server: S3Server, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    fs = _fs(server, proxy)
+    sizes = {info.path: info.size for info in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/docs"))}
+    manifest = tmp_path / "manifest.parquet"
+    write_manifest(f"{BUCKET}/docs", manifest, filesystem=fs)
+
+    proxy.set(Faults())
+    its = [_pipeline(f"{BUCKET}/docs", filesystem=fs).iter(rank=r, world_size=16) for r in range(16)]
+    without = proxy.counts()
+    for it in its:
+        it.close()
+    assert without["list"] >= 16 and without["get"] >= 16 * 3, "discovery lists and reads footers in every consumer"
+
+    proxy.set(Faults())
+    ds = _pipeline(f"{BUCKET}/docs", filesystem=fs, manifest=manifest)
+    its = [ds.iter(rank=r, world_size=16) for r in range(16)]
+    assert proxy.counts() == {"list": 0, "head": 0, "get": 0, "other": 0}, "a start from a manifest file asks nothing"
+    batches = [next(it) for it in its]
+    assert all(b["num_tokens"] for b in batches)
+    for it in its:
+        it.close()
+    counts = proxy.counts()
+    assert counts["list"] == 0
+    footer_reads = [
+        r for r in proxy.requests
+        if r.method == "GET" and r.range and _touches_end(r.range, sizes[r.path.lstrip("/")])
+    ]
+    assert footer_reads == [], "reading row groups re-reads no footer: the manifest's is used"
+    # HEADs only of data files a consumer opens (their size and ETag, checked against the manifest)
+    assert {r.path.lstrip("/") for r in proxy.requests if r.method == "HEAD"} <= set(sizes)
+
+
+def _touches_end(header: str, size: int) -> bool:
+    """Whether an HTTP Range header reaches the last byte of an object of ``size`` bytes (a footer read)."""
+    spec = header.split("=", 1)[1]
+    start, _, end = spec.partition("-")
+    if not start:  # a suffix range: the last bytes
+        return True
+    return (int(end) if end else size - 1) >= size - 1
+
+
+def test_503s_and_cut_bodies_change_nothing(server: S3Server, proxy: FaultProxy, local: Path) -> None:
+    want = _batches(_pipeline(local))
+    fs = _fs(server, proxy)
+    proxy.set(Faults(slow_down=0.10, cut=0.05, seed=3))
+    got = _batches(_pipeline(f"{BUCKET}/docs", filesystem=fs))
+    faults = [r.fault for r in proxy.requests if r.fault]
+    assert "slow_down" in faults and "cut" in faults, "the proxy injected both kinds of fault"
+    assert got == want
+
+
+def test_a_stall_ends_in_a_named_error_within_the_deadline_and_a_resume_goes_on(
+    server: S3Server, proxy: FaultProxy, local: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    want = _batches(_pipeline(local))
+    monkeypatch.setenv("ARROWSTREAM_READ_ATTEMPTS", "2")
+    monkeypatch.setenv("ARROWSTREAM_READ_BACKOFF", "0.1")
+    # the documented deadline: attempts x (the client's attempts x request_timeout + its backoff)
+    fs = _fs(server, proxy, request_timeout=1, connect_timeout=1,
+             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))
+    ds = read_parquet(f"{BUCKET}/docs", filesystem=fs, num_epochs=2, prefetch=0).shuffle(seed=1, window=3)
+    ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=64, batch_size=4)
+    it = ds.iter()
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(it.state_dict()))
+    proxy.set(Faults(stall=60))
+    start = time.monotonic()
+    with pytest.raises(ShardError, match=r"docs/part-\d+\.parquet.*row group \d+.*after 2 attempts.*Timeout"):
+        for _ in range(100):
+            next(it)
+    assert time.monotonic() - start < 10, "a stall ends within the deadline (about 2.3 s here)"
+    it.close()
+    assert ds.iter  # the same pipeline resumes from the last state once the storage answers again
+    proxy.set(Faults())
+    assert _batches(ds, state) == want[5:]
+
+
+def test_access_denied_fails_at_once_naming_the_file(server: S3Server, proxy: FaultProxy, tmp_path: Path) -> None:
+    fs = _fs(server, proxy)
+    manifest = tmp_path / "manifest.parquet"
+    write_manifest(f"{BUCKET}/docs", manifest, filesystem=fs)
+    ds = _pipeline(f"{BUCKET}/docs", filesystem=fs, manifest=manifest)
+    proxy.set(Faults(forbid=0))
+    start = time.monotonic()
+    with pytest.raises(ShardError, match=r"cannot open 'corpus/docs/part-\d+\.parquet'.*(ACCESS_DENIED|AccessDenied|403)"):
+        _batches(ds)
+    assert time.monotonic() - start < 5, "a refusal is not retried"
+
+
+def test_an_object_replaced_mid_run_is_refused_by_name(server: S3Server, proxy: FaultProxy, local: Path) -> None:
+    fs = _fs(server, proxy)
+    ds = read_parquet(f"{BUCKET}/docs", filesystem=fs, prefetch=0).tokenize(None, column="input_ids", eos_id=0)
+    ds = ds.pack(seq_len=64, batch_size=4)
+    it = ds.iter()
+    next(it)  # part-000 is open now; part-002 is not
+    client = server.client()
+    original = client.get_object(Bucket=BUCKET, Key="docs/part-002.parquet")["Body"].read()
+    try:
+        changed = bytearray(original)
+        changed[len(changed) // 3] ^= 0xFF  # the same size, other bytes: only the ETag tells
+        client.put_object(Bucket=BUCKET, Key="docs/part-002.parquet", Body=bytes(changed))
+        with pytest.raises(ShardError, match=r"'corpus/docs/part-002\.parquet' changed since the dataset was opened: its ETag"):
+            for _ in it:
+                pass
+    finally:
+        it.close()
+        client.put_object(Bucket=BUCKET, Key="docs/part-002.parquet", Body=original)
+
+
+def test_the_manifest_command_builds_in_parts_and_joins_them(
+    server: S3Server, proxy: FaultProxy, local: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    whole = tmp_path / "whole.parquet"
+    assert main(["manifest", str(local), "-o", str(whole)]) == 0
+    parts = [tmp_path / f"part-{i}.parquet" for i in range(2)]
+    for i, part in enumerate(parts):
+        assert main(["manifest", str(local), "-o", str(part), "--shard", f"{i}/2"]) == 0
+    joined = tmp_path / "joined.parquet"
+    assert main(["manifest", "--merge", *map(str, parts), "-o", str(joined)]) == 0
+    assert "joined 2 parts: 3 files" in capsys.readouterr().out
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(joined).equals(pq.read_table(whole))
+    assert _batches(_pipeline(local, manifest=joined)) == _batches(_pipeline(local))
+    # a part alone, or parts missing one, are refused with the way out
+    with pytest.raises(ShardError, match="part 0 of 2 of a sharded build: join the parts"):
+        read_parquet(local, manifest=parts[0])
+    assert main(["manifest", "--merge", str(parts[1]), "-o", str(tmp_path / "x.parquet")]) == 2
+    assert "needs parts 0..1 once each, got parts [1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["manifest", str(local), "-o", str(whole), "--shard", "2/2"])
+    assert "expected I/N with 0 <= I < N, got '2/2'" in capsys.readouterr().err
