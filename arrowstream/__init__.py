@@ -7,6 +7,7 @@ and iterate. Every iterator has ``state_dict()`` / ``load_state_dict()``.
 
 from typing import TYPE_CHECKING, Any
 
+from arrowstream.checkpoint import load_state, save_state
 from arrowstream.core.stage import Stage
 from arrowstream.errors import (
     ArrowStreamError,
@@ -65,11 +66,13 @@ __all__ = [
     "Tokenize",
     "analyze",
     "build_length_index",
+    "load_state",
     "merge_manifests",
     "merge_states",
     "mix",
     "read_manifest",
     "read_parquet",
+    "save_state",
     "write_manifest",
 ]
 

@@ -26,7 +26,7 @@ from arrowstream.mixture.merge import merge_states
 if TYPE_CHECKING:
     from arrowstream.pytorch import StatefulLoader
 
-__all__ = ["STATE_DIR", "load_data_state", "save_data_state"]
+__all__ = ["STATE_DIR", "load_data_state", "load_state", "save_data_state", "save_state"]
 
 #: Folder inside a checkpoint that holds one data-state file per rank.
 STATE_DIR = "arrowstream"
@@ -78,32 +78,79 @@ def save_data_state(checkpoint_dir: str | os.PathLike[str], loader: StatefulLoad
     rank, world_size, _, _ = loader.dataset.topology()
     folder = Path(checkpoint_dir) / STATE_DIR
     path = folder / _file_name(rank, world_size)
-    text = json.dumps(loader.state_dict())
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise StateError(f"cannot write the data state in {str(folder)!r}: {exc.strerror or exc}") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:  # a full disk, a quota, a file-size limit: the checkpoint is not complete
-        Path(tmp).unlink(missing_ok=True)
-        raise StateError(
-            f"cannot write the data state {str(path)!r}: {exc.strerror or exc}; the checkpoint has no "
-            "data state: free space (or raise the limit) and save again"
-        ) from exc
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    save_state(path, loader.state_dict())
     for stale in folder.iterdir():
         match = _FILE_RE.match(stale.name)
         if match and int(match.group(2)) != world_size:
             stale.unlink(missing_ok=True)  # several ranks may remove the same file
     return path
+
+
+def save_state(path: str | os.PathLike[str], state: dict[str, Any]) -> Path:
+    """Write ``state`` (any iterator's or loader's ``state_dict()``) to ``path`` as JSON, whole or not at all.
+
+    For a plain training loop next to its model checkpoint. The JSON goes to
+    a temporary file beside ``path``, is flushed to disk, then renamed over
+    ``path``: a crash, a full disk or a file-size limit leaves the previous
+    file as it was, never half a state.
+
+    Raises
+    ------
+    StateError
+        The file could not be written (the message says why); ``path``
+        still holds the previous state, if there was one.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from arrowstream import read_parquet
+    >>> from arrowstream.testing import example_dir
+    >>> it = read_parquet(example_dir()).iter()
+    >>> _ = next(it)
+    >>> path = save_state(f"{tempfile.mkdtemp()}/data-state.json", it.state_dict())
+    >>> load_state(path) == it.state_dict()
+    True
+    """
+    target = Path(path)
+    text = json.dumps(state)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise StateError(f"cannot write the data state in {str(target.parent)!r}: {exc.strerror or exc}") from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:  # a full disk, a quota, a file-size limit: the checkpoint is not complete
+        Path(tmp).unlink(missing_ok=True)
+        raise StateError(
+            f"cannot write the data state {str(target)!r}: {exc.strerror or exc}; the previous state file "
+            "(if any) is unchanged: free space (or raise the limit) and save again"
+        ) from exc
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a state :func:`save_state` wrote (pass it to ``iter(state)`` or ``load_state_dict``).
+
+    Raises
+    ------
+    StateError
+        The file is missing, unreadable or not JSON.
+    """
+    try:
+        state = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StateError(f"cannot read the data state {os.fspath(path)!r}: {exc}; resume from an intact checkpoint") from exc
+    if not isinstance(state, dict):
+        raise StateError(f"{os.fspath(path)!r} holds no state (expected a JSON object): write it with `save_state`")
+    return state
 
 
 def load_data_state(checkpoint_dir: str | os.PathLike[str], loader: StatefulLoader) -> None:

@@ -235,3 +235,31 @@ def test_the_manifest_command_builds_in_parts_and_joins_them(
     with pytest.raises(SystemExit):
         main(["manifest", str(local), "-o", str(whole), "--shard", "2/2"])
     assert "expected I/N with 0 <= I < N, got '2/2'" in capsys.readouterr().err
+
+
+_FORKED = """
+import os, sys
+from arrowstream import read_parquet
+from arrowstream.pytorch import StatefulLoader
+import pyarrow.fs as pafs
+endpoint, key, secret = sys.argv[1:4]
+fs = pafs.S3FileSystem(access_key=key, secret_key=secret, endpoint_override=endpoint, scheme="http", region="us-east-1")
+ds = read_parquet("corpus/docs", filesystem=fs).tokenize(None, column="input_ids", eos_id=0).pack(seq_len=64, batch_size=4)
+parent = sorted(b["input_ids"].tobytes() for b in ds.iter())  # the parent reads through the filesystem first
+loader = StatefulLoader(ds.to_torch(), num_workers=2)  # forked workers inherit that filesystem object
+workers = sorted(b["input_ids"].numpy().tobytes() for b in loader)
+print(len(parent), parent == workers)
+"""
+
+
+def test_forked_workers_read_through_a_filesystem_the_parent_created_and_used(server: S3Server) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _FORKED, server.endpoint, server.access_key, server.secret_key],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "AWS_EC2_METADATA_DISABLED": "true"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    count, same = out.stdout.split()
+    assert int(count) > 50 and same == "True", "the workers read the whole corpus, as the parent did"

@@ -1,0 +1,178 @@
+"""Faults injected for real: processes killed at seeded points, a file-size limit while saving, a DataLoader worker killed.
+
+Each fault runs in a child process (``subprocess``, with a timeout, so a hang
+fails the test instead of stalling the suite).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from arrowstream import StateError, load_state, read_parquet, save_state
+from arrowstream.testing.data import write_dataset
+
+
+def _python(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_a_state_saved_under_a_file_size_limit_leaves_the_previous_one_whole(tmp_path: Path) -> None:
+    path = tmp_path / "data-state.json"
+    write_dataset(tmp_path / "d", num_files=1, docs_per_file=50, rows_per_group=10)
+    it = read_parquet(tmp_path / "d").iter()
+    next(it)
+    first = it.state_dict()
+    save_state(path, first)
+    script = """
+        import resource, signal, sys
+        from arrowstream import StateError, load_state, read_parquet, save_state
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # the limit then fails the write (EFBIG)
+        it = read_parquet(sys.argv[2]).iter()
+        for _ in range(3):
+            next(it)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))   # a state is over 1 KB
+        try:
+            save_state(sys.argv[1], it.state_dict())
+        except StateError as exc:
+            print("StateError:", exc)
+    """
+    out = _python(script, str(path), str(tmp_path / "d"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "StateError: cannot write the data state" in out.stdout and "previous state file" in out.stdout
+    assert load_state(path) == json.loads(json.dumps(first)), "the previous state is whole"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == [], "no temporary file left"
+    path.write_text('{"format": "arrowstream.st')
+    with pytest.raises(StateError, match="cannot read the data state"):
+        load_state(path)
+
+
+def test_a_killed_dataloader_worker_ends_the_loop_with_an_error_not_a_hang(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    write_dataset(data, num_files=2, docs_per_file=400, rows_per_group=20)
+    script = """
+        import multiprocessing, os, signal, sys
+        from arrowstream import read_parquet
+        from arrowstream.pytorch import StatefulLoader
+        from arrowstream.testing.data import sample_tokenizer
+        ds = read_parquet(sys.argv[1], num_epochs=None).tokenize(sample_tokenizer()).pack(seq_len=64, batch_size=4)
+        loader = StatefulLoader(ds.to_torch(), num_workers=2)
+        it = iter(loader)
+        next(it)
+        workers = multiprocessing.active_children()
+        os.kill(workers[0].pid, signal.SIGKILL)
+        try:
+            for _ in range(100000):
+                next(it)
+            print("no error")
+        except RuntimeError as exc:
+            print("RuntimeError:", exc)
+    """
+    start = time.monotonic()
+    out = _python(script, str(data), timeout=90)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # PyTorch says "killed by signal: Killed" or "exited unexpectedly", depending on who notices first
+    assert "RuntimeError: DataLoader worker (pid" in out.stdout, out.stdout
+    assert time.monotonic() - start < 90
+
+
+def test_a_cache_build_killed_at_seeded_points_and_run_again_gives_the_same_batches(tmp_path: Path) -> None:
+    from arrowstream.testing.data import sample_tokenizer
+
+    data = tmp_path / "d"
+    write_dataset(data, num_files=6, docs_per_file=2000, rows_per_group=100, seed=3)  # a build of about 3 s
+    tok = tmp_path / "tokenizer.json"
+    sample_tokenizer().save(str(tok))
+    cache = tmp_path / "cache"
+    command = [sys.executable, "-m", "arrowstream", "cache", str(data), "--tokenizer", str(tok), "--cache", str(cache)]
+    kills = 0
+    for entries in sorted(np.random.default_rng(5).integers(5, 100, size=3).tolist()):  # seeded points of the build
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and _entries(cache) < entries and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait(timeout=60)
+    assert kills == 3, "the build was killed three times before it ended"
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # a write cut by the kill leaves at most a hidden temporary file, never an entry under its name
+    assert all(p.name.startswith(".") for p in cache.rglob("*.tmp"))
+
+    def batches(**kw: object) -> list[bytes]:
+        ds = read_parquet(data).tokenize(str(tok), **kw).pack(seq_len=128, batch_size=4)
+        return [b["input_ids"].tobytes() for b in ds]
+
+    assert batches(cache=str(cache), cache_write=False) == batches()
+
+
+def _entries(cache: Path) -> int:
+    """Whole entries written so far (a temporary file is not one)."""
+    return sum(1 for p in cache.rglob("*.ids") if not p.name.startswith("."))
+
+
+_LOOP = """
+import hashlib, os, signal, sys
+from pathlib import Path
+from arrowstream import load_state, read_parquet, save_state
+from arrowstream.pytorch import StatefulLoader
+from arrowstream.testing.data import sample_tokenizer
+data, state_file, log_file, kill_at, total = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+ds = read_parquet(data, num_epochs=None).shuffle(seed=2).tokenize(sample_tokenizer()).pack(seq_len=64, batch_size=4)
+loader = StatefulLoader(ds.to_torch(), num_workers=2)
+start = 0
+if state_file.exists():
+    saved = load_state(state_file)
+    start = saved["step"]
+    loader.load_state_dict(saved["data"])
+with open(log_file, "a") as log:
+    for step, batch in enumerate(loader, start):
+        log.write(f"{step} {hashlib.sha256(batch['input_ids'].numpy().tobytes()).hexdigest()}\\n")
+        log.flush()
+        os.fsync(log.fileno())
+        if step % 3 == 2:  # a checkpoint every 3 steps
+            save_state(state_file, {"step": step + 1, "data": loader.state_dict()})
+        if step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step + 1 == total:
+            break
+"""
+
+
+def test_a_training_loop_killed_at_seeded_points_resumes_with_the_same_batches(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    write_dataset(data, num_files=2, docs_per_file=300, rows_per_group=25, seed=4)
+    total = 30
+
+    def run(state: Path, log: Path, kill_at: int) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", _LOOP, str(data), str(state), str(log), str(kill_at), str(total)],
+            capture_output=True, text=True, timeout=120,
+        )
+        return out.returncode
+
+    assert run(tmp_path / "ref.json", tmp_path / "ref.log", -1) == 0
+    want = dict(line.split() for line in (tmp_path / "ref.log").read_text().splitlines())
+    kills = sorted(np.random.default_rng(11).choice(np.arange(1, total - 1), size=2, replace=False).tolist())
+    log = tmp_path / "run.log"
+    for kill_at in kills:
+        assert run(tmp_path / "run.json", log, kill_at) == -signal.SIGKILL
+    assert run(tmp_path / "run.json", log, -1) == 0
+    got: dict[str, set[str]] = {}
+    for line in log.read_text().splitlines():
+        step, digest = line.split()
+        got.setdefault(step, set()).add(digest)
+    # steps after a checkpoint are trained again after a crash, and on the same batches
+    assert {step: digests.pop() for step, digests in got.items() if len(digests) == 1} == want
