@@ -10,7 +10,7 @@ endpoint).
 :class:`FaultProxy` forwards HTTP/1.1 requests to the server and, as asked,
 adds latency, answers 503 SlowDown or 403, cuts a body after some bytes, or
 stalls; it logs every request (method, key, query, range), so tests count
-LISTs, HEADs and footer reads. Faults are drawn from a seeded generator;
+LISTs, HEADs and footer reads. Faults fall on GETs by a fixed sequence;
 everything stays on loopback and every wait is bounded.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -122,7 +121,7 @@ class S3Server:
 
 @dataclass
 class Faults:
-    """What the proxy does to the requests it forwards, drawn per request from ``seed``.
+    """What the proxy does to the requests it forwards (``seed`` shifts which GETs get a fault).
 
     ``latency``: seconds added before every answer. ``slow_down``: share of
     GETs answered ``503 SlowDown``. ``cut``: share of GET bodies cut after
@@ -168,7 +167,7 @@ class FaultProxy:
         self.requests: list[Request] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._rng = random.Random(0)
+        self._gets = 0
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -192,14 +191,17 @@ class FaultProxy:
         """Use ``faults`` from now on (its seed restarts the draws); clear the request log."""
         with self._lock:
             self.faults = faults
-            self._rng = random.Random(faults.seed)
+            self._gets = 0
             self.requests = []
 
     def _draw(self, method: str) -> tuple[str | None, float]:
         with self._lock:
             f = self.faults
             n = len(self.requests)
-            u = self._rng.random()
+            self._gets += method == "GET"
+            # a low-discrepancy sequence, not random draws: over any run of GETs each fault takes its
+            # share to within one, whatever order the client's threads send them in
+            u = (self._gets * 0.6180339887498949 + f.seed * 0.1) % 1.0
         if f.forbid is not None and n >= f.forbid:
             return "forbid", 0.0
         if method != "GET":

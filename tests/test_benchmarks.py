@@ -169,3 +169,14 @@ def test_mixture_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["ids"]["ratio"] > 0 and all(c["passed"] for c in result["checks"])
+
+
+def test_storage_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
+    out = tmp_path / "storage.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_storage.py"), "--smoke", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert all(c["passed"] for c in results["checks"]) and len(results["checks"]) == 6

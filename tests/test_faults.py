@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from arrowstream import StateError, load_state, read_parquet, save_state
+from arrowstream import ShardError, StateError, load_state, read_parquet, save_state
 from arrowstream.testing.data import write_dataset
 
 
@@ -176,3 +176,20 @@ def test_a_training_loop_killed_at_seeded_points_resumes_with_the_same_batches(t
         got.setdefault(step, set()).add(digest)
     # steps after a checkpoint are trained again after a crash, and on the same batches
     assert {step: digests.pop() for step, digests in got.items() if len(digests) == 1} == want
+
+
+@pytest.mark.parametrize("damage", ["emptied", "footer bit flipped", "cut in its footer"])
+def test_a_damaged_file_is_an_error_naming_it_when_the_dataset_opens(tmp_path: Path, damage: str) -> None:
+    write_dataset(tmp_path, num_files=2, docs_per_file=40, rows_per_group=10)
+    path = tmp_path / "part-00001.parquet"
+    data = bytearray(path.read_bytes())
+    if damage == "emptied":
+        data = bytearray()
+    elif damage == "footer bit flipped":
+        length = int.from_bytes(data[-8:-4], "little")
+        data[len(data) - 8 - length] ^= 0xFF  # the footer's first field header: it no longer parses
+    else:
+        data = data[:-7]
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=r"part-00001\.parquet"):
+        read_parquet(tmp_path)

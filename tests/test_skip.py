@@ -77,3 +77,27 @@ def test_a_resume_skips_the_same_row_groups_and_yields_the_same_batches(corpus: 
         rest = [b["input_ids"].tobytes() for b in it]
         again = [b["input_ids"].tobytes() for b in _pipeline(corpus, on_error="skip").iter(state)]
     assert again == rest
+
+
+def test_the_read_ahead_reader_reads_hinted_row_groups_in_its_threads_and_warns_in_the_callers(corpus: Path) -> None:
+    from arrowstream.io.manifest import read_manifest
+    from arrowstream.io.readahead import ReadAhead
+    from arrowstream.io.reader import ShardReader
+
+    manifest = read_manifest(corpus)
+    bad = next(i for i in range(manifest.num_shards) if manifest.shard(i).path.endswith("part-001.parquet")
+               and manifest.shard(i).row_group == 1)
+    plain = ShardReader(manifest, ["input_ids"])
+    ahead = ReadAhead(manifest, ["input_ids"], depth=3, skip_unreadable=True)
+    try:
+        ahead.hint([0, 1, bad])
+        assert ahead.read(0).equals(plain.read(0)) and ahead.read(1).equals(plain.read(1))
+        assert not ahead._own._files, "hinted row groups were read by the pool's threads"
+        with pytest.warns(DataLossWarning, match=r"row group 1 of '.*part-001\.parquet'"):
+            table = ahead.read(bad)
+        assert table.column("input_ids").null_count == table.num_rows == 5
+        with pytest.raises(ShardError, match=r"part-001\.parquet', row group 1"):
+            ReadAhead(manifest, ["input_ids"], depth=2).read(bad)  # without skip: the same error as a plain read
+    finally:
+        ahead.close()
+        plain.close()

@@ -22,6 +22,9 @@ from arrowstream.io.reader import ShardReader
 
 __all__ = ["iter_stream"]
 
+#: Windows whose shards a read-ahead reader is told about (it reads as many as its depth).
+_HINT_WINDOWS = 8
+
 
 def iter_stream(
     reader: ShardReader,
@@ -41,9 +44,13 @@ def iter_stream(
     end = layout.stream_rows(stream) if end_seq is None else end_seq
     if not windows or start_seq >= end:
         return
-    for window in windows[layout.find_window(stream, start_seq) :]:
+    first = layout.find_window(stream, start_seq)
+    hint = getattr(reader, "hint", None)  # a reader that reads ahead: tell it what comes next
+    for k, window in enumerate(windows[first:], start=first):
         if window.start >= end:
             return
+        if hint is not None:
+            hint(int(s) for w in windows[k : k + _HINT_WINDOWS] if w.start < end for s in w.shards)
         offset = max(0, start_seq - window.start)
         stop = min(window.num_rows, end - window.start)
         if offset < stop:

@@ -260,6 +260,18 @@ class DatasetIterator:
         return self.state_dict()["stats"]
 
     @property
+    def read_retries(self) -> int:
+        """Row-group reads this iterator tried again after a transient storage error (not in any state).
+
+        The storage client's own retries (pyarrow's S3 client) are not seen
+        here. See ``docs/storage.md``.
+        """
+        reader = self._reader
+        while not hasattr(reader, "retries") and hasattr(reader, "inner"):
+            reader = reader.inner
+        return int(getattr(reader, "retries", 0))
+
+    @property
     def epoch_stats(self) -> dict[int, dict[str, int]]:
         """The packer's counters per epoch begun: tokens, padding, batches, carried and dropped.
 

@@ -47,6 +47,7 @@ from arrowstream.distributed.topology import Consumer, RowRange
 from arrowstream.errors import StateError
 from arrowstream.io.chunk import Chunk
 from arrowstream.io.layout import Layout
+from arrowstream.io.readahead import ReadAhead, read_ahead_depth
 from arrowstream.io.reader import Reader, ShardReader
 from arrowstream.pipeline.options import (
     Description,
@@ -141,7 +142,12 @@ class Plan:
         packer) reads is told it need not keep them (the token cache then reads
         the text only to fill a miss).
         """
-        reader: Reader = ShardReader(self.manifest, self.columns, skip_unreadable=self.skip_unreadable)
+        depth = read_ahead_depth(self.manifest)
+        reader: Reader = (
+            ReadAhead(self.manifest, self.columns, depth=depth, skip_unreadable=self.skip_unreadable)
+            if depth
+            else ShardReader(self.manifest, self.columns, skip_unreadable=self.skip_unreadable)
+        )
         for stage in self.stages:
             used = stage.columns() or set()
             others = any(
