@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,9 +26,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from arrowstream.errors import ConfigError, DataLossWarning
+from arrowstream.errors import ConfigError
 from arrowstream.io.manifest import Manifest
-from arrowstream.io.reader import ShardReader
+from arrowstream.io.reader import ShardReader, warn_skipped
 
 __all__ = ["ReadAhead", "read_ahead_depth"]
 
@@ -109,15 +108,7 @@ class ReadAhead:
         """Return every row of ``shard``: read ahead, or now."""
         future = self._pending.pop(shard, None)
         table = future.result() if future is not None else self._own.read(shard)
-        if shard in self.unreadable and shard not in self._warned:
-            self._warned.add(shard)
-            info = self.manifest.shard(shard)
-            warnings.warn(
-                f"skipped the unreadable row group {info.row_group} of {info.path!r} ({info.num_rows:,} rows, "
-                f"counted as `unreadable`), as on_error='skip' asks: {self.unreadable[shard]}",
-                DataLossWarning,
-                stacklevel=2,
-            )
+        warn_skipped(self.manifest, shard, self.unreadable, self._warned)
         return table
 
     def read_columns(self, shard: int, columns: list[str]) -> pa.Table:

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from arrowstream.errors import ConfigError, DataLossWarning, SchemaError, ShardError
 from arrowstream.io.manifest import Manifest
 
-__all__ = ["Reader", "ShardReader", "transient"]
+__all__ = ["Reader", "ShardReader", "innermost", "transient", "warn_skipped"]
 
 _OPEN_FILES = 4
 
@@ -48,6 +48,26 @@ def transient(exc: BaseException) -> bool:
     """
     text = str(exc)
     return isinstance(exc, (OSError, pa.ArrowIOError)) and any(word in text for word in _TRANSIENT)
+
+
+def warn_skipped(manifest: Manifest, shard: int, unreadable: dict[int, str], warned: set[int]) -> None:
+    """Warn (once per shard, in the calling thread) that ``shard`` was skipped as unreadable."""
+    if shard in unreadable and shard not in warned:
+        warned.add(shard)
+        info = manifest.shard(shard)
+        warnings.warn(
+            f"skipped the unreadable row group {info.row_group} of {info.path!r} ({info.num_rows:,} rows, "
+            f"counted as `unreadable`), as on_error='skip' asks: {unreadable[shard]}",
+            DataLossWarning,
+            stacklevel=4,
+        )
+
+
+def innermost(reader: Any, attribute: str) -> Any:
+    """Return the reader, or the one it wraps (a stage may wrap it, see ``Stage.wrap_reader``), that has ``attribute``."""
+    while not hasattr(reader, attribute) and hasattr(reader, "inner"):
+        reader = reader.inner
+    return reader
 
 
 def _retry_settings() -> tuple[int, float]:
@@ -186,14 +206,8 @@ class ShardReader:
         """Record shard ``shard`` as unreadable, warn once, and return its rows as nulls (dropped downstream)."""
         if shard not in self.unreadable:
             self.unreadable[shard] = str(exc)
-        if self._warn and shard not in self._warned:
-            self._warned.add(shard)
-            warnings.warn(
-                f"skipped the unreadable row group {info.row_group} of {info.path!r} ({info.num_rows:,} rows, "
-                f"counted as `unreadable`), as on_error='skip' asks: {exc}",
-                DataLossWarning,
-                stacklevel=2,
-            )
+        if self._warn:
+            warn_skipped(self.manifest, shard, self.unreadable, self._warned)
         schema = pa.schema([self.manifest.schema.field(c) for c in columns])
         return pa.table([pa.nulls(info.num_rows, f.type) for f in schema], schema=schema)
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from arrowstream.io.chunk import Chunk
 from arrowstream.io.layout import Layout, ShuffleWindow
-from arrowstream.io.reader import ShardReader
+from arrowstream.io.reader import ShardReader, innermost
 
 __all__ = ["iter_stream"]
 
@@ -114,6 +114,4 @@ def _read_piece(reader: ShardReader, shard: int, lo: int, hi: int) -> pa.RecordB
 
 def _unreadable(reader: ShardReader) -> dict[int, str]:
     """Return the shards the innermost reader skipped as unreadable (a stage may wrap it)."""
-    while not hasattr(reader, "unreadable") and hasattr(reader, "inner"):
-        reader = reader.inner
-    return getattr(reader, "unreadable", {})
+    return getattr(innermost(reader, "unreadable"), "unreadable", {})

@@ -21,6 +21,7 @@ from arrowstream.distributed.topology import Consumer, Deal, own_share
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.io.prefetch import Prefetcher
+from arrowstream.io.reader import innermost
 from arrowstream.pack import PackRun
 from arrowstream.pack.layout import Layout
 from arrowstream.pipeline.growth import resume_plan
@@ -266,10 +267,7 @@ class DatasetIterator:
         The storage client's own retries (pyarrow's S3 client) are not seen
         here. See ``docs/storage.md``.
         """
-        reader = self._reader
-        while not hasattr(reader, "retries") and hasattr(reader, "inner"):
-            reader = reader.inner
-        return int(getattr(reader, "retries", 0))
+        return int(getattr(innermost(self._reader, "retries"), "retries", 0))
 
     @property
     def epoch_stats(self) -> dict[int, dict[str, int]]:
