@@ -193,3 +193,41 @@ def test_a_damaged_file_is_an_error_naming_it_when_the_dataset_opens(tmp_path: P
     path.write_bytes(bytes(data))
     with pytest.raises(ShardError, match=r"part-00001\.parquet"):
         read_parquet(tmp_path)
+
+
+def test_a_cache_built_by_four_processes_one_killed_and_rerun_equals_a_one_process_build(tmp_path: Path) -> None:
+    import os
+
+    from arrowstream.testing.data import sample_tokenizer
+
+    data = tmp_path / "d"
+    write_dataset(data, num_files=4, docs_per_file=1500, rows_per_group=100, seed=6)
+    tok = tmp_path / "tokenizer.json"
+    sample_tokenizer().save(str(tok))
+
+    def command(cache: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "arrowstream", "cache", str(data), "--tokenizer", str(tok), "--cache", str(cache), *extra]
+
+    one = tmp_path / "one"
+    assert subprocess.run(command(one), capture_output=True, timeout=300).returncode == 0
+    four = tmp_path / "four"
+    procs = [subprocess.Popen(command(four, "--shard", f"{i}/4"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for i in range(3)]
+    # the fourth as a launcher would start it (torchrun's variables), killed after its first entries
+    env = {**os.environ, "RANK": "3", "WORLD_SIZE": "4"}
+    killed = subprocess.Popen(command(four, "--shard", "auto"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while killed.poll() is None and _entries(four) < 4 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=60)
+    assert all(p.wait(timeout=300) == 0 for p in procs)
+    assert _entries(four) < _entries(one), "the killed process left row groups undone"
+    rerun = subprocess.run(command(four, "--shard", "auto"), env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "part 3 of 4" in rerun.stdout and "already there" in rerun.stdout
+
+    def entries(cache: Path) -> dict[str, bytes]:
+        return {p.relative_to(cache).as_posix(): p.read_bytes() for p in cache.rglob("*") if p.is_file() and not p.name.startswith(".")}
+
+    assert entries(four) == entries(one), "the union of the parts is the one-process build, byte for byte"

@@ -43,6 +43,7 @@ from arrowstream.cli.common import (
     UsageError,
     check_output,
     check_tokenizer,
+    parse_shard,
     positive_int,
     progress,
 )
@@ -145,6 +146,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", required=True, help="the token cache directory")
     p.add_argument("--column", default="text", help="text column (default: text)")
     p.add_argument("--no-special-tokens", action="store_true", help="encode with add_special_tokens=False")
+    p.add_argument(
+        "--shard", type=parse_shard, metavar="I/N",
+        help="tokenize every N-th row group from the I-th: one process of N (auto: from the launcher's environment)",
+    )
     p.set_defaults(func=_cache)
 
     p = sub.add_parser("index", help="count every document's tokens, so even batches are exact")
@@ -373,8 +378,10 @@ def _cache(args: argparse.Namespace) -> int:
     cache = reader.cache
     hits = tokens = 0
     t0 = time.perf_counter()
-    with tqdm(total=manifest.num_shards, desc="tokenizing", unit="row group", file=sys.stderr) as bar:
-        for shard in range(manifest.num_shards):
+    i, n = args.shard or (0, 1)
+    mine = range(i, manifest.num_shards, n)  # entries are whole files: processes never write the same one
+    with tqdm(total=len(mine), desc="tokenizing", unit="row group", file=sys.stderr) as bar:
+        for shard in mine:
             hits += cache.entry_path(manifest, shard).is_file()
             ids = reader.read(shard).column(IDS_COLUMN)
             tokens += int(pc.sum(pc.list_value_length(ids)).as_py() or 0)
@@ -390,9 +397,10 @@ def _cache(args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"{tokens:,} tokens")
     reader.close()
     seconds = time.perf_counter() - t0
+    part = f" (part {i} of {n}: every {n}th from row group {i})" if n > 1 else ""
     print(
-        f"token cache {cache.dir}: {manifest.num_shards:,} row groups "
-        f"({manifest.num_shards - hits:,} tokenized now, {hits:,} already there), "
+        f"token cache {cache.dir}: {len(mine):,} row groups{part} "
+        f"({len(mine) - hits:,} tokenized now, {hits:,} already there), "
         f"{tokens:,} tokens, {seconds:.1f} s"
     )
     return 0

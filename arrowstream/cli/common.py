@@ -155,3 +155,43 @@ def write_state(path: str, state: dict[str, Any]) -> None:
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(state, indent=2))
     os.replace(tmp, target)
+
+
+#: The launchers' environment variables for (this process, processes): torchrun, a Slurm job array, Slurm tasks.
+_LAUNCHERS = (
+    ("RANK", "WORLD_SIZE"),
+    ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """Return ``(i, n)`` from ``"I/N"``, or from the launcher's environment for ``"auto"``.
+
+    ``auto`` reads torchrun's ``RANK``/``WORLD_SIZE``, else a Slurm job
+    array's ``SLURM_ARRAY_TASK_ID``/``SLURM_ARRAY_TASK_COUNT`` (counted from
+    ``SLURM_ARRAY_TASK_MIN``), else Slurm's ``SLURM_PROCID``/``SLURM_NTASKS``.
+
+    Examples
+    --------
+    >>> parse_shard("2/8")
+    (2, 8)
+    """
+    if text == "auto":
+        for index, count in _LAUNCHERS:
+            if index in os.environ and count in os.environ:
+                i = int(os.environ[index]) - (int(os.environ.get("SLURM_ARRAY_TASK_MIN", 0)) if index.startswith("SLURM_ARRAY") else 0)
+                text = f"{i}/{os.environ[count]}"
+                break
+        else:
+            raise argparse.ArgumentTypeError(
+                "auto found no launcher's variables (RANK and WORLD_SIZE, SLURM_ARRAY_TASK_ID and "
+                "SLURM_ARRAY_TASK_COUNT, SLURM_PROCID and SLURM_NTASKS): give I/N"
+            )
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N (this part and the number of parts, like 0/4) or auto, got {text!r}") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise argparse.ArgumentTypeError(f"expected I/N with 0 <= I < N, got {text!r}")
+    return i, n

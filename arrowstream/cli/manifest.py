@@ -13,28 +13,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from arrowstream.cli.common import UsageError
+from arrowstream.cli.common import UsageError, parse_shard
 from arrowstream.errors import ArrowStreamError
 from arrowstream.io.manifest_file import merge_manifests, write_manifest
 
-__all__ = ["add_parser", "parse_shard", "run"]
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """Return ``(i, n)`` from ``"I/N"``, or raise ``argparse.ArgumentTypeError`` saying what was expected.
-
-    Examples
-    --------
-    >>> parse_shard("2/8")
-    (2, 8)
-    """
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected I/N (this part and the number of parts, like 0/4), got {text!r}") from None
-    if not (n >= 1 and 0 <= i < n):
-        raise argparse.ArgumentTypeError(f"expected I/N with 0 <= I < N, got {text!r}")
-    return i, n
+__all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: Any) -> None:
@@ -42,7 +25,10 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("manifest", help="describe a corpus in one file, so consumers start without listing it")
     p.add_argument("source", nargs="?", help="directory or URI prefix of the corpus (not with --merge)")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the manifest file to write (a path or URI)")
-    p.add_argument("--shard", type=parse_shard, metavar="I/N", help="describe every N-th file from the I-th: one part of N")
+    p.add_argument(
+        "--shard", type=parse_shard, metavar="I/N",
+        help="describe every N-th file from the I-th: one part of N (auto: from the launcher's environment)",
+    )
     p.add_argument("--merge", nargs="+", metavar="PART", help="join the N parts --shard wrote into one manifest")
     p.set_defaults(func=run)
 
