@@ -338,3 +338,24 @@ def test_a_corrupt_index_entry_is_named_not_trusted(tmp_path: Path, tokenizer: T
         entry.write_bytes(entry.read_bytes()[:100])
     with pytest.warns(CacheWarning, match="cannot be read"):
         assert _pipeline(root, tokenizer).balance.startswith("estimated")
+
+
+def test_an_index_built_in_parts_equals_the_one_process_index(
+    tmp_path: Path, tokenizer: Tokenizer, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from arrowstream.cli import main
+
+    data = _corpus(tmp_path / "data", files=3)
+    one = build_length_index(data, tokenizer, length_index=tmp_path / "one")
+    parts = [build_length_index(data, tokenizer, length_index=tmp_path / "parts", shard=(i, 2)) for i in range(2)]
+    assert [p.num_files for p in parts] == [2, 1] and sum(p.num_docs for p in parts) == one.num_docs
+    assert main(["index", str(data), "--tokenizer", str(tokenizer_path), "--index", str(tmp_path / "cli"),
+                 "--shard", "1/2"]) == 0
+    assert "1 files (part 1 of 2) (1 counted now" in capsys.readouterr().out
+
+    def files(d: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in d.rglob("*") if p.is_file()}
+
+    assert files(tmp_path / "parts") == files(tmp_path / "one"), "the union of the parts, byte for byte"
+    ds = read_parquet(data).tokenize(tokenizer, length_index=tmp_path / "parts").pack(seq_len=32, batch_size=2)
+    assert ds.balance.startswith("counted")

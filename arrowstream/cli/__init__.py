@@ -162,6 +162,10 @@ def _parser() -> argparse.ArgumentParser:
         help="directory to keep the index in (default: PATH's root/_arrowstream_index, where "
         "pipelines look for it)",
     )
+    p.add_argument(
+        "--shard", type=parse_shard, metavar="I/N",
+        help="count every N-th file from the I-th: one process of N (auto: from the launcher's environment)",
+    )
     p.set_defaults(func=_index)
 
     p = sub.add_parser("demo", help="stream, checkpoint and resume on built-in sample data")
@@ -340,7 +344,9 @@ def _analyze(args: argparse.Namespace) -> int:
 
 def _index(args: argparse.Namespace) -> int:
     check_tokenizer(args.tokenizer)
-    total = read_manifest(args.path, columns=[args.column]).num_shards
+    m = read_manifest(args.path, columns=[args.column])
+    i, n = args.shard or (0, 1)
+    total = int(np.isin(m.shard_file, list(range(i, m.num_files, n))).sum())
     with tqdm(total=total, desc="counting tokens", unit="row group", file=sys.stderr) as bar:
         summary = build_length_index(
             args.path,
@@ -349,6 +355,7 @@ def _index(args: argparse.Namespace) -> int:
             add_special_tokens=not args.no_special_tokens,
             length_index=args.index,
             progress=bar.update,
+            shard=(i, n),
         )
     where = (
         "pipelines over this data find it"
@@ -356,7 +363,8 @@ def _index(args: argparse.Namespace) -> int:
         else "pass this directory to --length-index (stream) or as `.tokenize(..., length_index=...)` (Python)"
     )
     print(
-        f"length index {summary.dir}: {summary.num_files:,} files ({summary.num_built:,} counted now, "
+        f"length index {summary.dir}: {summary.num_files:,} files{f' (part {i} of {n})' if n > 1 else ''} "
+        f"({summary.num_built:,} counted now, "
         f"{summary.num_files - summary.num_built:,} already there), {summary.num_docs:,} documents, "
         f"{summary.num_tokens:,} tokens, {summary.seconds:.1f} s; {where}"
     )

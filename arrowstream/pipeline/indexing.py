@@ -31,6 +31,7 @@ def build_length_index(
     length_index: str | os.PathLike[str] | None = None,
     filesystem: Any = None,
     progress: Callable[[int], None] | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> IndexSummary:
     """Count the tokens of every document of ``source`` and keep them in a length index.
 
@@ -52,6 +53,10 @@ def build_length_index(
         (elsewhere, pass the same directory as ``.tokenize(..., length_index=...)``).
     progress
         Called with the number of row groups done, after each (a progress bar's ``update``).
+    shard
+        ``(i, n)``: count only every ``n``-th file from the ``i``-th, one
+        process of ``n`` sharing the work (entries are per file, written
+        whole; the union is the one-process index).
 
     Returns
     -------
@@ -98,4 +103,5 @@ def build_length_index(
         slice_bytes=stage.slice_bytes,
         num_threads=stage.num_inflight,
         progress=progress,
+        shard=shard,
     )

@@ -296,11 +296,14 @@ class LengthIndex:
         slice_bytes: int = 1 << 18,
         num_threads: int = 3,
         progress: Callable[[int], None] | None = None,
+        shard: tuple[int, int] = (0, 1),
     ) -> IndexSummary:
         """Count every document's ids with ``encode`` and write the entries missing or stale.
 
         ``progress`` is called with the row groups done after each one.
-        Files whose entry matches the data are kept as they are.
+        Files whose entry matches the data are kept as they are. ``shard``
+        ``(i, n)``: only every ``n``-th file from the ``i``-th (one process
+        of ``n``; entries are per file, written whole).
         """
         t0 = time.perf_counter()
         m = self.manifest
@@ -318,10 +321,11 @@ class LengthIndex:
                 "pipeline (`--length-index`, or `.tokenize(..., length_index=DIR)`)"
             ) from exc
         built = num_tokens = 0
+        files = range(shard[0], m.num_files, shard[1])
         reader = ShardReader(m, [column])
         try:
             with ThreadPoolExecutor(max(1, num_threads), thread_name_prefix="arrowstream-index") as pool:
-                for file in range(m.num_files):
+                for file in files:
                     shards = np.flatnonzero(m.shard_file == file).tolist()
                     entry = self.entry(file, quiet=True)  # a stale entry is simply built again
                     if entry is None:
@@ -347,7 +351,8 @@ class LengthIndex:
                     num_tokens += int(entry[1].sum())
         finally:
             reader.close()
-        return IndexSummary(self.dir, m.num_files, built, m.num_rows, num_tokens, time.perf_counter() - t0)
+        rows = int(m.shard_rows[np.isin(m.shard_file, list(files))].sum())
+        return IndexSummary(self.dir, len(files), built, rows, num_tokens, time.perf_counter() - t0)
 
     def _write(self, file: int, groups: list[int], per_group: list[pa.Array]) -> None:
         ids = [int(pc.sum(a).as_py() or 0) for a in per_group]
