@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.acero as acero
 import pyarrow.compute as pc
 
 from arrowstream.core.stage import Stage
@@ -117,11 +116,19 @@ def matching(batch: pa.RecordBatch, expr: pc.Expression) -> pa.Table:
     >>> matching(pa.record_batch({"n": [1, 2, 3]}), pc.field("n") > 1).column("n").to_pylist()
     [2, 3]
     """
+    acero = _acero()
     plan = acero.Declaration.from_sequence([
         acero.Declaration("table_source", acero.TableSourceNodeOptions(pa.Table.from_batches([batch]))),
         acero.Declaration("filter", acero.FilterNodeOptions(expr)),
     ])
     return plan.to_table(use_threads=False)
+
+
+def _acero() -> Any:
+    """Return ``pyarrow.acero``, imported on first use: importing it costs a process about 0.15 s (it imports pandas)."""
+    import pyarrow.acero as acero
+
+    return acero
 
 
 def prune_shards(manifest: Manifest, expr: pc.Expression) -> np.ndarray:

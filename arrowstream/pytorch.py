@@ -47,8 +47,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
         "the PyTorch adapter needs torch: pip install 'arrowstream[torch]'"
     ) from exc
 
+from arrowstream.checks import check_int
 from arrowstream.distributed.topology import WHOLE_RUN_COUNTERS
 from arrowstream.errors import ConfigError, StateError
+from arrowstream.io.prefetch import Prefetcher
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 
 if TYPE_CHECKING:
@@ -105,6 +107,13 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         :data:`~arrowstream.pack.assemble.BATCH_KEYS`, or of
         :data:`~arrowstream.pack.assemble.PADDED_KEYS` after ``.bucket``). Arrays
         become tensors; ``max_seqlen`` and the counts stay Python ints.
+    prefetch
+        Batches made ahead in a background thread of the process that
+        iterates (the main process, or each DataLoader worker), so the next
+        batch is being made while the training step runs; ``0`` makes each
+        batch when it is asked for. The batches, their order and the states
+        are the same either way: a state describes the batches handed out,
+        not the ones made ahead.
 
     Examples
     --------
@@ -126,6 +135,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         world_size: int | None = None,
         attach_state: bool = False,
         columns: Sequence[str] | None = None,
+        prefetch: int = 4,
     ) -> None:
         if dataset.packer is None:
             raise ConfigError(
@@ -142,6 +152,8 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
                     f"got {list(columns)!r}"
                 )
         self.columns = None if columns is None else tuple(columns)
+        self.prefetch = check_int("prefetch", prefetch, low=0)
+        self._handed: dict[str, Any] | None = None  # with prefetch: the state after the last batch handed out
         self.dataset = dataset
         self.rank = rank
         self.world_size = world_size
@@ -198,9 +210,26 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         if get_worker_info() is not None and self._worker_ran is not None:
             self._worker_ran.value = 1
         self._it = it = self.iterator()
+        self._handed = None
+        if not self.prefetch:
+            yield from self._batches(it)
+            return
+        self._handed = it.state_dict()  # before the producer thread owns the iterator
+        ahead = Prefetcher(lambda: self._batches(it, with_state=True), depth=self.prefetch)
+        try:
+            for out, state in ahead:
+                self._handed = state
+                yield out
+        finally:
+            ahead.close()
+            it.close()  # its files and threads: the state to go on from is `_handed`
+
+    def _batches(self, it: Any, *, with_state: bool = False) -> Iterator[Any]:
+        """Yield tensor batches (``with_state``: with the state after each), the state attached if asked."""
         if not self.attach_state:
             for batch in it:
-                yield self._tensors(batch)
+                out = self._tensors(batch)
+                yield (out, it.state_dict()) if with_state else out
             return
         # one batch of look-ahead, so the last batch can say it is the last
         held: dict[str, Any] | None = None
@@ -208,12 +237,12 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             out: dict[str, Any] = self._tensors(batch)
             out[STATE_KEY] = {"state": it.state_dict(), "last": False}
             if held is not None:
-                yield held
+                yield (held, held[STATE_KEY]["state"]) if with_state else held
             held = out
         if held is not None:
             # the state after the end: what an estimated target made the consumer drop is in it
             held[STATE_KEY] = {"state": it.state_dict(), "last": True}
-            yield held
+            yield (held, held[STATE_KEY]["state"]) if with_state else held
 
     def state_dict(self) -> dict[str, Any]:
         """Return the state of this process's consumer after the last batch it produced.
@@ -234,6 +263,8 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
                 "`loader.state_dict()`, or torchdata's `StatefulDataLoader(..., batch_size=None)` "
                 "and its `state_dict()`"
             )
+        if self._handed is not None:  # batches are made ahead: the state of those handed out
+            return copy.deepcopy(self._handed)
         if self._it is not None:
             return self._it.state_dict()
         return self.iterator().state_dict()
@@ -242,6 +273,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         """Start the next iteration from ``state``: a consumer's own, a loader's, or a global one."""
         self._pending = copy.deepcopy(state)
         self._it = None
+        self._handed = None
 
 
 _ALIGN = 64

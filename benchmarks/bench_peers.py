@@ -1,9 +1,12 @@
 #!/usr/bin/env python
-"""arrowstream against the raw encoders and Hugging Face ``datasets`` streaming, like for like.
+"""arrowstream against the raw encoders and its peers (``datasets``, StatefulDataLoader, Grain), like for like.
 
 One corpus, one byte-level BPE tokenizer, one packing shape. Every run is a
 fresh child process (``peers_child.py``: its own peak RSS, its own empty
-encoder caches), runs alternate across contestants, and figures are medians
+in-memory caches; arrowstream's encoder verdict is on disk, in a directory
+made for this benchmark run, so the first child pays the encoder's proof and
+the others find it, as on any machine after its first run), runs alternate
+across contestants, and figures are medians
 of ``--repeats``. Each pipeline is compared with the raw speed of the *same*
 encoder, and with ``datasets`` using the same encoder:
 
@@ -31,18 +34,40 @@ encoder, and with ``datasets`` using the same encoder:
   ``seq_len`` (the ``run_clm`` recipe, with numpy), torch format,
   ``DataLoader(batch_size, num_workers=k)``. Its usual encoder is the
   tokenizer's own (``tokenizers``).
+- ``torchdata StatefulDataLoader + datasets, <encoder>, workers=k``: the same
+  ``datasets`` pipeline through torchdata's
+  ``StatefulDataLoader(ds, batch_size, num_workers=k)`` (its defaults, so
+  with workers each batch carries a snapshot of the worker's dataset state).
+- ``grain, <encoder>, workers=k``: the same recipe in Grain (see
+  :func:`contestants.grain_pipeline`): the files chained in order
+  (``InterleaveIterDataset(cycle_length=1)`` of one ``ParquetIterDataset``
+  per file), ``.batch(1000)`` of the texts, one ``map`` that encodes them
+  with the same calls as ``datasets``' map and cuts the 1,000 documents into
+  rows of ``seq_len``, ``RebatchIterDataset`` into arrays of
+  ``(batch_size, seq_len)``, and for k > 0 ``mp_prefetch`` with k worker
+  processes (Grain's own multiprocessing; spawned, each on a slice of the
+  files); each numpy batch goes through ``torch.from_numpy``.
+
+``--peers`` picks the peers (``datasets`` is always needed: it is the
+reference of the others' checks and of the ``vs datasets`` columns).
 
 Clocks: a pipeline's clock starts after ``import torch`` (a training process
 has loaded it) and before importing the loader library (arrowstream, or
-``datasets``, ``tokenizers`` and tiktoken): both import inside their clock.
+``datasets``, torchdata, Grain, ``tokenizers`` and tiktoken): every side
+imports inside its clock.
 Figures: tokens/s over the whole epoch (first batch included; real tokens,
 never padding), time to first batch, peak RSS of the main process
 (``VmHWM``), peak PSS of the whole process tree (DataLoader workers included,
 sampled every 50 ms) and that peak minus the same measure of an idle process
-that imported torch and the loader (``above idle``). Resume latency at 10 %,
-50 % and 90 % of the epoch (torch imported before the clock on both sides):
-arrowstream ``ds.iter(state)`` plus the first batch; ``datasets``'
-``load_state_dict`` plus the first example; and ``.skip(n)``.
+that imported torch and that side's libraries (``above idle``). A summary
+table sets arrowstream ``concat`` against each peer row with the same encoder
+and workers on tokens/s, first batch and working memory. Resume latency at
+10 %, 50 % and 90 % of the epoch (torch imported before the clock on every
+side): arrowstream ``ds.iter(state)`` plus the first batch; ``datasets``'
+``load_state_dict`` plus the first example, and ``.skip(n)``;
+``StatefulDataLoader.load_state_dict`` plus the first batch; Grain's
+``iterator.set_state`` plus the first batch (the peers with ``tokenizers``,
+no workers).
 
 Checks, on whole streams (every pipeline hashes its real ids in order with
 SHA-256 and counts each id): the three raw encoders give the same stream;
@@ -51,11 +76,15 @@ encoder's ids plus one EOS per document, in order) with either backend; with
 workers and ``even_batches=False`` the same ids in another order; with the
 default ``even_batches`` no id more than the raw stream has, and an even
 number of batches; ``best_fit`` every id; ``bucket`` the raw count minus the
-tokens it truncates; ``datasets`` gives the same stream with either encoder.
-Output: tables as text, in Markdown (``--markdown``), and JSON with versions
-and machine facts (``--json``). ``--smoke`` runs a tiny corpus once. Needs
-``datasets`` (``pip install 'arrowstream[bench]'``). Exit status 0 when the
-checks pass.
+tokens it truncates; every peer without workers, with either encoder, gives
+exactly the raw stream cut per 1,000 documents into whole rows (the
+``run_clm`` recipe, computed from the raw encoder's ids), and with workers the
+same ids as ``datasets`` with ``tokenizers`` and the same workers (each worker
+groups its own files). Output: tables as text, in Markdown (``--markdown``),
+and JSON with versions and machine facts (``--json``). ``--smoke`` runs a
+tiny corpus once. Needs ``datasets``, ``torchdata`` and ``grain`` (``pip
+install 'arrowstream[bench]' torchdata``). Exit status 0 when the checks
+pass.
 """
 
 from __future__ import annotations
@@ -65,6 +94,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -82,17 +112,26 @@ from harness import (
     tiktoken_file,
     tokenizer_file,
 )
-from contestants import RAW_METHODS, arrowstream_dataset, datasets_pipeline
+from contestants import RAW_METHODS, arrowstream_dataset, datasets_pipeline, grain_pipeline
 from peers_child import RESULT
 
 CHILD = Path(__file__).with_name("peers_child.py")
+_VERDICTS = tempfile.TemporaryDirectory(prefix="arrowstream-peers-verdicts-")
 ENCODER = {"tokenizers": "tokenizers", "default": "tiktoken"}  # arrowstream backend name -> encoder
+BACKEND = {v: k for k, v in ENCODER.items()}  # encoder -> the arrowstream backend name that uses it
+#: The peers, by child kind, and the start of their rows' names; ``datasets`` is the reference of the others.
+PEERS = {"datasets": "datasets", "torchdata": "torchdata StatefulDataLoader + datasets", "grain": "grain"}
 
 
 # -- contestants ------------------------------------------------------------------------
 
 
-def contestants(strategies: list[str]) -> list[dict[str, Any]]:
+def peer_name(kind: str, encoder: str, workers: int) -> str:
+    """Return the row name of a peer pipeline, e.g. ``grain, tiktoken, workers=0``."""
+    return f"{PEERS[kind]}, {encoder}, workers={workers}"
+
+
+def contestants(strategies: list[str], peers: list[str]) -> list[dict[str, Any]]:
     """Return every contestant of one round, each a child spec (without the shared keys) with its name."""
     out: list[dict[str, Any]] = [
         {"name": f"raw {m}", "kind": "raw", "method": m, "encoder": m.split("-")[0]} for m in RAW_METHODS
@@ -111,10 +150,10 @@ def contestants(strategies: list[str]) -> list[dict[str, Any]]:
     for strategy in strategies:
         if strategy != "concat":
             out += [ours(strategy, "default", 0), ours(strategy, "default", 2)]
-    for encoder in ("tokenizers", "tiktoken"):
-        out += [{"name": f"datasets, {encoder}, workers={w}", "kind": "datasets", "encoder": encoder, "workers": w}
-                for w in (0, 2)]
-    out += [{"name": f"idle {side}", "kind": "idle", "side": side} for side in ("arrowstream", "datasets")]
+    for kind in peers:
+        for encoder in ("tokenizers", "tiktoken"):
+            out += [{"name": peer_name(kind, encoder, w), "kind": kind, "encoder": encoder, "workers": w} for w in (0, 2)]
+    out += [{"name": f"idle {side}", "kind": "idle", "side": side} for side in ("arrowstream", *peers)]
     return out
 
 
@@ -150,14 +189,21 @@ def _pss_mb(pids: list[int]) -> float:
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one measurement in a fresh process; sample the memory of its process tree every 50 ms."""
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "true"}
-    proc = subprocess.Popen([sys.executable, str(CHILD), json.dumps(spec)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    peak = 0.0
-    while proc.poll() is None:
-        peak = max(peak, _pss_mb(_tree(proc.pid)))
-        time.sleep(0.05)
-    out, err = proc.communicate()
+    # one encoder verdict directory per benchmark run: the first arrowstream child proves the encoder,
+    # later ones find the verdict, as on any machine after its first run (docs/encoders.md, warm start)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "true", "ARROWSTREAM_CACHE_DIR": _VERDICTS.name}
+    # files, not pipes: a child (or a Grain worker sharing its stderr) that writes more than a pipe holds
+    # would block while this loop samples memory instead of reading
+    with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
+        proc = subprocess.Popen([sys.executable, str(CHILD), json.dumps(spec)], stdout=out_f, stderr=err_f,
+                                text=True, env=env)
+        peak = 0.0
+        while proc.poll() is None:
+            peak = max(peak, _pss_mb(_tree(proc.pid)))
+            time.sleep(0.05)
+        out_f.seek(0)
+        err_f.seek(0)
+        out, err = out_f.read(), err_f.read()
     if proc.returncode != 0:
         raise RuntimeError(f"child {spec.get('kind')} failed:\n{err[-3000:]}")
     line = next(ln for ln in out.splitlines() if ln.startswith(RESULT))
@@ -191,7 +237,7 @@ def check_streams(checks: Checks, runs: dict[str, list[dict[str, Any]]], configs
                f"{d['tokens']:,} tokens, sha256 {d['sha256'][:12]}")
     want = np.array(ref["histogram"])
     for c in configs:
-        if c["kind"] in ("arrowstream", "datasets"):
+        if c["kind"] == "arrowstream" or c["kind"] in PEERS:
             check_pipeline(checks, c, runs[c["name"]], runs, ref, want, seq_len)
     return ref
 
@@ -205,11 +251,16 @@ def check_pipeline(checks: Checks, c: dict[str, Any], rs: list[dict[str, Any]], 
     key = "sha256" if ordered else "histogram"
     checks(all(d[key] == digests[0][key] for d in digests), f"{name}: every run gives the same stream",
            f"{len(rs)} run(s)")
-    if c["kind"] == "datasets":
-        twin = runs[f"datasets, tokenizers, workers={c['workers']}"][0]["digest"]
-        checks(twin[key] == digests[0][key] and tokens % seq_len == 0 and tokens <= ref["tokens"],
-               f"{name}: the same {'stream' if ordered else 'ids'} as datasets with tokenizers, whole rows, "
-               "at most the raw stream (each map batch's remainder is dropped)", f"{tokens:,} of {ref['tokens']:,} tokens")
+    if c["kind"] in PEERS and ordered:
+        rows = ref["rows"]
+        checks(digests[0]["sha256"] == rows["sha256"] and tokens == rows["tokens"],
+               f"{name}: exactly the raw stream cut into whole rows per 1,000 documents (the run_clm recipe), in order",
+               f"{tokens:,} of {ref['tokens']:,} tokens")
+    elif c["kind"] in PEERS:  # each worker groups its own files' documents: compare with datasets' workers
+        twin = runs[peer_name("datasets", "tokenizers", c["workers"])][0]["digest"]
+        checks(twin["histogram"] == digests[0]["histogram"] and tokens % seq_len == 0 and bool(np.all(hist <= want)),
+               f"{name}: the same ids as datasets with tokenizers and the same workers, whole rows, "
+               "no id beyond the raw stream's", f"{tokens:,} of {ref['tokens']:,} tokens")
     elif c["strategy"] == "concat" and ordered:
         checks(digests[0]["sha256"] == ref["sha256"] and tokens == ref["tokens"],
                f"{name}: exactly the raw encoders' stream, in order", f"{tokens:,} tokens")
@@ -234,6 +285,7 @@ def check_pipeline(checks: Checks, c: dict[str, Any], rs: list[dict[str, Any]], 
 def summarize(runs: dict[str, list[dict[str, Any]]], configs: list[dict[str, Any]], idle: dict[str, float]) -> dict[str, dict[str, Any]]:
     """Return the medians of each contestant and its like-for-like ratios."""
     encoder = {c["name"]: c["encoder"] for c in configs if "encoder" in c}
+    kind = {c["name"]: c["kind"] for c in configs}
     table: dict[str, dict[str, Any]] = {}
     for name, rs in runs.items():
         table[name] = {
@@ -242,8 +294,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], configs: list[dict[str, Any
             "first_batch_s": median([x["first_batch_s"] for x in rs]) if "first_batch_s" in rs[0] else None,
             "peak_mb": max(x["peak_mb"] for x in rs),
             "tree_pss_mb": max(x["tree_pss_mb"] for x in rs),
-            "working_mb": None if name.startswith("raw") else max(x["tree_pss_mb"] for x in rs)
-            - idle["arrowstream" if name.startswith("arrowstream") else "datasets"],
+            "working_mb": None if kind[name] == "raw" else max(x["tree_pss_mb"] for x in rs) - idle[kind[name]],
             "tokens": rs[0]["tokens"],
         }
     raw_ref = {
@@ -256,9 +307,10 @@ def summarize(runs: dict[str, list[dict[str, Any]]], configs: list[dict[str, Any
         t["raw_reference"] = raw_ref[t["encoder"]]
         t["vs_raw"] = t["tok_per_s"] / table[raw_ref[t["encoder"]]]["tok_per_s"]
         t["vs_datasets_same_encoder"] = t["vs_datasets_tokenizers"] = None
-        if name.startswith("arrowstream"):
-            t["vs_datasets_same_encoder"] = t["tok_per_s"] / table[f"datasets, {t['encoder']}, workers={workers}"]["tok_per_s"]
-            t["vs_datasets_tokenizers"] = t["tok_per_s"] / table[f"datasets, tokenizers, workers={workers}"]["tok_per_s"]
+        if kind[name] not in ("raw", "datasets"):
+            same, usual = peer_name("datasets", t["encoder"], workers), peer_name("datasets", "tokenizers", workers)
+            t["vs_datasets_same_encoder"] = t["tok_per_s"] / table[same]["tok_per_s"]
+            t["vs_datasets_tokenizers"] = t["tok_per_s"] / table[usual]["tok_per_s"]
     return table
 
 
@@ -285,16 +337,29 @@ HEADLINE = (
     ("arrowstream / datasets, both tiktoken", "arrowstream concat, default, workers={w}", "datasets, tiktoken, workers={w}"),
     ("arrowstream default / datasets usual (tiktoken / tokenizers)", "arrowstream concat, default, workers={w}",
      "datasets, tokenizers, workers={w}"),
+    ("grain (tokenizers) / raw tokenizers", "grain, tokenizers, workers={w}", "raw:tokenizers"),
+    ("grain (tiktoken) / raw tiktoken", "grain, tiktoken, workers={w}", "raw:tiktoken"),
+    ("arrowstream / grain, both tokenizers", "arrowstream concat, tokenizers, workers={w}", "grain, tokenizers, workers={w}"),
+    ("arrowstream / grain, both tiktoken", "arrowstream concat, default, workers={w}", "grain, tiktoken, workers={w}"),
+    ("arrowstream / StatefulDataLoader + datasets, both tokenizers", "arrowstream concat, tokenizers, workers={w}",
+     "torchdata StatefulDataLoader + datasets, tokenizers, workers={w}"),
+    ("arrowstream / StatefulDataLoader + datasets, both tiktoken", "arrowstream concat, default, workers={w}",
+     "torchdata StatefulDataLoader + datasets, tiktoken, workers={w}"),
 )
 
 
 def headline(runs: dict[str, list[dict[str, Any]]], table: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Return each like-for-like ratio per workers: ratio of the medians, and the median of per-round ratios."""
+    """Return each like-for-like ratio per workers: ratio of the medians, and the median of per-round ratios.
+
+    A comparison whose contestants did not run (``--peers``) is left out.
+    """
     raw = {t["encoder"]: t["raw_reference"] for t in table.values()}
     out: dict[str, dict[str, Any]] = {}
     for label, top, bottom in HEADLINE:
         for w in (0, 2):
             a, b = top.format(w=w), raw[bottom[4:]] if bottom.startswith("raw:") else bottom.format(w=w)
+            if a not in table or b not in table:
+                continue
             rounds = [x["tok_per_s"] / y["tok_per_s"] for x, y in zip(runs[a], runs[b])]
             out.setdefault(label, {})[f"workers={w}"] = {
                 "of_medians": table[a]["tok_per_s"] / table[b]["tok_per_s"], "per_round": rounds,
@@ -313,42 +378,107 @@ HEADER = ["pipeline", "encoder", "M tok/s", "vs raw, same encoder", "vs datasets
           "peak PSS MB (all processes)", "above idle MB"]
 
 
+def versus(table: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return arrowstream ``concat`` against each peer row, same encoder and workers, on the three measures of the bar.
+
+    Each entry: the peer, arrowstream's row, the ratio of tokens/s (above 1:
+    arrowstream faster), both times to first batch and both working memories
+    (peak PSS of all processes above the side's idle process), and whether
+    arrowstream is ahead on all three.
+    """
+    out = []
+    for name, t in table.items():
+        if not any(name.startswith(PEERS[kind] + ", ") for kind in PEERS):
+            continue
+        workers = 2 if "workers=2" in name else 0
+        ours = table[f"arrowstream concat, {BACKEND[t['encoder']]}, workers={workers}"]
+        entry = {
+            "peer": name, "arrowstream": f"arrowstream concat, {BACKEND[t['encoder']]}, workers={workers}",
+            "tok_per_s_ratio": ours["tok_per_s"] / t["tok_per_s"],
+            "first_batch_s": [ours["first_batch_s"], t["first_batch_s"]], "working_mb": [ours["working_mb"], t["working_mb"]],
+        }
+        entry["ahead_on_all"] = (entry["tok_per_s_ratio"] > 1 and ours["first_batch_s"] < t["first_batch_s"]
+                                 and ours["working_mb"] < t["working_mb"])
+        out.append(entry)
+    return out
+
+
+def versus_rows(entries: list[dict[str, Any]]) -> list[list[str]]:
+    return [[e["peer"], f"{e['tok_per_s_ratio']:.2f}", "{:.2f} / {:.2f}".format(*e["first_batch_s"]),
+             "{:.0f} / {:.0f}".format(*e["working_mb"]), "yes" if e["ahead_on_all"] else "no"] for e in entries]
+
+
+VERSUS_HEADER = ["arrowstream concat against (same encoder and workers)", "tok/s, arrowstream / peer",
+                 "first batch s, arrowstream / peer", "above idle MB, arrowstream / peer", "ahead on all three"]
+
+
 # -- resume ----------------------------------------------------------------------------
 
 
-def save_states(shared: dict[str, Any], total_batches: int, out: Path, points: tuple[float, ...]) -> dict[str, Any]:
-    """Save arrowstream and datasets states at the given fractions of the epoch; return their paths and offsets."""
+def save_states(shared: dict[str, Any], total_batches: int, out: Path, points: tuple[float, ...],
+                peers: list[str]) -> dict[str, Any]:
+    """Save every side's state at the given fractions of the epoch; return their paths and offsets.
+
+    The peers' pipelines use the ``tokenizers`` encoder (``datasets``' usual
+    one); StatefulDataLoader and Grain save after whole batches, as
+    arrowstream does, ``datasets`` after the same number of rows.
+    """
     corpus, tok, L, B = Path(shared["corpus"]), Path(shared["tokenizer"]), shared["seq_len"], shared["batch_size"]
+    tt = Path(shared["tiktoken"])
     it = arrowstream_dataset(corpus, tok, seq_len=L, batch_size=B, strategy="concat", backend="auto",
                              even_batches=None).iter()
-    hf = datasets_pipeline(corpus, tok, Path(shared["tiktoken"]), seq_len=L, encoder="tokenizers")
+    hf = datasets_pipeline(corpus, tok, tt, seq_len=L, encoder="tokenizers")
     hf_it = iter(hf)
+    iters: dict[str, Any] = {}  # peer -> (its batch iterator, the call that returns its state)
+    if "torchdata" in peers:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        loader = StatefulDataLoader(datasets_pipeline(corpus, tok, tt, seq_len=L, encoder="tokenizers"), batch_size=B)
+        iters["torchdata"] = (iter(loader), loader.state_dict)
+    if "grain" in peers:
+        grain_it = iter(grain_pipeline(corpus, tok, tt, seq_len=L, batch_size=B, encoder="tokenizers", workers=0))
+        iters["grain"] = (grain_it, grain_it.get_state)
     saved: dict[str, Any] = {}
     done = hf_done = 0
     for point in points:
         target = int(total_batches * point)
         while done < target:
             next(it)
+            for peer_it, _ in iters.values():
+                next(peer_it)
             done += 1
         while hf_done < target * B:  # datasets yields rows; batches are formed by the loader
             next(hf_it)
             hf_done += 1
-        ours_path, hf_path = out / f"ours-{point}.json", out / f"datasets-{point}.json"
-        ours_path.write_text(json.dumps(it.state_dict()))
-        hf_path.write_text(json.dumps(hf.state_dict(), default=int))
-        saved[str(point)] = {"ours": str(ours_path), "datasets": str(hf_path), "rows": hf_done}
+        paths = {side: out / f"{side}-{point}.json" for side in ("ours", "datasets", *iters)}
+        paths["ours"].write_text(json.dumps(it.state_dict()))
+        paths["datasets"].write_text(json.dumps(hf.state_dict(), default=int))
+        for side, (_, state_dict) in iters.items():
+            paths[side].write_text(json.dumps(state_dict(), default=int))
+        saved[str(point)] = {**{k: str(v) for k, v in paths.items()}, "rows": hf_done}
     it.close()
+    if "grain" in iters:
+        iters["grain"][0].close()
     return saved
 
 
+#: The resume rows: name, child kind and which saved state it loads (``None``: ``.skip`` the saved rows).
+RESUME_WAYS = (
+    ("arrowstream", "resume-arrowstream", "ours"),
+    ("datasets state_dict", "resume-datasets", "datasets"),
+    ("datasets skip", "skip", None),
+    ("torchdata StatefulDataLoader + datasets state_dict", "resume-torchdata", "torchdata"),
+    ("grain set_state", "resume-grain", "grain"),
+)
+
+
 def measure_resume(shared: dict[str, Any], saved: dict[str, Any], points: tuple[float, ...], repeats: int) -> dict[str, dict[str, float]]:
-    """Time resuming at each point in fresh processes, alternating the three ways; return medians."""
+    """Time resuming at each point in fresh processes, alternating the ways; return medians."""
     resume: dict[str, dict[str, float]] = {}
     for point in points:
         s = saved[str(point)]
-        ways = {"arrowstream": {"kind": "resume-arrowstream", "state": s["ours"]},
-                "datasets state_dict": {"kind": "resume-datasets", "state": s["datasets"]},
-                "datasets skip": {"kind": "skip", "skip": s["rows"]}}
+        ways = {name: {"kind": kind, "state": s[side]} if side else {"kind": kind, "skip": s["rows"]}
+                for name, kind, side in RESUME_WAYS if side is None or side in s}
         got: dict[str, list[float]] = {k: [] for k in ways}
         for _ in range(repeats):
             for way, spec in ways.items():
@@ -371,6 +501,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="[3; smoke 1]")
     p.add_argument("--strategies", default=None, help="[concat,best_fit,bucket; smoke concat]")
     p.add_argument("--points", default=None, help="resume points [0.1,0.5,0.9; smoke 0.5]")
+    p.add_argument("--peers", default=",".join(PEERS),
+                   help=f"peers to run, among {','.join(PEERS)}; datasets is the reference, always needed [all]")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--markdown", type=Path, default=None, help="write the tables in Markdown to this file")
     p.add_argument("--smoke", action="store_true")
@@ -382,6 +514,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if "concat" not in args.strategies:
         p.error("--strategies must include concat (the reference of the stream checks and of resume)")
     args.points = tuple(float(x) for x in (args.points or ("0.5" if args.smoke else "0.1,0.5,0.9")).split(","))
+    args.peers = [x for x in args.peers.split(",") if x]
+    if unknown := sorted(set(args.peers) - set(PEERS)):
+        p.error(f"unknown peer(s) {unknown!r} in --peers; expected some of {list(PEERS)!r}")
+    if "datasets" not in args.peers:
+        p.error("--peers must include datasets (the reference of the other peers' checks and ratios)")
+    args.peers = [k for k in PEERS if k in args.peers]  # the table's order, whatever the option's
     return args
 
 
@@ -395,11 +533,11 @@ def main(argv: list[str] | None = None) -> int:
     tok_path, tinfo = tokenizer_file(args.workdir, args.vocab_size)
     shared = {"corpus": str(corpus), "tokenizer": str(tok_path), "tiktoken": str(tiktoken_file(args.workdir, tok_path)),
               "seq_len": L, "batch_size": B, "eos_id": tinfo["eos_id"], "vocab_size": tinfo["vocab_size"]}
-    configs = contestants(args.strategies)
+    configs = contestants(args.strategies, args.peers)
     runs = run_rounds(configs, shared, args.repeats)
     ref = check_streams(checks, runs, configs, L)
     expected = ref["tokens"]
-    idle = {side: median([x["tree_pss_mb"] for x in runs.pop(f"idle {side}")]) for side in ("arrowstream", "datasets")}
+    idle = {side: median([x["tree_pss_mb"] for x in runs.pop(f"idle {side}")]) for side in ("arrowstream", *args.peers)}
     table = summarize(runs, configs, idle)
     rows = table_rows(table, expected)
     log(f"\n{cinfo['key']}: {expected:,} tokens with EOS, seq_len={L}, batch_size={B}, medians of {args.repeats}:\n")
@@ -411,15 +549,21 @@ def main(argv: list[str] | None = None) -> int:
     log("\nratios of the medians (median of the per-round ratios):\n")
     log(fmt_table(hheader, hrows))
     markdown.append(md_table(hheader, hrows))
-    log(f"\nidle (torch and the loader imported, nothing read), PSS: arrowstream {idle['arrowstream']:.0f} MB, "
-        f"datasets {idle['datasets']:.0f} MB; 'above idle' is the peak PSS of all processes minus it")
+    against = versus(table)
+    vrows = versus_rows(against)
+    log("\narrowstream against each peer, on the three measures of the bar:\n")
+    log(fmt_table(VERSUS_HEADER, vrows))
+    markdown.append(md_table(VERSUS_HEADER, vrows))
+    log("\nidle (torch and the loader imported, nothing read), PSS: "
+        + ", ".join(f"{side} {mb:.0f} MB" for side, mb in idle.items())
+        + "; 'above idle' is the peak PSS of all processes minus its side's")
 
     total_batches = runs["arrowstream concat, default, workers=0"][0]["batches"]
     states_dir = args.workdir / "peer-states"
     states_dir.mkdir(parents=True, exist_ok=True)
-    saved = save_states(shared, total_batches, states_dir, args.points)
+    saved = save_states(shared, total_batches, states_dir, args.points, args.peers)
     resume = measure_resume(shared, saved, args.points, args.repeats)
-    rrows = [[k, *(f"{resume[p][k]:.2f}" for p in resume)] for k in ("arrowstream", "datasets state_dict", "datasets skip")]
+    rrows = [[k, *(f"{resume[p][k]:.2f}" for p in resume)] for k in next(iter(resume.values()))]
     log("\nresume latency, seconds (new process, torch loaded: open, load the state, first batch or example):\n")
     log(fmt_table(["", *resume], rrows))
     markdown.append(md_table(["resume, seconds", *resume], rrows))
@@ -430,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"\ncorrectness checks: {len(checks.items) - len(failed)} passed, {len(failed)} failed")
     log(f"load average at the start {facts['loadavg_start']}, at the end {loadavg()}")
     if args.json:
+        from importlib.metadata import version
+
         import datasets
         import tiktoken
         import tokenizers
@@ -440,9 +586,12 @@ def main(argv: list[str] | None = None) -> int:
                 r.get("digest", {}).pop("histogram", None)
         args.json.write_text(json.dumps({
             "machine": facts, "versions": {"datasets": datasets.__version__, "torch": torch.__version__,
-                                           "tokenizers": tokenizers.__version__, "tiktoken": tiktoken.__version__},
+                                           "tokenizers": tokenizers.__version__, "tiktoken": tiktoken.__version__,
+                                           **{k: version(k) for k in args.peers if k != "datasets"}},
+            "peers": args.peers,
             "corpus": cinfo, "tokenizer": tinfo, "seq_len": L, "batch_size": B, "repeats": args.repeats,
             "expected_tokens": expected, "stream_sha256": ref["sha256"], "runs": runs, "table": table, "headline": ratios,
+            "versus": against,
             "idle_pss_mb": idle, "resume": resume, "checks": checks.items,
         }, indent=1, default=str))
     return 1 if failed else 0

@@ -8,8 +8,9 @@ libraries measured are imported inside the clock, after ``import torch``,
 for every pipeline and resume alike. The raw encoders' clock covers the
 encoding only (texts in memory, encoder built), as a ceiling should.
 
-Spec keys: ``kind`` (``raw``, ``arrowstream``, ``datasets``, ``idle``,
-``resume-arrowstream``, ``resume-datasets``, ``skip``), ``corpus``,
+Spec keys: ``kind`` (``raw``, ``arrowstream``, ``datasets``, ``torchdata``,
+``grain``, ``idle``, ``resume-arrowstream``, ``resume-datasets``,
+``resume-torchdata``, ``resume-grain``, ``skip``), ``corpus``,
 ``tokenizer``, ``tiktoken``, ``seq_len``, ``batch_size``, ``eos_id``,
 ``vocab_size``, and per kind ``method``, ``digest``, ``strategy``,
 ``backend``, ``even_batches``, ``encoder``, ``workers``, ``side``, ``state``,
@@ -18,6 +19,7 @@ Spec keys: ``kind`` (``raw``, ``arrowstream``, ``datasets``, ``idle``,
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -28,6 +30,7 @@ from contestants import (
     StreamDigest,
     arrowstream_dataset,
     datasets_pipeline,
+    grain_pipeline,
     raw_count,
     raw_digest,
     raw_encoder,
@@ -36,6 +39,13 @@ from contestants import (
 )
 
 RESULT = "BENCH_PEERS_RESULT "
+#: What each idle process imports: the libraries of a side, nothing read.
+IDLE_IMPORTS = {
+    "arrowstream": ("arrowstream",),
+    "datasets": ("datasets", "tiktoken", "tokenizers"),
+    "torchdata": ("datasets", "tiktoken", "tokenizers", "torchdata.stateful_dataloader"),
+    "grain": ("grain", "pyarrow.parquet", "tiktoken", "tokenizers"),
+}
 
 
 def peak_mb() -> float:
@@ -58,7 +68,8 @@ def run_raw(spec: dict[str, Any]) -> dict[str, Any]:
     out = {"tokens": n, "docs": len(texts), "wall_s": wall, "tok_per_s": n / wall, "peak_mb": peak_mb()}
     if spec.get("digest"):
         fresh = raw_encoder(method, spec["tokenizer"], spec["tiktoken"])
-        out["digest"] = raw_digest(method, fresh, texts, spec["eos_id"], spec["vocab_size"])
+        out["digest"] = raw_digest(method, fresh, texts, spec["eos_id"], spec["vocab_size"],
+                                   seq_len=spec["seq_len"])
     return out
 
 
@@ -68,11 +79,33 @@ def build_loader(spec: dict[str, Any], torch: Any) -> tuple[Any, Any]:
     if spec["kind"] == "datasets":
         ds = datasets_pipeline(corpus, tok, Path(spec["tiktoken"]), seq_len=L, encoder=spec["encoder"])
         return ds, torch.utils.data.DataLoader(ds, batch_size=B, num_workers=workers)
+    if spec["kind"] == "torchdata":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        ds = datasets_pipeline(corpus, tok, Path(spec["tiktoken"]), seq_len=L, encoder=spec["encoder"])
+        return ds, StatefulDataLoader(ds, batch_size=B, num_workers=workers)
+    if spec["kind"] == "grain":
+        ds = grain_pipeline(corpus, tok, Path(spec["tiktoken"]), seq_len=L, batch_size=B, encoder=spec["encoder"],
+                            workers=workers)
+        return ds, iter_grain(ds, torch)
     ds = arrowstream_dataset(corpus, tok, seq_len=L, batch_size=B, strategy=spec["strategy"],
                              backend=spec["backend"], even_batches=spec["even_batches"])
     if workers:
         return ds, torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=workers)
     return ds, ds.to_torch()  # tensors, as a training loop takes them
+
+
+def iter_grain(ds: Any, torch: Any) -> Any:
+    """Yield Grain's numpy batches as tensors, one ``torch.from_numpy`` per batch; close the iterator at the end.
+
+    A training loop converts so; closing stops ``mp_prefetch``'s workers.
+    """
+    it = iter(ds)
+    try:
+        for batch in it:
+            yield {"input_ids": torch.from_numpy(batch)}
+    finally:
+        it.close()
 
 
 def run_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
@@ -81,12 +114,8 @@ def run_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     if spec["kind"] == "idle":  # the libraries loaded, nothing read: the memory floor of each side
-        if spec["side"] == "arrowstream":
-            import arrowstream  # noqa: F401
-        else:
-            import datasets  # noqa: F401
-            import tiktoken  # noqa: F401
-            import tokenizers  # noqa: F401
+        for module in IDLE_IMPORTS[spec["side"]]:
+            importlib.import_module(module)
         time.sleep(0.5)
         return {"peak_mb": peak_mb()}
     ds, loader = build_loader(spec, torch)
@@ -108,7 +137,11 @@ def run_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_resume(spec: dict[str, Any]) -> dict[str, Any]:
-    """Time opening the dataset, loading a saved state (or skipping) and the first batch or example."""
+    """Time opening the dataset, loading a saved state (or skipping) and the first batch or example.
+
+    The peers resume the ``tokenizers`` encoder's pipeline (``datasets``' usual
+    encoder); StatefulDataLoader and Grain without workers, as ``datasets``.
+    """
     import torch  # noqa: F401 - loaded before the clock on both sides, as in training
 
     state = json.loads(Path(spec["state"]).read_text()) if spec.get("state") else None
@@ -119,6 +152,19 @@ def run_resume(spec: dict[str, Any]) -> dict[str, Any]:
                                  backend="auto", even_batches=None)
         it = ds.iter(state)
         next(it)
+    elif spec["kind"] == "resume-grain":
+        ds = grain_pipeline(corpus, tok, Path(spec["tiktoken"]), seq_len=L, batch_size=spec["batch_size"],
+                            encoder="tokenizers", workers=0)
+        it = iter(ds)
+        it.set_state(state)
+        next(it)
+    elif spec["kind"] == "resume-torchdata":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        ds = datasets_pipeline(corpus, tok, Path(spec["tiktoken"]), seq_len=L, encoder="tokenizers")
+        loader = StatefulDataLoader(ds, batch_size=spec["batch_size"])
+        loader.load_state_dict(state)
+        next(iter(loader))
     else:
         ds = datasets_pipeline(corpus, tok, Path(spec["tiktoken"]), seq_len=L, encoder="tokenizers")
         if spec["kind"] == "resume-datasets":
@@ -134,7 +180,7 @@ def main(argv: list[str]) -> int:
     kind = spec["kind"]
     if kind == "raw":
         out = run_raw(spec)
-    elif kind in ("arrowstream", "datasets", "idle"):
+    elif kind in ("arrowstream", "datasets", "torchdata", "grain", "idle"):
         out = run_pipeline(spec)
     else:
         out = run_resume(spec)

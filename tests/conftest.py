@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,15 @@ import pytest
 from tokenizers import Tokenizer
 
 from arrowstream.testing.data import make_texts, sample_tokenizer
+
+# The per-user cache (encoder verdicts) of this test session, and of the processes it starts: never the
+# user's own, so a run starts cold and leaves nothing behind. Tests of the default location set their own.
+_SESSION_CACHE = tempfile.mkdtemp(prefix="arrowstream-test-cache-")
+os.environ["ARROWSTREAM_CACHE_DIR"] = _SESSION_CACHE
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

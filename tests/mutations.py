@@ -47,6 +47,92 @@ class Mutant:
 
 MUTANTS = [
     Mutant(
+        "ramp-resume-rereads-the-cut-chunk",
+        "a resume whose read mark is inside a chunk (a ramp-up window ended there) takes the whole chunk as new",
+        "arrowstream/pack/lookahead.py",
+        "        before, after = chunk.split(np.array([k]))\n        return before, after",
+        "        return None, chunk",
+        ("tests/test_ramp.py",),
+    ),
+    Mutant(
+        "bucket-ramp-emits-every-batch",
+        "a small ramp-up window emits all its batches, cut from a small pool (more padding)",
+        "arrowstream/pack/bucketrun.py",
+        "        if ramping and not final and batches:",
+        "        if False:",
+        ("tests/test_ramp.py",),
+    ),
+    Mutant(
+        "windows-never-ramp",
+        "look-ahead windows are full from the start: the first batch waits for a whole window",
+        "arrowstream/pack/lookahead.py",
+        "    if not ramp or window <= RAMP_FIRST:",
+        "    if True:",
+        ("tests/test_ramp.py",),
+    ),
+    Mutant(
+        "best-fit-ramps-every-epoch",
+        "best_fit ramps its windows at every epoch, not only the first (later epochs change)",
+        "arrowstream/pack/bestfit.py",
+        "ramp=self.ramp and self.epoch == 0)",
+        "ramp=self.ramp)",
+        ("tests/test_ramp.py",),
+    ),
+    Mutant(
+        "old-states-ramp",
+        "a bucket state saved before the ramp resumes with it (its run goes on differently)",
+        "arrowstream/state/packers.py",
+        '                bool(data.get("ramp", False)),\n            )\n        except (KeyError, TypeError, ValueError) as exc:\n'
+        '            raise _malformed(exc) from exc\n\n    def to_dict(self) -> dict[str, Any]:\n'
+        '        """Return the part as a state holds it."""\n        return {\n            **self.progress.to_dict(),\n'
+        '            "read": list(self.read),\n            "window"',
+        '                bool(data.get("ramp", True)),\n            )\n        except (KeyError, TypeError, ValueError) as exc:\n'
+        '            raise _malformed(exc) from exc\n\n    def to_dict(self) -> dict[str, Any]:\n'
+        '        """Return the part as a state holds it."""\n        return {\n            **self.progress.to_dict(),\n'
+        '            "read": list(self.read),\n            "window"',
+        ("tests/test_ramp.py",),
+    ),
+    Mutant(
+        "prefetch-state-runs-ahead",
+        "with batches made ahead, state_dict() gives the producer's position, past batches not yet trained on",
+        "arrowstream/pytorch.py",
+        "if self._handed is not None:  # batches are made ahead",
+        "if False:",
+        ("tests/test_torch_prefetch.py",),
+    ),
+    Mutant(
+        "text-path-imports-pandas",
+        "a fresh process pays about 0.15 s to import pandas on its first slice",
+        "arrowstream/tokenize/__init__.py",
+        "        lengths = numbers_to_numpy(lengths)\n",
+        "        lengths = lengths.to_numpy(zero_copy_only=False)\n",
+        ("tests/test_warm_start.py",),
+    ),
+    Mutant(
+        "stored-sample-ignored",
+        "a process with a stored verdict samples the documents again (the warm start lost)",
+        "arrowstream/tokenize/encoders.py",
+        'if verdict is not None and verdict["ok"] and verdict.get("documents", 0) >= self._sample_left:',
+        "if False:",
+        ("tests/test_warm_start.py",),
+    ),
+    Mutant(
+        "sample-not-remembered",
+        "the end of the document sample is not stored, so every later process samples again",
+        "arrowstream/tokenize/encoders.py",
+        "                    self._remember_sample()\n",
+        "                    pass\n",
+        ("tests/test_warm_start.py",),
+    ),
+    Mutant(
+        "sample-deaf-to-other-processes",
+        "an encoder mid-sample never looks at what other processes stored",
+        "arrowstream/tokenize/encoders.py",
+        "if not self._sample_left or self._proven_elsewhere():",
+        "if not self._sample_left:",
+        ("tests/test_warm_start.py",),
+    ),
+    Mutant(
         "skipped-rows-flow-on",
         "the rows of a skipped row group go on as nulls instead of being counted as unreadable",
         "arrowstream/io/source.py",

@@ -85,6 +85,17 @@ def test_peers_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     assert any("exactly the raw encoders' stream" in c["name"] for c in result["checks"])
     markdown = (tmp_path / "peers.md").read_text()
     assert "| arrowstream concat, default, workers=0 |" in markdown and "| arrowstream |" in markdown
+    # the peers beside datasets: StatefulDataLoader over the same dataset, and Grain on the same recipe
+    peers = {f"{peer}, {encoder}, workers={w}" for peer in ("torchdata StatefulDataLoader + datasets", "grain")
+             for encoder in ("tokenizers", "tiktoken") for w in (0, 2)}
+    assert peers <= set(table)
+    assert all(table[name]["vs_datasets_same_encoder"] > 0 and table[name]["working_mb"] is not None for name in peers)
+    for name in peers:
+        checked = [c for c in result["checks"] if c["name"].startswith(name + ":")]
+        assert len(checked) == 2 and all(c["passed"] for c in checked), checked
+    assert {v["peer"] for v in result["versus"]} >= peers
+    assert {"torchdata StatefulDataLoader + datasets state_dict", "grain set_state"} <= set(result["resume"]["50%"])
+    assert "| grain, tiktoken, workers=2 |" in markdown and "| grain set_state |" in markdown
 
 
 def test_encoders_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
@@ -180,3 +191,31 @@ def test_storage_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())
     assert all(c["passed"] for c in results["checks"]) and len(results["checks"]) == 6
+
+
+def test_start_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
+    out = tmp_path / "start.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_start.py"), "--smoke",
+         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for kind in ("first", "second"):
+        assert result[kind]["start_tok_s"] > 0 and result[kind]["first_batch_s"] > 0
+    assert result["checks"] and all(check["passed"] for check in result["checks"])
+
+
+def test_stall_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
+    out = tmp_path / "stall.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_stall.py"), "--smoke",
+         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["runs"]) == {"workers=0, headroom=2.0", "workers=1, headroom=2.0"}
+    assert all(0 <= run["wait_share"] < 1 and run["rate"] > 0 for run in result["runs"].values())
+    assert result["checks"] and all(check["passed"] for check in result["checks"])

@@ -406,12 +406,13 @@ def test_both_backends_give_byte_identical_streams(tmp_path: Path, tok_large: To
 
 @pytest.mark.parametrize("sample_bytes", [0, 1500])
 def test_packing_loses_and_adds_no_token_with_the_fast_backend(
-    tmp_path: Path, tok_large: Tokenizer, sample_bytes: int, encoded_by: EncodedBy
+    tmp_path: Path, tok_large: Tokenizer, sample_bytes: int, encoded_by: EncodedBy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     texts = mixed_texts(60, seed=2)
     write_parts(tmp_path, [{"text": texts}], row_group_size=11)
     want = np.concatenate([np.array(ids + [0]) for ids in reference(tok_large, texts)])
-    enc = Encoder(tok_large, sample_bytes=sample_bytes)
+    monkeypatch.setattr(verdicts_module, "_verdicts", {})  # a first process: no sample done before
+    enc = Encoder(tok_large, sample_bytes=sample_bytes, cache_dir=None)
     ds = read_parquet(tmp_path).tokenize(enc).pack(seq_len=37, batch_size=3)
     assert ds.stages[-1].backend == "tiktoken"
     got = np.concatenate([b["input_ids"][b["segment_ids"] > 0] for b in ds])

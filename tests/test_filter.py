@@ -133,7 +133,7 @@ def test_the_filter_plan_runs_in_the_calling_thread(tmp_path: Path, monkeypatch:
 
     shim = type("acero", (), {"Declaration": Declaration, "TableSourceNodeOptions": acero.TableSourceNodeOptions,
                               "FilterNodeOptions": acero.FilterNodeOptions})
-    monkeypatch.setattr(filter_module, "acero", shim)
+    monkeypatch.setattr(filter_module, "_acero", lambda: shim)
     write_parts(tmp_path, [{"n": list(range(30)), "input_ids": [[i + 1] for i in range(30)]}], row_group_size=10)
     ds = read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0).filter(pc.equal(pc.bit_wise_and(pc.field("n"), 1), 0))
     got = [ids for b in ds for ids in b.column("input_ids").to_pylist()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,28 @@ def test_close_before_use_starts_no_thread() -> None:
     p = Prefetcher(lambda: iter(range(3)))
     p.close()
     assert not p._thread.is_alive() and not p._started
+
+
+def test_close_from_the_producer_thread_stops_it_without_joining_itself() -> None:
+    """Regression: a garbage collection that ran in the producer thread finalized the consumer, whose
+    close joined the current thread (RuntimeError, reported as an unraisable exception)."""
+    holder: dict[str, Prefetcher[int]] = {}
+    taken = threading.Event()
+    errors: list[BaseException] = []
+
+    def make():
+        yield 1
+        taken.wait(10)
+        try:
+            holder["p"].close()  # what that finalizer does, in this thread
+        except RuntimeError as exc:
+            errors.append(exc)
+        yield 2
+
+    p = Prefetcher(make, depth=1)
+    holder["p"] = p
+    assert next(p) == 1
+    taken.set()
+    p._thread.join(timeout=10)
+    assert errors == [] and not p._thread.is_alive()
+    assert list(p) == []  # closed: nothing more

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrowstream.errors import StateError
+from arrowstream.io.arrays import from_numpy
 
 __all__ = ["Chunk", "Ledger", "tokens_to_arrow"]
 
@@ -105,7 +106,7 @@ class Chunk:
             prev = skipped.get(reason)
             skipped[reason] = dropped if prev is None else np.sort(np.concatenate([prev, dropped]))
         if "batch" not in changes and self.batch is not None:
-            changes["batch"] = self.batch.filter(pa.array(keep))
+            changes["batch"] = self.batch.filter(from_numpy(keep))
         if "tokens" not in changes and self.tokens is not None and self.offsets is not None:
             lens = np.diff(self.offsets)
             token_keep = np.repeat(keep, lens)
@@ -293,7 +294,7 @@ def tokens_to_arrow(tokens: np.ndarray, offsets: np.ndarray) -> pa.ListArray:
     [[5, 6], [7]]
     """
     return pa.ListArray.from_arrays(
-        pa.array(offsets.astype(np.int32, copy=False)), pa.array(tokens, type=pa.int32())
+        from_numpy(offsets, pa.int32()), from_numpy(tokens, pa.int32())
     )
 
 

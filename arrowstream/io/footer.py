@@ -11,7 +11,7 @@ so opening the file later to read row groups reads no footer again.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pyarrow as pa
@@ -39,11 +39,33 @@ class FileInfo:
     # per row group and list column: (elements, rows holding a null or empty list), None if unknown
     list_values: tuple[dict[str, tuple[int, int] | None], ...]
     footer: str  # digest of the Parquet footer (sizes, offsets, statistics of every column chunk)
-    statistics: FileStatistics  # per row group: bounds and null counts of the top-level columns
     # what pins the file's bytes: a read refuses the file when they changed (see `check_pin`)
     mtime_ns: int | None = None  # on a local disk (object stores: the ETag says more)
     etag: str | None = None  # an object store's entity tag, when it gives one
     meta: pq.FileMetaData | None = field(default=None, compare=False, repr=False)  # the footer, parsed
+    _statistics: list[FileStatistics] = field(default_factory=list, compare=False, repr=False)  # once built
+
+    @property
+    def statistics(self) -> FileStatistics:
+        """Per row group: bounds and null counts of the top-level columns, for pruning.
+
+        Built from the parsed footer the first time a filter asks (only
+        pruning needs them; building them costs a fresh process the import
+        of pandas, through ``pyarrow.array``).
+        """
+        if not self._statistics:
+            if self.meta is None:
+                raise ValueError(f"no parsed footer kept for {self.path!r}: its statistics are unknown")
+            self._statistics.append(FileStatistics.of(self.meta, self.schema))
+        return self._statistics[0]
+
+    def __getstate__(self) -> list[Any]:
+        # without the statistics built on demand: a description pickles to the same bytes before and after use
+        return [[] if f.name == "_statistics" else getattr(self, f.name) for f in fields(self)]
+
+    def __setstate__(self, state: list[Any]) -> None:
+        for f, value in zip(fields(self), state):
+            object.__setattr__(self, f.name, value)
 
 
 def read_footer(fs: pafs.FileSystem, root: str, path: str, size: int, mtime_ns: int | None = None) -> FileInfo:
@@ -71,7 +93,7 @@ def file_info(
     return FileInfo(
         path=path, relpath=rel, size=size, row_counts=counts, row_bytes=nbytes,
         schema=schema, column_bytes=by_column, list_values=lists, footer=_footer_digest(meta),
-        statistics=FileStatistics.of(meta, schema), mtime_ns=mtime_ns, etag=etag, meta=meta,
+        mtime_ns=mtime_ns, etag=etag, meta=meta,
     )
 
 

@@ -142,7 +142,9 @@ class Prefetcher(Generic[T]):
         """Stop the producer and wait for its thread to end (at most the item in progress)."""
         self._stop.set()
         self._finished = True
-        if not self._started:
+        if not self._started or threading.current_thread() is self._thread:
+            # (the second: a garbage collection that ran in the producer thread finalized the
+            # consumer; the producer sees the stop flag at its next item)
             return
         while self._thread.is_alive():
             try:

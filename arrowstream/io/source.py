@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
+from arrowstream.io.arrays import from_numpy
 from arrowstream.io.chunk import Chunk
 from arrowstream.io.layout import Layout, ShuffleWindow
 from arrowstream.io.reader import ShardReader, innermost
@@ -90,7 +91,7 @@ def _iter_window(
         if window.order is None:
             rows = batch.slice(a, b - a)
         else:
-            rows = batch.take(pa.array(window.order[a:b]))
+            rows = batch.take(from_numpy(window.order[a:b]))
         chunk = Chunk(
             epoch=epoch,
             shard=shard,

@@ -268,9 +268,10 @@ class MixtureIterator:
             batch, counts = self._bucketed(int(ids[0]), int(rows[0]))
         else:
             names = self.mixture.names
-            taken = {
-                source: self._take(names[source], int(np.count_nonzero(ids == source)), int(rows.min()))
-                for source in np.unique(ids).tolist()  # in source order: the same pulls on every resume
+            need = np.bincount(ids, minlength=len(names)).tolist()
+            first_row = int(rows.min())
+            taken = {  # in source order: the same pulls on every resume
+                source: self._take(names[source], n, first_row) for source, n in enumerate(need) if n
             }
             batch, counts = place_rows(taken, ids, unit=self.mixture.unit, pad_ids=self.mixture.pad_ids)
         self._batches += 1

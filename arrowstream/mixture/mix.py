@@ -326,9 +326,14 @@ class PackedMixture:
         return self.iter()
 
     def to_torch(
-        self, *, rank: int | None = None, world_size: int | None = None, columns: Sequence[str] | None = None
+        self,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        columns: Sequence[str] | None = None,
+        prefetch: int = 4,
     ) -> TorchDataset:
         """Return a ``torch.utils.data.IterableDataset`` of tensor batches (see :meth:`Dataset.to_torch <arrowstream.Dataset.to_torch>`)."""
         from arrowstream.pytorch import TorchDataset
 
-        return TorchDataset(self, rank=rank, world_size=world_size, columns=columns)  # type: ignore[arg-type]
+        return TorchDataset(self, rank=rank, world_size=world_size, columns=columns, prefetch=prefetch)  # type: ignore[arg-type]

@@ -36,7 +36,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -98,16 +98,30 @@ def _approximate(shares: list[Fraction]) -> list[Fraction]:
     return [Fraction(c, MAX_PERIOD) for c in counts]
 
 
+@lru_cache(maxsize=64)
 def _period_order(counts: tuple[int, ...]) -> np.ndarray:
-    """Return one period of the largest-deficit order for integer weights ``counts``."""
+    """Return one period of the largest-deficit order for integer weights ``counts`` (read-only, cached per process).
+
+    The deficit of source ``s`` before row ``i``, times the period, is
+    ``counts[s] * (i + 1) - emitted[s] * period``: each row adds ``counts[s]``
+    to every source's and takes ``period`` from the one picked.
+    """
     period = sum(counts)
-    order = np.empty(period, dtype=np.int16)
-    emitted = [0] * len(counts)
+    live = [s for s, c in enumerate(counts) if c]  # a source of weight 0 is never picked
+    rates = [counts[s] for s in live]
+    deficit = list(rates)  # before row 0
+    picks = [0] * period
     for i in range(period):
-        # deficit of source s before row i, times the period: counts[s] * (i + 1) - emitted[s] * period
-        best = max(range(len(counts)), key=lambda s: (counts[s] * (i + 1) - emitted[s] * period, -s))
-        order[i] = best
-        emitted[best] += 1
+        best, top = 0, deficit[0]
+        for j in range(1, len(live)):
+            if deficit[j] > top:  # ties keep the lowest index
+                best, top = j, deficit[j]
+        picks[i] = best
+        deficit[best] -= period
+        for j in range(len(live)):
+            deficit[j] += rates[j]
+    order = np.asarray(live, dtype=np.int16)[np.asarray(picks, dtype=np.int64)]
+    order.flags.writeable = False
     return order
 
 
@@ -188,19 +202,25 @@ class Schedule:
     def sources_of(self, rows: np.ndarray) -> np.ndarray:
         """Return the source of each of the global ``rows`` (any order)."""
         rows = np.asarray(rows, dtype=np.int64)
+        if len(self.stages) == 1:
+            return self._stage_sources(self.stages[0], rows)
         out = np.empty(rows.shape, dtype=np.int16)
         starts = np.array([s.start for s in self.stages], dtype=np.int64)
         which = np.searchsorted(starts, rows, side="right") - 1
         for k in np.unique(which).tolist():
-            stage = self.stages[k]
             mask = which == k
-            local = rows[mask] - stage.start
-            period_index, phase = np.divmod(local, stage.period)
-            rotations = stage.rotations
-            pick = (np.modf((period_index + 1) * _SILVER)[0] * rotations.size).astype(np.int64)
-            phase = np.where(_reversed(period_index), stage.period - 1 - phase, phase)
-            out[mask] = stage.order[(phase + rotations[pick]) % stage.period]
+            out[mask] = self._stage_sources(self.stages[k], rows[mask])
         return out
+
+    @staticmethod
+    def _stage_sources(stage: Stage, rows: np.ndarray) -> np.ndarray:
+        """Return the source of each of ``rows``, all in ``stage``."""
+        local = rows - stage.start
+        period_index, phase = np.divmod(local, stage.period)
+        rotations = stage.rotations
+        pick = (np.modf((period_index + 1) * _SILVER)[0] * rotations.size).astype(np.int64)
+        phase = np.where(_reversed(period_index), stage.period - 1 - phase, phase)
+        return stage.order[(phase + rotations[pick]) % stage.period]
 
     def counts(self, row: int) -> np.ndarray:
         """Return how many of global rows ``0 .. row - 1`` each source fills."""

@@ -20,6 +20,13 @@ batch_size`` closed rows are permuted with a generator seeded by ``(seed,
 epoch, block)``, so batches are not ordered by length and the shuffle's state
 is one counter.
 
+With ``ramp`` (the default), the first epoch's first windows are smaller
+(64 documents, then four times as many each window up to ``window``; see
+:func:`~arrowstream.pack.lookahead.window_size`) and the blocks shuffled
+after them one batch each, so the first batch waits for a few dozen
+documents rather than a whole window. Later windows and epochs are as
+without it.
+
 The decisions work on lengths; the tokens move once per batch, gathered
 from the held documents. The state names held documents by reference
 (``[segment, seq]``, or ``[segment, seq, start, length]`` for a piece), with
@@ -52,6 +59,7 @@ from arrowstream.pack.lookahead import (
     Key,
     LookaheadRun,
     fresh_origin,
+    window_size,
 )
 from arrowstream.state import BestFitState, Position, Progress, SegmentRef, State
 
@@ -86,6 +94,11 @@ class BestFitPacker(Packer):
         shuffle across batches).
     seed
         Seed of that shuffle.
+    ramp
+        Start the first epoch with smaller windows (64 documents, four
+        times as many each window up to ``window``) and one-batch shuffle
+        blocks, so the first batch comes early; ``False``: every window is
+        ``window`` documents.
 
     Other parameters are those of :class:`~arrowstream.pack.Packer`.
 
@@ -124,6 +137,7 @@ class BestFitPacker(Packer):
         long_docs: str = "split",
         shuffle_batches: int = 4,
         seed: int = 0,
+        ramp: bool = True,
     ) -> None:
         super().__init__(
             seq_len=seq_len,
@@ -152,6 +166,7 @@ class BestFitPacker(Packer):
         self.long_docs = long_docs
         self.shuffle_batches = int(shuffle_batches)
         self.seed = int(seed)
+        self.ramp = bool(ramp)
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -163,6 +178,8 @@ class BestFitPacker(Packer):
             "long_docs": self.long_docs,
             "shuffle_batches": self.shuffle_batches,
             "seed": self.seed,
+            # only when off: the options (and states) of pipelines from before the ramp stay the same
+            **({} if self.ramp else {"ramp": False}),
         }
 
     def start(
@@ -193,6 +210,7 @@ class _BestFitRun(LookaheadRun):
         self.open: list[_Row] = []
         self.ready: list[list[DocSegment]] = []
         self.out: list[list[DocSegment]] = []
+        self.windows, self.ramp = 0, packer.ramp  # look-ahead windows read in the epoch
         if state is None:
             self.ledger = Ledger()
             self.epoch, self.emitted, self.block, self.flushed = 0, 0, 0, False
@@ -215,6 +233,7 @@ class _BestFitRun(LookaheadRun):
         self.emitted = part.progress.epoch_batches
         self.target = part.progress.target if part.progress.target_known else targets(self.counting)
         self.block, self.flushed, mark = part.block, part.flushed, part.read
+        self.windows, self.ramp = part.windows, part.ramp  # a state from before the ramp: none, to the end
         self.open = [_Row(_pieces(p), 0, age) for age, p in part.open]
         self.ready = [_pieces(p) for p in part.ready]
         self.out = [_pieces(p) for p in part.out]
@@ -248,10 +267,12 @@ class _BestFitRun(LookaheadRun):
             tuple((row.age, _encode(row.pieces)) for row in self.open),
             tuple(_encode(p) for p in self.ready),
             tuple(_encode(p) for p in self.out),
+            self.windows,
+            self.ramp,
         )
 
     def _new_epoch(self) -> None:
-        self.block = 0
+        self.block = self.windows = 0
 
     # -- batches --------------------------------------------------------------------
 
@@ -285,15 +306,18 @@ class _BestFitRun(LookaheadRun):
                 if not self._next_epoch(chunks):
                     raise StopIteration
                 continue
-            window = self.src.pull(chunks)
+            size = window_size(self.p.window, self.windows, ramp=self.ramp and self.epoch == 0)
+            window = self.src.pull(chunks, size, exact=size < self.p.window)
             if window is None:
                 self._close(list(range(len(self.open))))
                 self._shuffle_block(len(self.ready))
                 self.flushed = True
                 continue
+            self.windows += 1
             self._place(window.keys, window.docs)
             self._close_after_window()
-            block = self.p.shuffle_batches * self.p.batch_size  # whatever the rows asked for
+            # whatever the rows asked for; one batch while the windows ramp up, so the first goes out early
+            block = (1 if size < self.p.window else self.p.shuffle_batches) * self.p.batch_size
             while len(self.ready) >= block:
                 self._shuffle_block(block)
 

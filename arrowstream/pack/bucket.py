@@ -17,6 +17,12 @@ waits is always the newest part of the stream. At the end of an epoch
 everything is flushed: batches never span epochs, and the last one is kept,
 or dropped and counted with ``drop_last``. A window's batches go out in an
 order permuted by ``(seed, epoch, window)``, so lengths do not rise and fall.
+With ``ramp`` (the default) the first epoch's first windows are smaller (64
+documents, four times as many each window up to ``window``; see
+:func:`~arrowstream.pack.lookahead.window_size`), so the first batch comes
+after a few dozen documents rather than a whole window (a small window
+emits only its best-filled batch, the rest waits for a larger pool; see
+:mod:`arrowstream.pack.bucketrun`).
 
 Documents longer than ``max_len`` are truncated or dropped (``long_docs``) and
 counted. The decisions work on lengths; tokens move once per batch
@@ -35,25 +41,19 @@ one iterator.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError
-from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import Packer, PackRun
-from arrowstream.pack.assemble import PADDED_KEYS, assemble_padded_batch
+from arrowstream.pack.assemble import PADDED_KEYS
 from arrowstream.pack.base import check_even_batches
-from arrowstream.pack.lookahead import (
-    Doc,
-    DocumentSource,
-    Key,
-    LookaheadRun,
-    fresh_origin,
-)
-from arrowstream.state import BucketState, Position, Progress, State
+from arrowstream.pack.bucketrun import BucketRun
+from arrowstream.pack.lookahead import fresh_origin
+from arrowstream.state import Position, State
 
 __all__ = ["LONG_DOCS", "BucketPacker"]
 
@@ -90,6 +90,10 @@ class BucketPacker(Packer):
         for :class:`~arrowstream.pack.base.Packer`.
     seed
         Seed of the batch order.
+    ramp
+        Start the first epoch with smaller windows (64 documents, four times
+        as many each window up to ``window``), so the first batch comes
+        early; ``False``: every window is ``window`` documents.
 
     Raises
     ------
@@ -130,6 +134,7 @@ class BucketPacker(Packer):
         drop_last: bool = False,
         even_batches: bool | str = True,
         seed: int = 0,
+        ramp: bool = True,
     ) -> None:
         # Packer.__init__ is not called: a bucketed batch has no fixed `seq_len`
         if (batch_size is None) == (max_tokens is None):
@@ -168,6 +173,7 @@ class BucketPacker(Packer):
         self.max_len = max_len
         self.drop_last = bool(drop_last)
         self.even_batches = check_even_batches(even_batches)
+        self.ramp = bool(ramp)
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -182,13 +188,15 @@ class BucketPacker(Packer):
             "drop_last": self.drop_last,
             "even_batches": self.even_batches,
             "seed": self.seed,
+            # only when off: the options (and states) of pipelines from before the ramp stay the same
+            **({} if self.ramp else {"ramp": False}),
         }
 
     def start(
         self, state: State | None, *, targets: Callable[[int], int | None] | None = None, origin: Position | None = None
     ) -> PackRun:
         fresh_origin(self.name, origin)
-        return _BucketRun(self, state, targets or (lambda epoch: None))
+        return BucketRun(self, state, targets or (lambda epoch: None))
 
     # -- decisions on lengths ---------------------------------------------------------
 
@@ -327,173 +335,3 @@ class BucketPacker(Packer):
         total = (batches - 1 + last) * scale + (1 - last)  # the steady part scaled; the end once
         docs = n / total if self.batch_size is not None else None  # token budgets: counted in tokens
         return docs, float(drawn.sum()) * scale / total
-
-
-class _BucketRun(LookaheadRun):
-    def __init__(
-        self,
-        packer: BucketPacker,
-        state: State | None,
-        targets: Callable[[int], int | None],
-    ) -> None:
-        self.p = packer
-        self.targets = targets
-        self.store: dict[Key, Doc] = {}
-        self.carry: list[Key] = []  # documents waiting for the next window, in stream order
-        self.out: list[list[Key]] = []  # batches formed, in emission order
-        if state is None:
-            self.ledger = Ledger()
-            self.epoch, self.emitted, self.windows, self.flushed = 0, 0, 0, False
-            self._count(0)
-            self.target = targets(0)
-            self.src = DocumentSource(self.p.window, self.ledger, epoch=0)
-            return
-        self.ledger = Ledger(state.stats, state.epoch_stats)
-        loaded = self._load_position(state)
-        if not state.packer:  # a re-dealt share: nothing held, read from the position
-            epoch = loaded.epoch
-            self.epoch, self.emitted, self.windows, self.flushed = epoch, 0, 0, False
-            self._count(epoch)
-            self.target = targets(epoch)
-            mark = (epoch, loaded.segment, loaded.seq)
-            self.src = DocumentSource(self.p.window, self.ledger, epoch=epoch, mark=mark)
-            return
-        part = BucketState.from_dict(state.packer)
-        self._start_counting(part.progress)
-        self.emitted = part.progress.epoch_batches
-        self.target = part.progress.target if part.progress.target_known else targets(self.counting)
-        self.windows, self.flushed, mark = part.window, part.flushed, part.read
-        self.carry = list(part.carry)
-        self.out = [list(batch) for batch in part.out]
-        self.src = DocumentSource(
-            self.p.window,
-            self.ledger,
-            epoch=self.epoch,
-            mark=(mark[0], mark[1], mark[2]),
-            wanted=set(self._held_keys()),
-        )
-
-    # -- state ----------------------------------------------------------------------
-
-    def _held_keys(self) -> list[Key]:
-        return [*self.carry, *(key for batch in self.out for key in batch)]
-
-    def _held_docs(self) -> dict[Key, int]:
-        # documents are never cut: a held document's tokens are all still to come
-        return dict.fromkeys(self._held_keys(), 0)
-
-    def _packer_state(self, progress: Progress, read: tuple[int, int, int]) -> BucketState:
-        return BucketState(progress, read, self.windows, self.flushed, tuple(self.carry), tuple(map(tuple, self.out)))
-
-    def _new_epoch(self) -> None:
-        self.windows = 0
-
-    # -- batches --------------------------------------------------------------------
-
-    def next_batch(self, chunks: Iterator[Chunk]) -> dict[str, Any]:
-        if self.loaded is not None:
-            self._recover_documents(chunks)
-        while True:
-            if self.target is not None and self.emitted >= self.target:
-                # this consumer's share is used up: carry the rest into the next epoch's count, or
-                # in the last epoch drop it (and say so)
-                if not self._past_target(chunks, lambda: self._drop_rest(chunks)):
-                    raise StopIteration
-                continue
-            if self.out:
-                self.emitted += 1
-                return self._assemble(self.out.pop(0))
-            if self.flushed:  # the epoch's data is used up
-                if self._pad_to_target():
-                    self.emitted += 1
-                    self.ledger.add("padding_batches", 1)
-                    return self._assemble([])  # all padding: other consumers still have data
-                if not self._next_epoch(chunks):
-                    raise StopIteration
-                continue
-            window = self.src.pull(chunks)
-            if window is None:
-                self._form(self.carry, final=True)
-                self.flushed = True
-                continue
-            self._form(self.carry + self._admit(window.keys, window.docs))
-
-    def _size(self, key: Key) -> int:
-        """Tokens a held document puts in its row (``max_len`` at most)."""
-        n = int(self.store[key].tokens.size)
-        return n if self.p.max_len is None else min(n, self.p.max_len)
-
-    def _admit(self, keys: list[Key], docs: list[Doc]) -> list[Key]:
-        """Hold a window's documents, truncating or dropping long ones; return the held keys."""
-        limit = self.p.max_len
-        held: list[Key] = []
-        for key, doc in zip(keys, docs):
-            n = int(doc.tokens.size)
-            if limit is not None and n > limit:
-                if self.p.long_docs == "drop":
-                    self.ledger.add("long_docs_dropped", 1)
-                    self.ledger.add("long_tokens_dropped", n)
-                    continue
-                self.ledger.add("long_docs_truncated", 1)
-                self.ledger.add("truncated_tokens", n - limit)
-            self.store[key] = doc
-            held.append(key)
-        return held
-
-    def _form(self, pool: list[Key], *, final: bool = False) -> None:
-        """Cut ``pool`` into batches, queue them in a shuffled order, keep the leftovers."""
-        lengths = [self._size(key) for key in pool]
-        batches, left = self.p.plan(lengths, final=final)
-        self.carry = [pool[i] for i in left]
-        formed = [[pool[i] for i in batch] for batch in batches]
-        if (
-            final
-            and formed
-            and self.p.drop_last
-            and self.target is None
-            and not self.p.is_full([self._size(key) for key in formed[-1]])
-        ):
-            self._drop(formed.pop())
-        order = np.random.default_rng([self.p.seed, self.epoch, self.windows]).permutation(len(formed))
-        self.windows += 1
-        self.out.extend(formed[int(i)] for i in order)
-
-    def _assemble(self, keys: list[Key]) -> dict[str, Any]:
-        sizes = [self._size(key) for key in keys]
-        docs = [self.store[key] for key in keys]
-        parts = [doc.tokens[:n] for doc, n in zip(docs, sizes)]
-        masks = [doc.mask[:n] for doc, n in zip(docs, sizes) if doc.mask is not None]
-        batch = assemble_padded_batch(
-            np.concatenate(parts) if parts else np.empty(0, np.int32),
-            np.asarray(sizes, dtype=np.int64),
-            pad_id=self.p.pad_id,
-            pad_to_multiple_of=self.p.pad_to_multiple_of,
-            num_rows=None if keys else (self.p.batch_size or 1),
-            mask=np.concatenate(masks) if masks and len(masks) == len(parts) else None,
-        )
-        if self.carrying:  # read in an earlier epoch, counted in this one
-            self.ledger.add("carried_tokens", batch["num_tokens"])
-            self.ledger.add("carried_docs", sum(1 for key in keys if self.store[key].skip == 0))
-        for key in keys:
-            del self.store[key]
-        self.ledger.add("tokens", batch["num_tokens"])
-        self.ledger.add("padding_tokens", batch["num_padding_tokens"])
-        self.ledger.add("batches", 1)
-        return batch
-
-    def _drop(self, keys: list[Key]) -> None:
-        """Count held documents that will not be emitted and let them go."""
-        self.ledger.add("dropped_tokens", sum(self._size(key) for key in keys))
-        # a document whose head went out elsewhere (a re-dealt skip) is not a whole one
-        self.ledger.add("dropped_docs", sum(1 for key in keys if self.store[key].skip == 0))
-        for key in keys:
-            del self.store[key]
-
-    def _drop_rest(self, chunks: Iterator[Chunk]) -> None:
-        """Drop everything held and the rest of the epoch upstream, counted."""
-        self._drop(self._held_keys())
-        self.carry, self.out = [], []
-        docs, tokens = self.src.drain(chunks)
-        self.ledger.add("dropped_docs", docs)
-        self.ledger.add("dropped_tokens", tokens)
-        self.flushed = True

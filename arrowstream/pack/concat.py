@@ -200,32 +200,38 @@ class _ConcatRun(PackRun):
 
     def _layout(self, pieces: list[tuple[Chunk, int, int]], got: int, B: int) -> Layout:
         L = self.p.seq_len
-        src = np.concatenate([c.tokens[a:b] for c, a, b in pieces] or [np.empty(0, np.int32)])
-        masked = pieces and all(c.mask is not None for c, _, _ in pieces)
-        mask = np.concatenate([c.mask[a:b] for c, a, b in pieces]) if masked else None  # type: ignore[index]
-        rows = np.arange(0, got, L, dtype=np.int64)
+        if len(pieces) == 1:  # the usual case: the rows lie in one chunk
+            chunk, a, b = pieces[0]
+            src = chunk.tokens[a:b]
+            mask = None if chunk.mask is None else chunk.mask[a:b]
+        else:
+            src = np.concatenate([c.tokens[a:b] for c, a, b in pieces] or [np.empty(0, np.int32)])
+            masked = pieces and all(c.mask is not None for c, _, _ in pieces)
+            mask = np.concatenate([c.mask[a:b] for c, a, b in pieces]) if masked else None  # type: ignore[index]
         doc_starts, doc_ends = [], []
         base = 0
         for chunk, a, b in pieces:
-            offsets = chunk.offsets
-            starts = offsets[(offsets >= a) & (offsets < b)]
+            offsets = chunk.offsets  # increasing: the documents in [a, b) are a slice
+            starts = offsets[np.searchsorted(offsets, a) : np.searchsorted(offsets, b)]
             if chunk.head_skip and a == 0:
                 starts = starts[1:]  # the first document's head went out before: a continuation
             if chunk.epoch < self.epoch:  # carried: read in an earlier epoch, counted in this one
                 self.ledger.add("carried_tokens", b - a)
                 self.ledger.add("carried_docs", int(starts.size))
             doc_starts.append(starts - a + base)
-            ends = offsets[(offsets > a) & (offsets <= b)]
+            ends = offsets[np.searchsorted(offsets, a, "right") : np.searchsorted(offsets, b, "right")]
             if chunk.tail_take and b == offsets[-1]:
                 ends = ends[:-1]  # the last document goes on in another consumer's share
             doc_ends.append(ends - a + base)
             base += b - a
-        starts_all = np.concatenate(doc_starts or [np.empty(0, np.int64)])
-        bounds = np.unique(np.concatenate([rows, starts_all]))
-        seg_len = np.diff(np.append(bounds, got))
-        whole = _member(bounds, starts_all) & _member(
-            bounds + seg_len, np.concatenate(doc_ends or [np.empty(0, np.int64)])
-        )
+        starts_all = doc_starts[0] if len(doc_starts) == 1 else np.concatenate(doc_starts or [np.empty(0, np.int64)])
+        bounds = np.concatenate([np.arange(0, got, L, dtype=np.int64), starts_all])
+        bounds.sort()
+        if bounds.size > 1:  # row starts that are document starts too: once
+            bounds = bounds[np.concatenate(([True], bounds[1:] != bounds[:-1]))]
+        seg_len = np.diff(bounds, append=got)
+        ends_all = doc_ends[0] if len(doc_ends) == 1 else np.concatenate(doc_ends or [np.empty(0, np.int64)])
+        whole = _member(bounds, starts_all) & _member(bounds + seg_len, ends_all)
         self.ledger.add("tokens", got)
         self.ledger.add("padding_tokens", B * L - got)
         self.ledger.add("batches", 1)

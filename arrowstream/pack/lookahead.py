@@ -8,6 +8,13 @@ documents, cut only where a source chunk ends (a cell of the ``batch_rows``
 grid), so a window's contents depend only on where it starts, whether the
 stream started there or was resumed.
 
+Windows ramp up: unless a packer turns it off, the first windows of the
+first epoch hold :data:`RAMP_FIRST` documents, then four times as many each
+time, up to the packer's ``window`` (:func:`window_size`), so the first batch
+of a run waits for a few dozen documents, not a whole window. The ramp
+depends only on the epoch and the window's index in it, which the state
+keeps.
+
 A resume re-reads from the earliest held document (the *replay*): documents
 read before the checkpoint (before the *read mark*) are not counted again and
 are kept only if the state still references them; from the read mark on,
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -39,10 +46,41 @@ from arrowstream.state import (
     State,
 )
 
-__all__ = ["Doc", "DocumentSource", "Key", "LookaheadRun", "LookaheadWindow", "fresh_origin"]
+__all__ = [
+    "RAMP_FIRST",
+    "Doc",
+    "DocumentSource",
+    "Key",
+    "LookaheadRun",
+    "LookaheadWindow",
+    "fresh_origin",
+    "window_size",
+]
 
 #: A document's reference: ``(range, seq)`` in the consumer's work of an epoch (as states hold it).
 Key = DocKey
+
+
+#: Documents in the first window when windows ramp up (each next window holds four times as many).
+RAMP_FIRST = 64
+
+
+def window_size(window: int, index: int, *, ramp: bool) -> int:
+    """Return the documents of an epoch's window number ``index`` (from 0) for a packer of ``window``.
+
+    With ``ramp``, windows start at :data:`RAMP_FIRST` documents and grow
+    fourfold until they reach ``window``; without, every window is ``window``.
+
+    Examples
+    --------
+    >>> [window_size(1024, k, ramp=True) for k in range(4)]
+    [64, 256, 1024, 1024]
+    >>> window_size(1024, 0, ramp=False), window_size(40, 0, ramp=True)
+    (1024, 40)
+    """
+    if not ramp or window <= RAMP_FIRST:
+        return window
+    return min(window, RAMP_FIRST << min(2 * index, 62))
 
 
 def fresh_origin(name: str, origin: Position | None) -> None:
@@ -133,8 +171,13 @@ class DocumentSource:
                 self._check_recovered()
                 return None
             if self.mark is not None and (chunk.epoch, chunk.segment, chunk.seq_start) < self.mark:
-                self._replay(chunk)
-                continue
+                if (chunk.epoch, chunk.segment, chunk.seq_end) <= self.mark:
+                    self._replay(chunk)
+                    continue
+                # a ramp-up window ended inside this chunk, at a document: replay up to it
+                before, chunk = _cut_at(chunk, self.mark)
+                if before is not None:
+                    self._replay(before)
             self._check_recovered()
             self.mark = None
             return chunk
@@ -162,8 +205,16 @@ class DocumentSource:
             )
         self.mark = None
 
-    def pull(self, chunks: Iterator[Chunk]) -> LookaheadWindow | None:
-        """Return the next window of the current epoch, or ``None`` at the epoch's end."""
+    def pull(self, chunks: Iterator[Chunk], size: int | None = None, *, exact: bool = False) -> LookaheadWindow | None:
+        """Return the next window of the current epoch, or ``None`` at the epoch's end.
+
+        The window holds at least ``size`` documents (default: :attr:`size`)
+        and ends where a source chunk ends; with ``exact`` (a ramp-up
+        window), exactly ``size`` documents, cutting the chunk that holds
+        the last one (the read mark then falls inside a read batch, at a
+        document, where a resume cuts the re-read chunk again).
+        """
+        size = self.size if size is None else size
         keys: list[Key] = []
         docs: list[Doc] = []
         while True:
@@ -171,12 +222,14 @@ class DocumentSource:
             if chunk is None or chunk.epoch != self.epoch:
                 self._pending = chunk
                 break
+            if exact and len(keys) < size < len(keys) + chunk.num_docs:
+                chunk, self._pending = chunk.split(np.array([size - len(keys)]))
             self.ledger.commit(chunk)
             self.read = (chunk.epoch, chunk.segment, chunk.seq_end)
             for i, key in enumerate(_keys(chunk)):
                 keys.append(key)
                 docs.append(_doc(chunk, i))
-            if len(keys) >= self.size and chunk.source_end:
+            if len(keys) >= size and (exact or chunk.source_end):
                 break
         return LookaheadWindow(self.epoch, keys, docs) if keys else None
 
@@ -212,6 +265,23 @@ class DocumentSource:
     def exhausted(self) -> bool:
         """Whether upstream has ended and nothing is pending."""
         return self._ended and self._pending is None
+
+
+def _cut_at(chunk: Chunk, mark: tuple[int, int, int]) -> tuple[Chunk | None, Chunk]:
+    """Split ``chunk`` at the read mark, a kept document of it: the rows before (``None`` if no document) and from it."""
+    seq = mark[2]
+    k = int(np.searchsorted(chunk.seq, seq))
+    if (chunk.epoch, chunk.segment) != mark[:2] or k == chunk.num_docs or int(chunk.seq[k]) != seq:
+        raise StateError(
+            f"the state's read mark {mark} falls inside a chunk of rows {chunk.seq_start}..{chunk.seq_end} "
+            "but at no document of it: the state was edited or the data changed"
+        )
+    if k:
+        before, after = chunk.split(np.array([k]))
+        return before, after
+    # only skipped rows before the mark: they were counted with the window before
+    skipped = {reason: seqs[seqs >= seq] for reason, seqs in chunk.skipped.items() if (seqs >= seq).any()}
+    return None, replace(chunk, seq_start=seq, row_start=chunk.row_start + seq - chunk.seq_start, skipped=skipped)
 
 
 def _keys(chunk: Chunk) -> list[Key]:

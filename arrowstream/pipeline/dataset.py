@@ -482,6 +482,7 @@ class Dataset:
         rank: int | None = None,
         world_size: int | None = None,
         columns: Sequence[str] | None = None,
+        prefetch: int = 4,
     ) -> TorchDataset:
         """Return a ``torch.utils.data.IterableDataset`` of tensor batches (needs ``torch``).
 
@@ -489,10 +490,10 @@ class Dataset:
         initialised; DataLoader workers each become a consumer. ``columns``
         keeps only the named arrays of each batch (for a model whose
         ``forward`` takes, say, ``input_ids``, ``labels`` and
-        ``position_ids``). See :mod:`arrowstream.pytorch` and ``docs/training.md``.
+        ``position_ids``). ``prefetch`` batches are made ahead in a
+        background thread while the step runs (0: none). See
+        :mod:`arrowstream.pytorch` and ``docs/training.md``.
         """
-        from arrowstream.pytorch import (
-            TorchDataset,  # torch is optional: imported on use
-        )
+        from arrowstream.pytorch import TorchDataset  # torch is optional: imported on use
 
-        return TorchDataset(self, rank=rank, world_size=world_size, columns=columns)
+        return TorchDataset(self, rank=rank, world_size=world_size, columns=columns, prefetch=prefetch)

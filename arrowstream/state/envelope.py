@@ -29,15 +29,17 @@ __all__ = [
 ]
 
 STATE_FORMAT = "arrowstream.state"
-STATE_VERSION = 6
+STATE_VERSION = 7
 #: Versions this release loads. Version 2 left out empty parts (``held``, ``next_work``,
 #: counters not moved yet); version 3 has the same keys at every step; version 4 says how
 #: each epoch's streams were cut (``work.by``: by rows before, the only way then); version 5
 #: carries data past an estimated target into the next epoch's count (``packer.data_epoch``,
 #: counters ``carried_docs`` and ``carried_tokens``; none before); version 6 deals counted
 #: ``concat`` shares of whole batches (``work.by`` ``"batches"``), whose row ranges may end
-#: inside a document (a fifth number, ``take``).
-READABLE_VERSIONS = (2, 3, 4, 5, 6)
+#: inside a document (a fifth number, ``take``); version 7 starts the look-ahead packers'
+#: epochs with smaller windows (``packer.ramp``, and ``packer.windows`` for ``best_fit``;
+#: an older state has none and its run never ramps).
+READABLE_VERSIONS = (2, 3, 4, 5, 6, 7)
 #: The keys of ``position`` that name its place for people (checked on load, not used).
 WHERE_KEYS = ("stream", "file", "row_group", "row")
 

@@ -115,12 +115,16 @@ class BestFitState:
 
     ``open`` rows carry their age (look-ahead windows seen) and document segments;
     ``ready`` rows wait for their block of batches to be shuffled; ``out``
-    rows are shuffled and go out next.
+    rows are shuffled and go out next. ``windows`` counts the look-ahead
+    windows read in the epoch and ``ramp`` says whether the first ones are
+    smaller (version 7; a state saved before has neither: no ramp, which the
+    run keeps).
 
     Examples
     --------
     >>> part = {"epoch": 0, "epoch_batches": 2, "target": None, "data_epoch": None, "read": [0, 0, 40], "block": 1,
-    ...         "flushed": False, "open": [[1, [[0, 3]]]], "ready": [], "out": [[[0, 5, 0, 8]]]}
+    ...         "flushed": False, "open": [[1, [[0, 3]]]], "ready": [], "out": [[[0, 5, 0, 8]]], "windows": 2,
+    ...         "ramp": True}
     >>> BestFitState.from_dict(part).to_dict() == part
     True
     """
@@ -132,6 +136,8 @@ class BestFitState:
     open: tuple[tuple[int, tuple[SegmentRef, ...]], ...]
     ready: tuple[tuple[SegmentRef, ...], ...]
     out: tuple[tuple[SegmentRef, ...], ...]
+    windows: int = 0
+    ramp: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BestFitState:
@@ -145,6 +151,8 @@ class BestFitState:
                 tuple((int(age), tuple(map(_segment_ref, row))) for age, row in data["open"]),
                 tuple(tuple(map(_segment_ref, row)) for row in data["ready"]),
                 tuple(tuple(map(_segment_ref, row)) for row in data["out"]),
+                count(data.get("windows", 0), "packer.windows"),
+                bool(data.get("ramp", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise _malformed(exc) from exc
@@ -159,6 +167,8 @@ class BestFitState:
             "open": [[age, [list(p) for p in row]] for age, row in self.open],
             "ready": [[list(p) for p in row] for row in self.ready],
             "out": [[list(p) for p in row] for row in self.out],
+            "windows": self.windows,
+            "ramp": self.ramp,
         }
 
 
@@ -166,10 +176,14 @@ class BestFitState:
 class BucketState:
     """The ``packer`` part of ``bucket``: progress, reading mark, carried documents and formed batches.
 
+    ``window`` counts the windows formed in the epoch; ``ramp`` says whether
+    the first ones are smaller (version 7; a state saved before has no
+    ``ramp``: no ramp, which the run keeps).
+
     Examples
     --------
     >>> part = {"epoch": 0, "epoch_batches": 1, "target": 3, "data_epoch": None, "read": [0, 0, 9], "window": 2,
-    ...         "flushed": False, "carry": [[0, 7]], "out": [[[0, 1], [0, 4]]]}
+    ...         "flushed": False, "carry": [[0, 7]], "out": [[[0, 1], [0, 4]]], "ramp": True}
     >>> BucketState.from_dict(part).to_dict() == part
     True
     """
@@ -180,6 +194,7 @@ class BucketState:
     flushed: bool
     carry: tuple[DocKey, ...]
     out: tuple[tuple[DocKey, ...], ...]
+    ramp: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BucketState:
@@ -192,6 +207,7 @@ class BucketState:
                 bool(data["flushed"]),
                 tuple(map(_key, data["carry"])),
                 tuple(tuple(map(_key, batch)) for batch in data["out"]),
+                bool(data.get("ramp", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise _malformed(exc) from exc
@@ -205,4 +221,5 @@ class BucketState:
             "flushed": self.flushed,
             "carry": [list(k) for k in self.carry],
             "out": [[list(k) for k in batch] for batch in self.out],
+            "ramp": self.ramp,
         }

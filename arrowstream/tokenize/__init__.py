@@ -33,6 +33,7 @@ from tokenizers import Tokenizer
 from arrowstream.checks import check_int
 from arrowstream.core.stage import KnownTokens, Stage
 from arrowstream.errors import ConfigError, SchemaError
+from arrowstream.io.arrays import bools_to_numpy, from_numpy, numbers_to_numpy
 from arrowstream.io.chunk import Chunk, tokens_to_arrow
 from arrowstream.io.manifest import Manifest
 from arrowstream.io.reader import Reader, ShardReader
@@ -323,11 +324,11 @@ class Tokenize(Stage):
     def encode_array(self, texts: pa.Array) -> pa.Array:
         """Encode a text array into ``list<int32>`` ids (no EOS), null for a null text."""
         assert self.encoder is not None
-        valid = texts.is_valid().to_numpy(zero_copy_only=False)
+        valid = bools_to_numpy(texts.is_valid())
         # an empty text keeps no id, as the stage drops it before encoding (a post-processor
         # would give it a BOS)
-        present = pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False) > 0
-        texts_present = texts.filter(pa.array(present)).to_pylist()
+        present = numbers_to_numpy(pc.binary_length(texts)) > 0
+        texts_present = texts.filter(from_numpy(present)).to_pylist()
         flat, lens = (
             self.encoder.encode(texts_present) if texts_present else (np.empty(0, np.int32), np.zeros(0, np.int64))
         )
@@ -336,7 +337,7 @@ class Tokenize(Stage):
         offsets = np.zeros(len(texts) + 1, dtype=np.int32)
         np.cumsum(all_lens, out=offsets[1:])
         return pa.ListArray.from_arrays(
-            pa.array(offsets), pa.array(flat, type=pa.int32()), mask=pa.array(~valid)
+            from_numpy(offsets), from_numpy(flat, pa.int32()), mask=from_numpy(~valid)
         )
 
     def split(self, chunk: Chunk, *, warm: int = 0) -> Iterable[Chunk]:
@@ -350,14 +351,14 @@ class Tokenize(Stage):
         assert chunk.batch is not None
         if IDS_COLUMN in chunk.batch.schema.names:  # ids from the token cache: nothing to encode
             col = chunk.batch.column(IDS_COLUMN)
-            chunk = chunk.with_rows(col.is_valid().to_numpy(zero_copy_only=False), "null")
-            lengths = pc.list_value_length(chunk.batch.column(IDS_COLUMN)).to_numpy(zero_copy_only=False)
+            chunk = chunk.with_rows(bools_to_numpy(col.is_valid()), "null")
+            lengths = numbers_to_numpy(pc.list_value_length(chunk.batch.column(IDS_COLUMN)))
             return [chunk.with_rows(lengths > 0, "empty")]
         col = chunk.batch.column(self.column)
-        chunk = chunk.with_rows(col.is_valid().to_numpy(zero_copy_only=False), "null")
+        chunk = chunk.with_rows(bools_to_numpy(col.is_valid()), "null")
         col = chunk.batch.column(self.column)
         lengths = pc.binary_length(col) if self.tokenizer is not None else pc.list_value_length(col)
-        lengths = lengths.to_numpy(zero_copy_only=False)
+        lengths = numbers_to_numpy(lengths)
         chunk = chunk.with_rows(lengths > 0, "empty")
         if self.tokenizer is None or chunk.num_docs == 0:
             return [chunk]
@@ -410,7 +411,7 @@ class Tokenize(Stage):
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks()
         lens = pc.list_value_length(col).to_numpy(zero_copy_only=False)
-        valid = col.is_valid().to_numpy(zero_copy_only=False)
+        valid = bools_to_numpy(col.is_valid())
         ids_lens = np.diff(offsets)
         bad = np.flatnonzero(~valid | (np.nan_to_num(lens, nan=-1) != ids_lens))
         if bad.size:

@@ -74,6 +74,7 @@ from arrowstream.tokenize.verdicts import (
     _cached_verdict,
     _forget_verdict,
     _store_verdict,
+    default_verdict_dir,
 )
 
 __all__ = ["BACKENDS", "Encoder", "load_tokenizer", "probe_texts", "tokenizer_hash"]
@@ -188,14 +189,19 @@ class Encoder:
         Let the post-processor add its tokens (a BOS, say), as in
         ``tokenizer.encode(..., add_special_tokens=...)``.
     cache_dir
-        Directory for the verdicts of the built-in checks, one small JSON file
-        per tokenizer hash (for example ``~/.cache/arrowstream/encoders``);
-        ``None`` keeps them in this process only.
+        Directory for the verdicts (the built-in checks' and the document
+        sample's), one small JSON file per tokenizer hash, so that only the
+        first process on a machine pays for the proof. ``"auto"``:
+        :func:`~arrowstream.tokenize.verdicts.default_verdict_dir`
+        (``~/.cache/arrowstream/encoders``, moved by ``ARROWSTREAM_CACHE_DIR``,
+        turned off by ``ARROWSTREAM_CACHE_DIR=off``); ``None`` keeps them in
+        this process only.
     sample_bytes
         Text of the first documents encoded by both backends before tiktoken
         alone is trusted (``backend="auto"``); the built-in checks run when it
         is done (or at :meth:`verify`). 0 skips this step and runs the checks
-        when the encoder is built.
+        when the encoder is built. A stored verdict whose sample was at least
+        this long skips it (tiktoken encodes from the first document).
 
     Raises
     ------
@@ -222,7 +228,7 @@ class Encoder:
         *,
         backend: str = "auto",
         add_special_tokens: bool = True,
-        cache_dir: str | os.PathLike[str] | None = None,
+        cache_dir: str | os.PathLike[str] | None = "auto",
         sample_bytes: int = 1 << 20,
     ) -> None:
         if backend not in BACKENDS:
@@ -231,7 +237,9 @@ class Encoder:
         self.tokenizer = load_tokenizer(tokenizer)
         self.add_special_tokens = bool(add_special_tokens)
         self.requested = backend
-        self.cache_dir = None if cache_dir is None else Path(cache_dir).expanduser()
+        self.cache_dir = (
+            default_verdict_dir() if cache_dir == "auto" else None if cache_dir is None else Path(cache_dir).expanduser()
+        )
         self.sample_bytes = sample_bytes
         self.hash = tokenizer_hash(self.tokenizer)
         self._lock = threading.Lock()
@@ -240,6 +248,8 @@ class Encoder:
         self._sample_left = 0
         self._sampled = 0
         self._pending = False  # built-in checks deferred to the end of the document sample
+        self._earlier = False  # the document sample was done by an earlier process
+        self._pool_started = False  # this process used the tokenizer's batch encoder (its thread pool runs)
         self.checked: dict[str, int] = {}
         self._reason = "backend='tokenizers' was asked for"
         if backend != "tokenizers":
@@ -264,7 +274,11 @@ class Encoder:
             return
         self._spec, self._fast = spec, _Fast(spec, encoding)
         self._sample_left = 0 if forced else self.sample_bytes
-        verdict = _cached_verdict(key, self.cache_dir)
+        verdict = _cached_verdict(key, self.cache_dir, documents=self._sample_left)
+        if verdict is not None and verdict["ok"] and verdict.get("documents", 0) >= self._sample_left:
+            self._sample_left = 0  # an earlier process checked as many documents: trust tiktoken from the start
+            self._sampled = int(verdict.get("documents", 0))
+            self._earlier = True
         if verdict is None and self._sample_left:
             # Deferred: the reference's ids are emitted until the sample is done anyway,
             # so the checks run then, off the path to the first batch.
@@ -322,8 +336,10 @@ class Encoder:
         vocab = [t for t in token_texts(spec) if t]
         probes = list(probe_texts()) + added_token_probes(spec.specials)
         checked = {"vocabulary tokens": len(vocab), "probe texts": len(probes)}
+        # The batch encoder is twice as fast, but starts the tokenizer's thread pool: only where the
+        # pipeline already started it (checks at the end of the document sample), never before a fork.
+        ref = self._reference_checks if self._pool_started else self._reference_serial
         for name, texts in (("vocabulary token", vocab), ("probe", probes)):
-            ref = self._reference_serial
             bad = _first_difference(texts, ref(texts), fast.encode(texts, ref))
             if bad is not None:
                 return {"ok": False, "reason": f"{name} text {bad}", "checked": checked}
@@ -341,6 +357,8 @@ class Encoder:
                 "built-in checks pending (they run when the document sample is done); "
                 f"{self._sampled:,} of the first {self.sample_bytes:,} bytes of documents checked so far"
             )
+        if self._earlier:
+            return self._reason + f" and {self._sampled:,} bytes of documents (checked by an earlier process)"
         if not self._sample_left:
             return self._reason + f" and the first {self._sampled:,} bytes of documents"
         return self._reason + f"; {self._sampled:,} of the first {self.sample_bytes:,} bytes of documents checked so far"
@@ -363,7 +381,7 @@ class Encoder:
         fast = self._fast
         if fast is None:
             return self._reference(texts)
-        if not self._sample_left:
+        if not self._sample_left or self._proven_elsewhere():
             return fast.encode(texts, self._reference)
         # Still checking: both backends encode, and the reference's ids are returned.
         ref = self._reference(texts)
@@ -382,16 +400,53 @@ class Encoder:
                 if not left and self._pending:
                     # Other threads keep encoding with both backends until this is settled.
                     self._settle(_cached_verdict(self._key(), self.cache_dir))
+                if not left and self._fast is not None:
+                    self._remember_sample()
                 if self._fast is not None:
                     self._sample_left = left
         return ref
 
+    def _proven_elsewhere(self) -> bool:
+        """During the sample: whether another process (a DataLoader worker, say) has since stored a full proof.
+
+        If so, the sample ends here and tiktoken encodes (True); a failure
+        stored there switches to ``tokenizers`` (False, the sample goes on
+        returning the reference's ids until :meth:`encode` sees the backend gone).
+        """
+        verdict = _cached_verdict(self._key(), self.cache_dir, documents=self.sample_bytes)
+        if verdict is None or (verdict["ok"] and verdict.get("documents", 0) < self.sample_bytes):
+            return False
+        with self._lock:
+            if self._fast is None or not self._sample_left:
+                return self._fast is not None
+            if self._pending or not verdict["ok"]:
+                self._settle(verdict)
+            if self._fast is None:
+                return False
+            self._sample_left, self._earlier = 0, True
+            self._sampled = int(verdict.get("documents", 0))
+            return True
+
+    def _remember_sample(self) -> None:
+        """Store that the sample passed, with its size, so later processes skip it (under the lock)."""
+        key = self._key()
+        verdict = _cached_verdict(key, self.cache_dir)
+        if verdict is not None and verdict["ok"]:
+            documents = max(int(verdict.get("documents", 0)), self._sampled)
+            _store_verdict(key, {**verdict, "documents": documents}, self.cache_dir)
+
     def _reference(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        self._pool_started = True
         encodings = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=self.add_special_tokens)
         # One int32 array per text, then one concatenation: measured faster than flattening
         # the id lists through an iterator chain.
         arrays = [np.array(e.ids, dtype=np.int32) for e in encodings]
         return _flatten(arrays)
+
+    def _reference_checks(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        # The batch encoder, for the built-in checks (not counted as documents encoded).
+        encodings = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=self.add_special_tokens)
+        return _flatten([np.array(e.ids, dtype=np.int32) for e in encodings])
 
     def _reference_serial(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         # One text at a time: the batch encoder would start the tokenizer's thread pool in
@@ -426,6 +481,7 @@ class Encoder:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_lock"], state["_fast"]  # rebuilt from the spec (cached per process)
+        state["_pool_started"] = False  # a new process has no thread pool yet
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

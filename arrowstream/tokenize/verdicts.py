@@ -1,12 +1,17 @@
 """The verdict store: whether tiktoken was proven to give a tokenizer's ids, remembered.
 
-A verdict (``ok``, the ``reason`` when not, and what was ``checked``) of the
-built-in checks of :mod:`arrowstream.tokenize.encoders` is kept under a key
-made of the tokenizer's hash, its options, the library versions and
-:data:`_CHECKS_VERSION`: in this process, and with a ``cache_dir`` on disk too,
-one small JSON file per key, so a later process skips the checks. A mismatch
-seen on real documents is stored as a failed verdict, so that tokenizer keeps
-the reference backend from then on.
+A verdict (``ok``, the ``reason`` when not, what was ``checked``, and how many
+bytes of real ``documents`` were encoded by both backends with equal ids) of
+the checks of :mod:`arrowstream.tokenize.encoders` is kept under a key made of
+the tokenizer's hash, its options, the library versions and
+:data:`_CHECKS_VERSION`: in this process, and on disk (one small JSON file per
+key) so that a later process, a DataLoader worker or a restart skips the
+proof. The directory is :func:`default_verdict_dir` unless the encoder names
+another: ``$ARROWSTREAM_CACHE_DIR/encoders``, else
+``$XDG_CACHE_HOME/arrowstream/encoders``, else
+``~/.cache/arrowstream/encoders``; ``ARROWSTREAM_CACHE_DIR=off`` keeps verdicts
+in the process only. A mismatch seen on real documents is stored as a failed
+verdict, so that tokenizer keeps the reference backend from then on.
 
 Invariants: a file is written to a temporary name then renamed, so readers
 never see half a verdict; a file that is missing, unreadable or for another
@@ -28,7 +33,13 @@ import tokenizers
 
 from arrowstream.errors import EncoderFallbackWarning
 
-__all__: list[str] = []  # used by arrowstream.tokenize.encoders only
+__all__ = ["CACHE_ENV", "default_verdict_dir"]
+
+#: The environment variable naming arrowstream's per-user cache directory (``off`` for none).
+CACHE_ENV = "ARROWSTREAM_CACHE_DIR"
+
+#: Values of :data:`CACHE_ENV` that turn the on-disk cache off.
+_OFF = ("", "off", "none", "0", "false", "no")
 
 #: Bump when the probe set or the checks change: cached verdicts then no longer apply.
 _CHECKS_VERSION = 1
@@ -37,17 +48,45 @@ _lock = threading.Lock()
 _verdicts: dict[str, dict[str, Any]] = {}
 
 
-def _cached_verdict(key: str, cache_dir: Path | None) -> dict[str, Any] | None:
+def default_verdict_dir() -> Path | None:
+    """Return where verdicts are kept by default, from the environment; ``None`` when turned off.
+
+    Examples
+    --------
+    >>> import os
+    >>> from unittest import mock
+    >>> with mock.patch.dict(os.environ, {"ARROWSTREAM_CACHE_DIR": "/scratch/me/arrowstream"}):
+    ...     print(default_verdict_dir())
+    /scratch/me/arrowstream/encoders
+    >>> with mock.patch.dict(os.environ, {"ARROWSTREAM_CACHE_DIR": "off"}):
+    ...     print(default_verdict_dir())
+    None
+    """
+    root = os.environ.get(CACHE_ENV)
+    if root is not None:
+        return None if root.strip().lower() in _OFF else Path(root).expanduser() / "encoders"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "arrowstream" / "encoders"
+
+
+def _cached_verdict(key: str, cache_dir: Path | None, *, documents: int = 0) -> dict[str, Any] | None:
+    """Return the verdict stored for ``key`` (in the process, else on disk), or ``None``.
+
+    With ``documents``, a verdict from the process that records fewer bytes
+    of documents is looked up on disk again (another process, a DataLoader
+    worker say, may have finished its sample since).
+    """
     with _lock:
         hit = _verdicts.get(key)
-    if hit is not None or cache_dir is None:
+    if cache_dir is None or (hit is not None and (not hit["ok"] or hit.get("documents", 0) >= documents)):
         return hit
     try:
         verdict = json.loads((cache_dir / f"{key}.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(verdict, dict) or verdict.get("key") != key or "ok" not in verdict:
-        return None
+        return hit
     with _lock:
         _verdicts[key] = verdict
     return verdict

@@ -1,0 +1,161 @@
+#!/usr/bin/env python
+"""Does the GPU ever wait? A consumer that behaves like a training step, against the loader.
+
+The consumer pulls batches from ``ds.to_torch()`` through a ``DataLoader``
+(``batch_size=None``, ``num_workers`` 0, 1 and 2, ``pin_memory`` when an
+accelerator is present) and holds each batch for a fixed step time while
+releasing the GIL (``time.sleep``), as a step that runs on a GPU does. It
+records the time spent inside ``next()``: the time the GPU would have waited.
+
+For each worker count, the loader's own rate is measured first (batches/s
+with no step time, after ``--warmup`` batches), then the consumer runs with a
+step time giving the loader ``--headroom`` times that rate (1.25: the loader
+is 25 % faster than the step). Reported per run, after the warm-up batches:
+the share of wall time spent waiting, and the p50/p99 wait per step. The
+first batch is start-up, not a stall, and is reported apart. Medians of
+``--repeats`` runs; every run is a fresh loader.
+
+Usage::
+
+    python benchmarks/bench_stall.py                   # 85 MB corpus, concat 8 x 2048
+    python benchmarks/bench_stall.py --smoke           # seconds: runs once, checks only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from harness import (
+    CheckFailed,
+    Checks,
+    corpus_dir,
+    fmt_table,
+    log,
+    machine_facts,
+    median,
+    tokenizer_file,
+)
+
+
+def _loader(args: argparse.Namespace, workers: int) -> Any:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from arrowstream import read_parquet
+
+    ds = read_parquet(args.corpus).tokenize(args.tokenizer).pack(seq_len=args.seq_len, batch_size=args.batch_size)
+    pin = torch.cuda.is_available()
+    options: dict[str, Any] = {"batch_size": None, "num_workers": workers, "pin_memory": pin}
+    if workers:
+        options["prefetch_factor"] = args.prefetch_factor
+        options["persistent_workers"] = False
+    return DataLoader(ds.to_torch(prefetch=args.prefetch), **options)
+
+
+def _rate(args: argparse.Namespace, workers: int) -> float:
+    """Batches per second the loader gives a consumer that never waits (after the warm-up)."""
+    it = iter(_loader(args, workers))
+    for _ in range(args.warmup):
+        next(it)
+    start = time.perf_counter()
+    for _ in range(args.batches):
+        next(it)
+    rate = args.batches / (time.perf_counter() - start)
+    del it
+    return rate
+
+
+def _consume(args: argparse.Namespace, workers: int, step_s: float) -> dict[str, Any]:
+    """Run the consumer with ``step_s`` per step; return its waits."""
+    t0 = time.perf_counter()
+    it = iter(_loader(args, workers))
+    next(it)
+    first = time.perf_counter() - t0
+    for _ in range(args.warmup - 1):
+        next(it)
+        time.sleep(step_s)
+    waits = np.empty(args.batches)
+    start = time.perf_counter()
+    for i in range(args.batches):
+        a = time.perf_counter()
+        next(it)
+        waits[i] = time.perf_counter() - a
+        time.sleep(step_s)  # the step: the GIL is released, as while a GPU computes
+    wall = time.perf_counter() - start
+    del it
+    return {
+        "first_batch_s": first,
+        "wait_share": float(waits.sum() / wall),
+        "p50_ms": float(np.percentile(waits, 50) * 1e3),
+        "p99_ms": float(np.percentile(waits, 99) * 1e3),
+        "step_ms": step_s * 1e3,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", default="/tmp/arrowstream-bench", help="cache of corpora and tokenizers")
+    p.add_argument("--mb", type=float, default=85.0, help="MB of text in the corpus")
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--workers", default="0,1,2", help="comma-separated DataLoader worker counts")
+    p.add_argument("--headroom", default="1.25,2", help="comma-separated: loader rate / consumer rate")
+    p.add_argument("--batches", type=int, default=300, help="batches measured per run (after the warm-up)")
+    p.add_argument("--warmup", type=int, default=20, help="batches before measuring")
+    p.add_argument("--prefetch-factor", type=int, default=2, help="DataLoader prefetch_factor with workers")
+    p.add_argument("--prefetch", type=int, default=4, help="to_torch(prefetch=...): batches made ahead in a thread")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: run the checks in seconds")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
+    if args.smoke:
+        args.mb, args.vocab, args.batches, args.warmup, args.repeats = 2, 2000, 20, 3, 1
+        args.seq_len, args.workers, args.headroom = 256, "0,1", "2"
+    work = Path(args.workdir)
+    tok, _ = tokenizer_file(work, args.vocab)
+    corpus, _ = corpus_dir(work, args.mb, seed=0, rows_per_group=1000, mb_per_file=max(args.mb / 2, 0.25))
+    args.corpus, args.tokenizer = str(corpus), str(tok)
+    workers = [int(w) for w in args.workers.split(",")]
+    headrooms = [float(h) for h in args.headroom.split(",")]
+    results: dict[str, Any] = {"machine": machine_facts(), "args": vars(args), "runs": {}}
+    rows = []
+    for k in workers:
+        rates = [_rate(args, k) for _ in range(args.repeats)]
+        rate = median(rates)
+        log(f"workers={k}: {rate:.0f} batches/s ({rate * args.batch_size * args.seq_len / 1e6:.2f} M token slots/s)")
+        for h in headrooms:
+            step = h / rate
+            runs = [_consume(args, k, step) for _ in range(args.repeats)]
+            summary = {key: median([r[key] for r in runs]) for key in runs[0]}
+            results["runs"][f"workers={k}, headroom={h}"] = {"rate": rate, "rates": rates, "runs": runs, **summary}
+            rows.append([k, f"{rate:.0f}", h, f"{step * 1e3:.2f}", f"{100 * summary['wait_share']:.1f}",
+                         f"{summary['p50_ms']:.2f}", f"{summary['p99_ms']:.2f}", f"{summary['first_batch_s']:.2f}"])
+            log(f"  headroom {h}: step {step * 1e3:.2f} ms, waited {100 * summary['wait_share']:.1f} % of wall time, "
+                f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms")
+    log()
+    log(fmt_table(["workers", "loader batches/s", "headroom", "step ms", "wait % of wall", "p50 wait ms",
+                   "p99 wait ms", "first batch s"], rows))
+    log(f"(concat {args.batch_size} x {args.seq_len}, medians of {args.repeats}; waits over {args.batches} steps "
+        f"after {args.warmup} warm-up batches)")
+    checks = Checks()
+    try:
+        for name, run in results["runs"].items():
+            checks(0.0 <= run["wait_share"] < 1.0, f"{name}: a wait share was measured", f"{run['wait_share']:.3f}")
+    except CheckFailed:
+        return 1
+    finally:
+        results["checks"] = checks.items
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+#!/usr/bin/env python
+"""How fast a fresh process gets to full speed: the first tokens against the steady state.
+
+Each figure comes from a fresh child process (this file with ``--child``):
+``read_parquet(corpus).tokenize(tokenizer.json path).pack(strategy)``, no
+workers, tokenizer given by path, nothing in the token cache. The clock starts
+in the parent just before the child is spawned (so imports, loading the
+tokenizer, converting it and proving the encoder are all inside it) and the
+child reports, on the same system-wide monotonic clock, when its first batch
+came and when it had emitted ``--tokens`` real tokens; it then goes on for
+``--steady-tokens`` more and reports that stretch's rate (the steady state).
+
+Two kinds of process, alternating, medians of ``--repeats``:
+
+- ``first``: a new, empty encoder verdict directory (``ARROWSTREAM_CACHE_DIR``):
+  the very first process on a machine, which pays for the encoder's proof;
+- ``second``: the same directory again, as every later process, DataLoader
+  worker or restart.
+
+The bar (issue 18): over the first 4 M tokens, at least 0.8x the steady speed
+on a second process and 0.5x on the first; first batch within 0.5 s.
+``padding %`` is the share of padding in every batch the child emitted
+(``best_fit`` and ``bucket``: ``--no-ramp`` gives the same figures with full
+look-ahead windows from the start, for comparison).
+
+Usage::
+
+    python benchmarks/bench_start.py                  # 85 MB corpus, 4 M tokens
+    python benchmarks/bench_start.py --smoke          # seconds: checks only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# The child imports arrowstream after its clock started (in the parent), as any training script does.
+
+
+def child(args: argparse.Namespace) -> None:
+    from arrowstream import read_parquet
+
+    ramp = {} if args.strategy == "concat" else {"ramp": not args.no_ramp}
+    if args.strategy == "bucket":
+        ds = read_parquet(args.corpus).tokenize(args.tokenizer).bucket(
+            max_tokens=args.seq_len * args.batch_size, max_len=args.seq_len, **ramp
+        )
+    else:
+        ds = read_parquet(args.corpus).tokenize(args.tokenizer).pack(
+            seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy, **ramp
+        )
+    it = ds.iter()
+    tokens = 0
+    first = None
+    for batch in it:
+        if first is None:
+            first = time.monotonic()
+        tokens += int(batch["num_tokens"])
+        if tokens >= args.tokens:
+            break
+    reached, start_tokens = time.monotonic(), tokens
+    for batch in it:
+        tokens += int(batch["num_tokens"])
+        if tokens - start_tokens >= args.steady_tokens:
+            break
+    done = time.monotonic()
+    stats = it.stats
+    print(json.dumps({
+        "first_batch": first, "reached": reached, "tokens": start_tokens, "done": done,
+        "steady_tokens": tokens - start_tokens,
+        "padding": stats["padding_tokens"] / max(1, stats["padding_tokens"] + stats["tokens"]),
+    }))
+
+
+def run_child(args: argparse.Namespace, cache_dir: str) -> dict[str, Any]:
+    cmd = [
+        sys.executable, __file__, "--child", "--corpus", args.corpus, "--tokenizer", args.tokenizer,
+        "--tokens", str(args.tokens), "--steady-tokens", str(args.steady_tokens), "--strategy", args.strategy,
+        "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), *(["--no-ramp"] if args.no_ramp else []),
+    ]
+    env = dict(os.environ, ARROWSTREAM_CACHE_DIR=cache_dir)
+    start = time.monotonic()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"child failed:\n{out.stderr[-3000:]}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    return {
+        "first_batch_s": res["first_batch"] - start,
+        "start_tok_s": res["tokens"] / (res["reached"] - start),
+        "steady_tok_s": res["steady_tokens"] / (res["done"] - res["reached"]),
+        "tokens": res["tokens"],
+        "padding": res["padding"],
+    }
+
+
+def main() -> int:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from harness import (
+        CheckFailed,
+        Checks,
+        corpus_dir,
+        fmt_table,
+        log,
+        machine_facts,
+        median,
+        tokenizer_file,
+    )
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--corpus", help=argparse.SUPPRESS)
+    p.add_argument("--tokenizer", help=argparse.SUPPRESS)
+    p.add_argument("--workdir", default="/tmp/arrowstream-bench", help="cache of corpora and tokenizers")
+    p.add_argument("--mb", type=float, default=85.0, help="MB of text in the corpus")
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--tokens", type=int, default=4_000_000, help="the start: tokens timed from process start")
+    p.add_argument("--steady-tokens", type=int, default=6_000_000, help="tokens after the start, for the steady rate")
+    p.add_argument("--strategy", default="concat", choices=["concat", "best_fit", "bucket"])
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--no-ramp", action="store_true", help="best_fit and bucket: full windows from the start (ramp=False)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: run the checks in seconds")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
+    if args.child:
+        child(args)
+        return 0
+    if args.smoke:
+        args.mb, args.tokens, args.steady_tokens, args.repeats, args.vocab = 3, 200_000, 200_000, 1, 2000
+    work = Path(args.workdir)
+    tok, _ = tokenizer_file(work, args.vocab)
+    corpus, _ = corpus_dir(work, args.mb, seed=0, rows_per_group=1000, mb_per_file=max(args.mb / 2, 0.25))
+    args.corpus, args.tokenizer = str(corpus), str(tok)
+    runs: dict[str, list[dict[str, Any]]] = {"first": [], "second": []}
+    for r in range(args.repeats):
+        with tempfile.TemporaryDirectory(prefix="arrowstream-verdicts-") as cache_dir:
+            for kind in ("first", "second"):
+                res = run_child(args, cache_dir)
+                runs[kind].append(res)
+                log(f"  run {r + 1} {kind}: first batch {res['first_batch_s']:.2f} s, first {res['tokens'] / 1e6:.1f} M "
+                    f"tokens {res['start_tok_s'] / 1e6:.2f} M tok/s, then {res['steady_tok_s'] / 1e6:.2f} M tok/s")
+    steady = median([r["steady_tok_s"] for kind in runs for r in runs[kind]])
+    rows, results = [], {"machine": machine_facts(), "args": vars(args), "steady_tok_s": steady}
+    for kind, items in runs.items():
+        start = median([r["start_tok_s"] for r in items])
+        first = median([r["first_batch_s"] for r in items])
+        padding = median([r["padding"] for r in items])
+        results[kind] = {"runs": items, "start_tok_s": start, "first_batch_s": first, "ratio": start / steady,
+                         "padding": padding}
+        rows.append([kind, f"{first:.2f}", f"{start / 1e6:.2f}", f"{steady / 1e6:.2f}", f"{start / steady:.2f}",
+                     f"{100 * padding:.3f}"])
+    log()
+    log(fmt_table(["process", "first batch s", f"first {args.tokens / 1e6:g} M tokens (M tok/s)",
+                   "steady (M tok/s)", "start / steady", "padding %"], rows))
+    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, no workers; steady = median of every run's rate "
+        f"after its first {args.tokens / 1e6:g} M tokens; medians of {args.repeats})")
+    checks = Checks()
+    try:
+        for kind in runs:
+            least = min(r["tokens"] for r in runs[kind])
+            checks(least >= args.tokens, f"{kind}: every run reached {args.tokens:,} tokens (a larger --mb if not)",
+                   f"fewest {least:,}")
+    except CheckFailed:
+        return 1
+    finally:
+        results["checks"] = checks.items
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

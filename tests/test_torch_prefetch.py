@@ -1,0 +1,119 @@
+"""Batches made ahead in a background thread (``to_torch(prefetch=N)``): the same batches, and states of those handed out."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from arrowstream import mix, read_parquet
+from arrowstream.pytorch import TorchDataset
+from arrowstream.testing import assert_resumes_identically
+
+from .conftest import named_docs, write_parts
+
+
+def _ds(tmp_path: Path, epochs: int = 2):
+    rng = np.random.default_rng(7)
+    docs = named_docs([int(n) for n in rng.integers(1, 12, size=90)])
+    parts = [{"input_ids": pa.array(docs[a : a + 30], pa.list_(pa.int32()))} for a in range(0, 90, 30)]
+    write_parts(tmp_path, parts, row_group_size=7)
+    ds = read_parquet(tmp_path, batch_rows=5, num_epochs=epochs).shuffle(seed=3, window=2)
+    return ds.tokenize(None, column="input_ids", eos_id=0)
+
+
+class TorchIterator:
+    """A :class:`TorchDataset` iterated in this process, seen as an iterator with state (for the resume helper)."""
+
+    def __init__(self, dataset: TorchDataset) -> None:
+        self.dataset = dataset
+        self._gen: Any = None
+
+    def __iter__(self) -> TorchIterator:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._gen is None:
+            self._gen = iter(self.dataset)
+        batch = next(self._gen)
+        return {k: v.numpy() if hasattr(v, "numpy") else v for k, v in batch.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)
+        self._gen = None
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_prefetched_batches_resume_exactly_at_every_step(tmp_path: Path, prefetch: int) -> None:
+    packed = _ds(tmp_path).pack(seq_len=8, batch_size=2)
+    steps = assert_resumes_identically(lambda: TorchIterator(packed.to_torch(prefetch=prefetch)), min_epochs=2)
+    assert steps > 20
+
+
+def test_prefetching_gives_the_batches_and_states_of_no_prefetching(tmp_path: Path) -> None:
+    for packed in (
+        _ds(tmp_path / "a").pack(seq_len=8, batch_size=2, strategy="best_fit"),
+        mix({"x": _ds(tmp_path / "b"), "y": _ds(tmp_path / "c")}, {"x": 2, "y": 1}).pack(seq_len=8, batch_size=3),
+    ):
+        runs = []
+        for prefetch in (0, 4):
+            it = TorchIterator(packed.to_torch(prefetch=prefetch))
+            runs.append([(b["input_ids"].tobytes(), it.state_dict()) for b in itertools.islice(it, 60)])  # a mixture is endless
+        assert runs[0] == runs[1] and len(runs[0]) > 10
+
+
+def test_the_state_is_of_the_batches_handed_out_while_the_thread_runs_ahead(tmp_path: Path) -> None:
+    packed = _ds(tmp_path).pack(seq_len=8, batch_size=2)
+    reference = TorchIterator(packed.to_torch(prefetch=0))
+    for _ in range(4):
+        next(reference)
+    want = reference.state_dict()
+    ahead = packed.to_torch(prefetch=8)
+    gen = iter(ahead)
+    for _ in range(4):
+        next(gen)
+    deadline = time.monotonic() + 5
+    while ahead._it is not None and ahead._it.stats["batches"] < 12 and time.monotonic() < deadline:
+        time.sleep(0.01)  # let the producer run well ahead
+    assert ahead._it.stats["batches"] >= 12  # it did run ahead ...
+    assert ahead.state_dict() == want  # ... and the state is still that after the 4th batch
+    gen.close()
+
+
+def test_an_abandoned_iteration_stops_its_thread(tmp_path: Path) -> None:
+    packed = _ds(tmp_path, epochs=50).pack(seq_len=8, batch_size=2)
+    before = {t for t in threading.enumerate() if t.name == "arrowstream-prefetch"}
+    gen = iter(packed.to_torch(prefetch=2))
+    next(gen)
+    gen.close()
+    after = {t for t in threading.enumerate() if t.name == "arrowstream-prefetch" and t.is_alive()}
+    assert after <= before
+
+
+def test_torchdata_resumes_with_workers_that_prefetch(tmp_path: Path) -> None:
+    packed = _ds(tmp_path).pack(seq_len=8, batch_size=2)
+    whole = [b["input_ids"].numpy().tobytes() for b in StatefulDataLoader(packed.to_torch(prefetch=3), batch_size=None, num_workers=2)]
+    loader = StatefulDataLoader(packed.to_torch(prefetch=3), batch_size=None, num_workers=2)
+    it = iter(loader)
+    first = [next(it)["input_ids"].numpy().tobytes() for _ in range(7)]
+    state = loader.state_dict()
+    del it
+    resumed = StatefulDataLoader(packed.to_torch(prefetch=3), batch_size=None, num_workers=2)
+    resumed.load_state_dict(state)
+    assert first + [b["input_ids"].numpy().tobytes() for b in resumed] == whole
+
+
+def test_prefetch_must_be_a_count(tmp_path: Path) -> None:
+    packed = _ds(tmp_path).pack(seq_len=8, batch_size=2)
+    with pytest.raises(ValueError, match="prefetch"):
+        packed.to_torch(prefetch=-1)
