@@ -11,9 +11,11 @@ stream started there or was resumed.
 Windows ramp up: unless a packer turns it off, the first windows of the
 first epoch hold :data:`RAMP_FIRST` documents, then four times as many each
 time, up to the packer's ``window`` (:func:`window_size`), so the first batch
-of a run waits for a few dozen documents, not a whole window. The ramp
-depends only on the epoch and the window's index in it, which the state
-keeps.
+of a run waits for a few dozen documents, not a whole window. A ramp-up
+window ends at its last document, cutting the chunk that holds it, so its
+read mark may fall inside a read batch; a resume cuts the re-read chunk at
+the mark again. The ramp depends only on the epoch and the window's index
+in it, which the state keeps.
 
 A resume re-reads from the earliest held document (the *replay*): documents
 read before the checkpoint (before the *read mark*) are not counted again and
