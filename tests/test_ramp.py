@@ -120,3 +120,19 @@ def test_the_ramp_costs_no_padding_to_speak_of(corpus: Path, strategy: str) -> N
         share[ramp] = it.stats["padding_tokens"] / (it.stats["padding_tokens"] + it.stats["tokens"])
     # bucket: a small window emits only its best-filled batch (emitting all of them cost 2 points here)
     assert share[True] <= share[False] + 0.003, share
+
+
+@pytest.mark.parametrize("strategy", ["best_fit", "bucket"])
+def test_skipped_rows_after_a_ramp_window_are_counted_once_across_resumes(tmp_path: Path, strategy: str) -> None:
+    """The first ramp window ends at row 63 inside a read chunk; rows 64-65 are empty (skipped): the mark is 66."""
+    lengths = heavy_tail(500, seed=5, cap=120)
+    lengths[64] = lengths[65] = 0
+    root = write_named_docs(tmp_path, lengths, files=1, rg=100)
+    ds = _pipeline(root, strategy, num_epochs=2)
+    it = ds.iter()
+    next(it)
+    assert it.state_dict()["packer"]["read"][2] == 66  # the next kept document, after the skipped rows
+    assert assert_resumes_identically(ds, every=2, min_epochs=2) > 10
+    for _ in it:
+        pass
+    assert it.stats["empty"] == 2 * 2  # two empty rows, each epoch, counted once
