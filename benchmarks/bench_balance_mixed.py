@@ -47,6 +47,7 @@ def mixed_corpus(workdir: Path, size_mb: float, *, files: int = 8, rows_per_grou
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     per_file = size_mb * 1e6 / files
+    step = 2000 if size_mb >= 50 else 100  # documents generated at a time: a small corpus stays small
     rng = np.random.default_rng(7)
     alphabet = np.array(list("abcdefghijklmnopqrstuvwxyz0123456789"))
     for f in range(files):
@@ -54,7 +55,7 @@ def mixed_corpus(workdir: Path, size_mb: float, *, files: int = 8, rows_per_grou
         size = 0
         seed = 100 * f
         while size < per_file:
-            batch = make_texts(2000, seed=seed)
+            batch = make_texts(step, seed=seed)
             seed += 1
             if f % 2:  # the same document lengths, every word replaced by a random identifier
                 batch = [

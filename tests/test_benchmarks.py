@@ -6,71 +6,53 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_core_benchmark_smoke_run_passes_its_correctness_checks(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_core.py"), "--smoke",
-         "--workdir", str(tmp_path / "work"), "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
+def _bench(tmp_path: Path, script: str, *args: str, workdir: bool = True, timeout: int = 600) -> tuple[Any, str]:
+    """Run ``benchmarks/<script>`` with ``args`` (and ``--workdir``, ``--json``); return its JSON report and stdout.
+
+    Fails with the end of its output when the script exits non-zero (a failed check does).
+    """
+    out = tmp_path / f"{Path(script).stem}.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / script), *args, "--json", str(out)]
+    if workdir:
+        command += ["--workdir", str(tmp_path / "work")]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "correctness checks" in proc.stdout
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_core_benchmark_smoke_run_passes_its_correctness_checks(tmp_path: Path) -> None:
+    result, stdout = _bench(tmp_path, "bench_core.py", "--smoke")
+    assert "correctness checks" in stdout
     assert result  # the JSON report was written
 
 
 def test_shuffle_benchmark_runs_and_beats_shard_order(tmp_path: Path) -> None:
-    out = tmp_path / "shuffle.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_shuffle.py"), "--files", "4", "--groups", "4",
-         "--rows", "200", "--window", "4", "--run", "400", "--epochs", "2", "--json", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(out.read_text())["results"]
+    report, _ = _bench(tmp_path, "bench_shuffle.py", "--files", "4", "--groups", "4", "--rows", "200", "--window", "4",
+                       "--run", "400", "--epochs", "2", workdir=False, timeout=300)
+    results = report["results"]
     ours = results["arrowstream .shuffle(window=4, fragments=2)"]
     assert ours["source_imbalance"] < results["shard-order shuffle"]["source_imbalance"]
     assert abs(ours["position_correlation"]) < 0.2
 
 
 def test_packing_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
-    out = tmp_path / "packing.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_packing.py"), "--smoke",
-         "--workdir", str(tmp_path / "work"), "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = json.loads(out.read_text())["results"]
+    results = _bench(tmp_path, "bench_packing.py", "--smoke")[0]["results"]
     best, concat = results["best_fit window=1024 (default)"], results["concat"]
     assert best["cut_per_100_docs"] < concat["cut_per_100_docs"]
 
 
 def test_analysis_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
-    out = tmp_path / "analysis.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_analysis.py"), "--smoke",
-         "--workdir", str(tmp_path / "work"), "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, _ = _bench(tmp_path, "bench_analysis.py", "--smoke")
     assert result["chars"]["wall_s"] > 0 and result["tokens"]["ratio"] > 0
 
 
 def test_peers_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
-    out = tmp_path / "peers.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_peers.py"), "--smoke",
-         "--workdir", str(tmp_path / "work"), "--json", str(out), "--markdown", str(tmp_path / "peers.md")],
-        capture_output=True, text=True, timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, _ = _bench(tmp_path, "bench_peers.py", "--smoke", "--markdown", str(tmp_path / "peers.md"), timeout=900)
     table = result["table"]
     assert set(table) >= {"raw tokenizers", "raw tiktoken-joined", "arrowstream concat, tokenizers, workers=0",
                           "arrowstream concat, default, workers=0", "datasets, tokenizers, workers=0",
@@ -99,123 +81,58 @@ def test_peers_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
 
 
 def test_encoders_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_encoders.py"), "--smoke",
-         "--workdir", str(tmp_path / "work"), "--json", str(tmp_path / "enc.json")],
-        capture_output=True, text=True, timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert json.loads((tmp_path / "enc.json").read_text())
+    result, _ = _bench(tmp_path, "bench_encoders.py", "--smoke", timeout=900)
+    assert result
 
 
 def test_cache_benchmark_smoke_run_passes_its_check(tmp_path: Path) -> None:
-    out = tmp_path / "cache.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_cache.py"), "--smoke",
-         "--workdir", str(tmp_path / "work"), "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert json.loads(out.read_text())["ratio_vs_raw"] > 0
+    result, _ = _bench(tmp_path, "bench_cache.py", "--smoke")
+    assert result["ratio_vs_raw"] > 0
 
 
 def test_transfer_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
-    out = tmp_path / "transfer.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_transfer.py"), "--smoke", "--json", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, _ = _bench(tmp_path, "bench_transfer.py", "--smoke", workdir=False, timeout=300)
     assert result["checks_passed"] and set(result["us_per_batch"]) == {"one storage", "tensor per array"}
 
 
 def test_versions_benchmark_smoke_run_compares_a_checkout_with_itself(tmp_path: Path) -> None:
-    out = tmp_path / "versions.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_versions.py"), "--smoke", "--before", str(ROOT),
-         "--workdir", str(tmp_path / "work"), "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report, _ = _bench(tmp_path, "bench_versions.py", "--smoke", "--before", str(ROOT))
     assert {"text tok_per_s", "cache tok_per_s", "resume resume_s"} <= set(report)
     assert all(report[k]["ratio"] > 0 for k in ("text tok_per_s", "cache tok_per_s"))
 
 
 def test_balance_benchmark_smoke_run_counts_without_dropping(tmp_path: Path) -> None:
-    out = tmp_path / "balance.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_balance.py"), "--smoke", "--ranks", "3",
-         "--workers", "2", "--workdir", str(tmp_path / "work"), "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, _ = _bench(tmp_path, "bench_balance.py", "--smoke", "--ranks", "3", "--workers", "2")
     assert result["counted"]["dropped_tokens"] == 0 and result["indexed"]["dropped_tokens"] == 0
     assert all(c["passed"] for c in result["checks"]) and result["index_s"] > 0
 
 
 def test_mixed_balance_benchmark_smoke_run_carries_and_counts(tmp_path: Path) -> None:
-    out = tmp_path / "mixed.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_balance_mixed.py"), "--smoke", "--ranks", "2",
-         "--workers", "2", "--workdir", str(tmp_path / "work"), "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, _ = _bench(tmp_path, "bench_balance_mixed.py", "--smoke", "--ranks", "2", "--workers", "2")
     assert all(c["passed"] for c in result["checks"])
     assert result["results"]["one epoch, counted (length index)"]["dropped_tokens"] == 0
     assert result["results"]["two shuffled epochs, estimated, even_batches=True"]["carried_tokens"] > 0
 
 
 def test_mixture_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
-    out = tmp_path / "mixture.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_mixture.py"), "--smoke", "--modes", "ids",
-         "--workdir", str(tmp_path / "work"), "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, _ = _bench(tmp_path, "bench_mixture.py", "--smoke", "--modes", "ids")
     assert result["ids"]["ratio"] > 0 and all(c["passed"] for c in result["checks"])
 
 
 def test_storage_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
-    out = tmp_path / "storage.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_storage.py"), "--smoke", "--json", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = json.loads(out.read_text())
+    results, _ = _bench(tmp_path, "bench_storage.py", "--smoke", workdir=False, timeout=300)
     assert all(c["passed"] for c in results["checks"]) and len(results["checks"]) == 6
 
 
 def test_start_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
-    out = tmp_path / "start.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_start.py"), "--smoke",
-         "--workdir", str(tmp_path / "work"), "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, _ = _bench(tmp_path, "bench_start.py", "--smoke")
     for kind in ("first", "second"):
         assert result[kind]["start_tok_s"] > 0 and result[kind]["first_batch_s"] > 0
     assert result["checks"] and all(check["passed"] for check in result["checks"])
 
 
 def test_stall_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
-    out = tmp_path / "stall.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_stall.py"), "--smoke",
-         "--workdir", str(tmp_path / "work"), "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, _ = _bench(tmp_path, "bench_stall.py", "--smoke")
     assert set(result["runs"]) == {"workers=0, headroom=2.0", "workers=1, headroom=2.0"}
     assert all(0 <= run["wait_share"] < 1 and run["rate"] > 0 for run in result["runs"].values())
     assert result["checks"] and all(check["passed"] for check in result["checks"])

@@ -34,8 +34,8 @@ def test_cached_output_is_identical_and_skips_the_encoder(
     tmp_path: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = _data(tmp_path / "data")
-    plain = read_parquet(root).tokenize(tokenizer).pack(seq_len=64, batch_size=2)
-    cached = read_parquet(root).tokenize(tokenizer, cache=tmp_path / "cache").pack(seq_len=64, batch_size=2)
+    plain = read_parquet(root).tokenize(tokenizer).pack(seq_len=64, batch_size=8)
+    cached = read_parquet(root).tokenize(tokenizer, cache=tmp_path / "cache").pack(seq_len=64, batch_size=8)
     expected = _batches(plain)
     assert _batches(cached) == expected  # first pass: tokenized and kept
     it = plain.iter()
@@ -46,12 +46,12 @@ def test_cached_output_is_identical_and_skips_the_encoder(
         raise AssertionError("the encoder ran although every row group is cached")
 
     monkeypatch.setattr(Encoder, "encode", refuse)
-    again = read_parquet(root).tokenize(tokenizer, cache=tmp_path / "cache").pack(seq_len=64, batch_size=2)
+    again = read_parquet(root).tokenize(tokenizer, cache=tmp_path / "cache").pack(seq_len=64, batch_size=8)
     assert _batches(again) == expected
     it = again.iter()
     list(it)
     assert it.stats == first_stats  # null and empty rows counted the same way
-    assert assert_resumes_identically(again) > 3
+    assert assert_resumes_identically(again) > 40  # resumed at every one of the steps
 
 
 def test_unpacked_pipelines_keep_the_text_and_hide_the_cache_column(tmp_path: Path, tokenizer: Tokenizer) -> None:

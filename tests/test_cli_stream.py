@@ -57,6 +57,29 @@ def test_stream_runs_the_pipeline_python_builds(
     assert saved["stats"]["filtered"] + saved["stats"]["pruned_rows"] == 42 and any(cache.rglob("*.ids"))
 
 
+@pytest.mark.parametrize("strategy", ["best_fit", "bucket"])
+@pytest.mark.parametrize("ramp", [True, False])
+def test_no_ramp_builds_the_pipeline_with_full_windows(
+    tmp_path: Path, tokenizer: Tokenizer, tokenizer_path: Path, capsys: pytest.CaptureFixture[str],
+    strategy: str, ramp: bool,
+) -> None:
+    root, state = _data(tmp_path / "data"), tmp_path / "s.json"
+    command = ["stream", str(root), "--tokenizer", str(tokenizer_path), "--strategy", strategy,
+               "--seq-len", "64", "--batch-size", "2", "--window", "256", "--save-state", str(state)]
+    assert main(command + ([] if ramp else ["--no-ramp"])) == 0
+    ds = read_parquet(root).tokenize(tokenizer)
+
+    def options_hash(ramp: bool) -> str:
+        if strategy == "bucket":
+            packed = ds.bucket(batch_size=2, window=256, max_len=64, ramp=ramp)
+        else:
+            packed = ds.pack(seq_len=64, batch_size=2, strategy="best_fit", window=256, ramp=ramp)
+        return packed.iter().state_dict()["options_hash"]
+
+    saved = json.loads(state.read_text())["options_hash"]
+    assert saved == options_hash(ramp) and saved != options_hash(not ramp)
+
+
 def test_resuming_a_finished_run_says_what_to_do(
     tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -103,6 +126,7 @@ def test_stream_continues_on_data_with_files_added_when_told(
         (["--cache-read-only"], "--cache-read-only needs --cache DIR"),
         (["--shuffle", "-1"], "--shuffle: must be a whole number of at least 0, got '-1'"),
         (["--window", "5"], "--window is the look-ahead of --strategy best_fit and bucket"),
+        (["--no-ramp"], "--no-ramp turns off the look-ahead ramp of --strategy best_fit and bucket"),
         (["--column", "nope"], "--column nope: the data has no such column; its columns are ['text', 'n']"),
     ],
 )

@@ -74,6 +74,11 @@ def add_parser(sub: Any) -> None:
         "--window", type=positive_int, metavar="DOCS",
         help="look-ahead of best_fit and bucket, in documents (default: 1024)",
     )
+    p.add_argument(
+        "--no-ramp", action="store_true",
+        help="best_fit and bucket: full windows from the first batch (default: the first epoch's windows "
+        "ramp up from 64 documents, so the first batch comes sooner)",
+    )
     p.add_argument("--filter", metavar="CONDITION", help="keep the rows where it holds, e.g. \"lang == 'en' and n >= 100\"")
     p.add_argument("--shuffle", type=natural_int, metavar="SEED", help="shuffle with this seed (default: no shuffle)")
     p.add_argument("--shuffle-window", type=positive_int, default=8, help="row groups mixed together when shuffling")
@@ -116,6 +121,8 @@ def build(args: argparse.Namespace) -> Dataset | PackedMixture:
         raise UsageError("--cache-read-only needs --cache DIR")
     if args.window is not None and args.strategy == "concat":
         raise UsageError("--window is the look-ahead of --strategy best_fit and bucket; concat has none")
+    if args.no_ramp and args.strategy == "concat":
+        raise UsageError("--no-ramp turns off the look-ahead ramp of --strategy best_fit and bucket; concat has none")
     window = 1024 if args.window is None else args.window
     if not 0 <= args.rank < args.world_size:
         raise UsageError(f"--rank must be in 0..{args.world_size - 1} (--world-size {args.world_size}), got {args.rank}")
@@ -144,11 +151,16 @@ def build(args: argparse.Namespace) -> Dataset | PackedMixture:
     ds = ds.tokenize(args.tokenizer, **options)
     if args.strategy == "bucket":
         size = {"batch_size": args.batch_size} if args.max_tokens is None else {"max_tokens": args.max_tokens}
-        return ds.bucket(**size, window=window, max_len=args.seq_len, drop_last=args.drop_last)
-    extra = {"window": window} if args.strategy == "best_fit" else {}
+        return ds.bucket(**size, **_look_ahead(args, window), max_len=args.seq_len, drop_last=args.drop_last)
+    extra = _look_ahead(args, window) if args.strategy == "best_fit" else {}
     return ds.pack(
         seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy, drop_last=args.drop_last, **extra
     )
+
+
+def _look_ahead(args: argparse.Namespace, window: int) -> dict[str, Any]:
+    """The look-ahead options of best_fit and bucket: the window, and ``ramp=False`` with ``--no-ramp``."""
+    return {"window": window, **({"ramp": False} if args.no_ramp else {})}
 
 
 #: Options of one pipeline that a mixture file says per source, or that a mixture has no use for.
@@ -184,8 +196,10 @@ def _mixture(args: argparse.Namespace, window: int) -> PackedMixture:
         cache=args.cache, cache_write=not args.cache_read_only,
     )
     if args.strategy == "bucket":
-        return mixture.bucket(max_tokens=args.max_tokens, window=window, max_len=args.seq_len, num_tokens=budget)
-    extra = {"window": window} if args.strategy == "best_fit" else {}
+        return mixture.bucket(
+            max_tokens=args.max_tokens, **_look_ahead(args, window), max_len=args.seq_len, num_tokens=budget
+        )
+    extra = _look_ahead(args, window) if args.strategy == "best_fit" else {}
     return mixture.pack(
         seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy, num_tokens=budget, **extra
     )
