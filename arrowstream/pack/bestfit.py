@@ -50,7 +50,7 @@ import numpy as np
 
 from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError
-from arrowstream.io.chunk import Chunk, Ledger
+from arrowstream.io.chunk import Chunk
 from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.layout import Layout
 from arrowstream.pack.lookahead import (
@@ -210,24 +210,10 @@ class _BestFitRun(LookaheadRun):
         self.open: list[_Row] = []
         self.ready: list[list[DocSegment]] = []
         self.out: list[list[DocSegment]] = []
-        self.windows, self.ramp = 0, packer.ramp  # look-ahead windows read in the epoch
-        if state is None:
-            self.ledger = Ledger()
-            self.epoch, self.emitted, self.block, self.flushed = 0, 0, 0, False
-            self._count(0)
-            self.target = targets(0)
-            self.src = DocumentSource(self.p.window, self.ledger, epoch=0)
+        self.ramp, self.block = packer.ramp, 0
+        if self._start(state, packer.window):
             return
-        self.ledger = Ledger(state.stats, state.epoch_stats)
-        loaded = self._load_position(state)
-        if not state.packer:  # a re-dealt share: nothing held, read from the position
-            epoch = loaded.epoch
-            mark = (epoch, loaded.segment, loaded.seq)
-            self.epoch, self.emitted, self.block, self.flushed = epoch, 0, 0, False
-            self._count(epoch)
-            self.target = targets(epoch)
-            self.src = DocumentSource(self.p.window, self.ledger, epoch=epoch, mark=mark)
-            return
+        assert state is not None
         part = BestFitState.from_dict(state.packer)
         self._start_counting(part.progress)
         self.emitted = part.progress.epoch_batches

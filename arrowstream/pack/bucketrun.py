@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from arrowstream.io.chunk import Chunk, Ledger
+from arrowstream.io.chunk import Chunk
 from arrowstream.pack.assemble import assemble_padded_batch
 from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun, window_size
 from arrowstream.state import BucketState, Progress, State
@@ -52,23 +52,9 @@ class BucketRun(LookaheadRun):
         self.carry: list[Key] = []  # documents waiting for the next window, in stream order
         self.out: list[list[Key]] = []  # batches formed, in emission order
         self.ramp = packer.ramp
-        if state is None:
-            self.ledger = Ledger()
-            self.epoch, self.emitted, self.windows, self.flushed = 0, 0, 0, False
-            self._count(0)
-            self.target = targets(0)
-            self.src = DocumentSource(self.p.window, self.ledger, epoch=0)
+        if self._start(state, packer.window):
             return
-        self.ledger = Ledger(state.stats, state.epoch_stats)
-        loaded = self._load_position(state)
-        if not state.packer:  # a re-dealt share: nothing held, read from the position
-            epoch = loaded.epoch
-            self.epoch, self.emitted, self.windows, self.flushed = epoch, 0, 0, False
-            self._count(epoch)
-            self.target = targets(epoch)
-            mark = (epoch, loaded.segment, loaded.seq)
-            self.src = DocumentSource(self.p.window, self.ledger, epoch=epoch, mark=mark)
-            return
+        assert state is not None
         part = BucketState.from_dict(state.packer)
         self._start_counting(part.progress)
         self.emitted = part.progress.epoch_batches

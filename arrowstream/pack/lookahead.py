@@ -318,6 +318,7 @@ class LookaheadRun(PackRun):
     emitted: int
     target: int | None
     flushed: bool
+    windows: int  # look-ahead windows read in the epoch
     targets: Callable[[int], int | None]
     loaded: Position | None = None
     _loaded_held: dict[str, Any] | None = None
@@ -333,6 +334,30 @@ class LookaheadRun(PackRun):
     @abstractmethod
     def _new_epoch(self) -> None:
         """Reset the strategy's per-epoch counters."""
+
+    def _start(self, state: State | None, window: int) -> bool:
+        """Begin a fresh run, or a re-dealt share (a state without a ``packer`` part); return whether it did.
+
+        Sets the ledger (from the state's counts), the epoch's counters and
+        the document source; a re-dealt share holds nothing and reads from
+        the state's position. Returns ``False``, with only the ledger and the
+        loaded position set, when ``state`` has a ``packer`` part for the
+        subclass to load.
+        """
+        mark = None
+        if state is None:
+            self.ledger, epoch = Ledger(), 0
+        else:
+            self.ledger = Ledger(state.stats, state.epoch_stats)
+            loaded = self._load_position(state)
+            if state.packer:
+                return False
+            epoch, mark = loaded.epoch, (loaded.epoch, loaded.segment, loaded.seq)
+        self.epoch, self.emitted, self.windows, self.flushed = epoch, 0, 0, False
+        self._count(epoch)
+        self.target = self.targets(epoch)
+        self.src = DocumentSource(window, self.ledger, epoch=epoch, mark=mark)
+        return True
 
     def _load_position(self, state: State) -> Position:
         self.loaded = state.position
