@@ -112,12 +112,18 @@ def main() -> int:
     p.add_argument("--prefetch-factor", type=int, default=2, help="DataLoader prefetch_factor with workers")
     p.add_argument("--prefetch", type=int, default=4, help="to_torch(prefetch=...): batches made ahead in a thread")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--switch-interval", type=float, default=None,
+        help="sys.setswitchinterval(seconds) before the runs (default: Python's, 0.005)",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny sizes: run the checks in seconds")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     if args.smoke:
         args.mb, args.vocab, args.batches, args.warmup, args.repeats = 2, 2000, 20, 3, 1
         args.seq_len, args.workers, args.headroom = 256, "0,1", "2"
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     work = Path(args.workdir)
     tok, _ = tokenizer_file(work, args.vocab)
     corpus, _ = corpus_dir(work, args.mb, seed=0, rows_per_group=1000, mb_per_file=max(args.mb / 2, 0.25))
