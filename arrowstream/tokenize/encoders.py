@@ -248,7 +248,7 @@ class Encoder:
         self.checked = dict(verdict.get("checked", {}))
         counts = ", ".join(f"{v:,} {k}" for k, v in self.checked.items())
         tokie_ok = verdict.get("tokie", {"ok": False})
-        refused = ""
+        refused = f"; tokie not used: {self._tokie_failed}" if self._tokie_failed else ""
         if self._tokie is not None and not tokie_ok["ok"]:
             self._tokie = None
             refused = f"; tokie not used, it gave other ids on {tokie_ok['reason']}"
