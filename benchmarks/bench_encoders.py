@@ -60,7 +60,9 @@ from harness import (
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import arrowstream
+from arrowstream.tokenize import tokie_backend
 from arrowstream.tokenize.encoders import Encoder
+from arrowstream.tokenize.tokie_backend import tokie_version
 
 BAR_RAW = 2.5  # raw tiktoken (2 threads) / tokenizers ceiling
 BAR_PIPELINE = 2.0  # auto pipeline / tokenizers ceiling
@@ -220,17 +222,25 @@ def measure(name: str, corpus: Path, tok_path: Path, args: argparse.Namespace, c
     tok = Tokenizer.from_file(str(tok_path))
     texts = read_texts(corpus)
     text_bytes = sum(len(t.encode()) for t in texts)
-    fast = Encoder(tok, sample_bytes=0)
+    fast = Encoder(tok, backend="tiktoken", sample_bytes=0)
     checks(fast.backend == "tiktoken", f"{name}: the tokenizer converts and passes the built-in checks", fast.reason)
+    quick = Encoder(tok, sample_bytes=0)  # auto: tokie (texts it splits differently routed to tiktoken) when installed
+    expected = "tokie" if tokie_version() is not None else "tiktoken"
     slow = Encoder(tok, backend="tokenizers")
     log(f"\n[{name}] {len(texts)} docs, {text_bytes / 1e6:.1f} MB of text, vocabulary {tok.get_vocab_size()}")
     log(f"  encoder: {fast.reason}")
+    log(f"  auto encoder: {quick.backend}: {quick.reason}")
     bad = differences(tok, fast, texts)
     checks(bad == 0, f"{name}: tiktoken ids == tokenizers ids on every document", f"{bad} of {len(texts)} differ")
+    bad_auto = differences(tok, quick, texts)
+    checks(bad_auto == 0, f"{name}: {quick.backend} ids == tokenizers ids on every document", f"{bad_auto} of {len(texts)} differ")
+    routed = len(tokie_backend.routed(texts))
+    log(f"  documents routed away from tokie: {routed} of {len(texts)}")
 
     # Warm-up (not timed): thread pools, caches, imports.
     tok.encode_batch_fast(texts[:SLICE])
     fast.encode(texts[:SLICE])
+    quick.encode(texts[:SLICE])
     next(iter(arrowstream.read_parquet(corpus).tokenize(fast).pack(seq_len=args.seq_len, batch_size=args.batch_size)))
 
     methods = {
@@ -238,6 +248,7 @@ def measure(name: str, corpus: Path, tok_path: Path, args: argparse.Namespace, c
         "tokenizers encode_batch_fast": lambda: raw_tokenizers(tok, texts, "encode_batch_fast"),
         "tiktoken Encoder.encode, 1 thread": lambda: raw_tiktoken(fast, texts, 1),
         "tiktoken Encoder.encode, 2 threads": lambda: raw_tiktoken(fast, texts, 2),
+        f"{quick.backend} Encoder.encode (auto), 1 thread": lambda: raw_tiktoken(quick, texts, 1),
         "pipeline, backend auto": lambda: pipeline(corpus, Encoder(tok), args.seq_len, args.batch_size, digest=True),
         "pipeline, backend tokenizers": lambda: pipeline(corpus, slow, args.seq_len, args.batch_size, digest=True),
     }
@@ -252,10 +263,10 @@ def measure(name: str, corpus: Path, tok_path: Path, args: argparse.Namespace, c
                                  "loadavg": loadavg(), **(out if isinstance(out, dict) else {})})
             log(f"  repeat {r + 1}/{args.repeats}  {method:<36} {mtok(tokens / wall)} M tok/s  ({wall:.2f} s)")
 
-    raw_counts = {runs[m][0]["tokens"] for m in list(methods)[:4]}
+    raw_counts = {runs[m][0]["tokens"] for m in list(methods)[:5]}
     checks(len(raw_counts) == 1, f"{name}: every raw method counts the same tokens", str(raw_counts))
     auto, slow_runs = runs["pipeline, backend auto"], runs["pipeline, backend tokenizers"]
-    checks(all(r["backend"] == "tiktoken" for r in auto), f"{name}: the auto pipeline uses tiktoken")
+    checks(all(r["backend"] == expected for r in auto), f"{name}: the auto pipeline uses {expected}")
     checks({r["digest"] for r in auto} == {r["digest"] for r in slow_runs} and len({r["digest"] for r in auto}) == 1,
            f"{name}: both backends yield byte-identical batches")
     checks(auto[0]["tokens"] == raw_counts.copy().pop() + auto[0]["docs"],
@@ -270,7 +281,8 @@ def measure(name: str, corpus: Path, tok_path: Path, args: argparse.Namespace, c
     log(f"  auto pipeline / tokenizers ceiling = {pipe_ratio:.2f}  (bar {BAR_PIPELINE}: {'MET' if pipe_ratio >= BAR_PIPELINE else 'MISSED'})")
     return {
         "corpus": str(corpus), "tokenizer": str(tok_path), "vocab_size": tok.get_vocab_size(), "docs": len(texts),
-        "text_bytes": text_bytes, "encoder": fast.describe(), "id_differences": bad, "runs": runs,
+        "text_bytes": text_bytes, "encoder": fast.describe(), "auto_encoder": quick.describe(),
+        "id_differences": bad, "auto_id_differences": bad_auto, "routed_docs": routed, "runs": runs,
         "median_tok_per_s": med, "tokenizers_ceiling": ceiling, "raw_ratio": raw_ratio, "pipeline_ratio": pipe_ratio,
         "bars_met": {"raw": raw_ratio >= BAR_RAW, "pipeline": pipe_ratio >= BAR_PIPELINE},
     }

@@ -24,6 +24,19 @@ _SESSION_CACHE = tempfile.mkdtemp(prefix="arrowstream-test-cache-")
 os.environ["ARROWSTREAM_CACHE_DIR"] = _SESSION_CACHE
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "tokie: the test runs with the tokie backend importable (if installed)")
+
+
+@pytest.fixture(autouse=True)
+def _tokie_only_where_asked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hide tokie from tests not marked ``tokie``: they check tiktoken and `tokenizers` as when tokie is absent."""
+    if request.node.get_closest_marker("tokie") is None:
+        from arrowstream.tokenize import tokie_backend
+
+        monkeypatch.setattr(tokie_backend, "tokie", None)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 

@@ -358,10 +358,8 @@ MUTANTS = [
         "tiktoken-never-emits",
         "past the document sample the encoder still returns `tokenizers`' ids",
         "arrowstream/tokenize/encoders.py",
-        "        if not self._sample_left or self._proven_elsewhere():\n"
-        "            return fast.encode(texts, self._reference)\n",
-        "        if not self._sample_left or self._proven_elsewhere():\n"
-        "            return self._reference(texts)\n",
+        "            if tok is None:\n                return fast.encode(texts, self._reference)  # type: ignore[union-attr]\n",
+        "            if tok is None:\n                return self._reference(texts)\n",
         ("tests/test_encoders.py", "tests/test_resume_contract.py"),
     ),
     Mutant(
@@ -656,6 +654,38 @@ MUTANTS = [
         "    out[shards] = shard_bytes[shards] * rates[nearest]\n",
         "    out[shards] = shard_bytes[shards] * overall\n",
         ("tests/test_exact_batches.py",),
+    ),
+    Mutant(
+        "tokie-routing-off",
+        "tokie encodes every text, also those with a tab, vertical tab or form feed before an apostrophe",
+        "arrowstream/tokenize/tokie_backend.py",
+        "        away = routed(texts)\n",
+        "        away: list[int] = []\n",
+        ("tests/test_tokie.py",),
+    ),
+    Mutant(
+        "tokie-unproven-used",
+        "tokie is kept for a tokenizer on which it failed the built-in checks",
+        "arrowstream/tokenize/encoders.py",
+        '        if self._tokie is not None and not tokie_ok["ok"]:',
+        "        if False:",
+        ("tests/test_tokie.py",),
+    ),
+    Mutant(
+        "tokie-sample-unchecked",
+        "the first documents are not compared between tokie and `tokenizers`",
+        "arrowstream/tokenize/encoders.py",
+        'bad_tokie = None if tok is None else _first_difference(texts, ref, tok.encode(texts, self._reference), "tokie")',
+        "bad_tokie = None",
+        ("tests/test_tokie.py",),
+    ),
+    Mutant(
+        "tokie-version-not-in-key",
+        "a verdict made with one tokie version is trusted under another",
+        "arrowstream/tokenize/encoders.py",
+        '            parts.append(f"tokie {tokie_version()}")',
+        "            pass",
+        ("tests/test_tokie.py",),
     ),
 ]
 

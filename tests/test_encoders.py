@@ -446,7 +446,7 @@ import os
 from arrowstream import read_parquet
 from tokenizers import Tokenizer
 ds = read_parquet({str(tmp_path / "data")!r}).tokenize({str(path)!r})
-assert ds.stages[-1].backend == "tiktoken"
+assert ds.stages[-1].backend in ("tiktoken", "tokie")  # tokie when installed: it must not hang a fork either
 pid = os.fork()
 if pid == 0:
     Tokenizer.from_file({str(path)!r}).encode_batch(["some text"] * 1000)

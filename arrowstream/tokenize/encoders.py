@@ -1,15 +1,20 @@
 """Encoders: texts to token ids, through the fastest backend proven to give the tokenizer's ids.
 
 An :class:`Encoder` wraps a ``tokenizers.Tokenizer`` and turns a list of texts
-into one flat ``int32`` id array plus one length per text. It has two backends:
+into one flat ``int32`` id array plus one length per text. It has three backends:
 
 - ``"tokenizers"``: the tokenizer's own batch encoder, the reference;
 - ``"tiktoken"``: for byte-level BPE tokenizers, the same vocabulary, merges,
   split pattern and added tokens loaded into tiktoken
-  (:mod:`arrowstream.tokenize.bytelevel`), several times faster.
+  (:mod:`arrowstream.tokenize.bytelevel`), several times faster;
+- ``"tokie"`` (when tokie is installed, ``arrowstream[fast]``): the same
+  tokenizer.json loaded into tokie, faster again, for the tokenizers tiktoken
+  takes; the few texts it splits differently go to tiktoken
+  (:mod:`arrowstream.tokenize.tokie_backend`).
 
-With ``backend="auto"`` tiktoken is used only when it is shown to give the
-reference's ids, in three steps; any failure keeps ``tokenizers``:
+With ``backend="auto"`` tokie and tiktoken are used only when shown to give
+the reference's ids, each in the same three steps (tokie on the texts it does
+not route); a failure of tokie keeps tiktoken, one of tiktoken ``tokenizers``:
 
 1. **conversion**: a tokenizer that is not byte-level BPE keeps ``tokenizers``
    quietly; a byte-level one with a setting tiktoken cannot reproduce (a
@@ -69,6 +74,8 @@ from arrowstream.tokenize.fast import (
     _flatten,
 )
 from arrowstream.tokenize.probes import added_token_probes, probe_texts, token_texts
+from arrowstream.tokenize.tokie_backend import TokieBackend, routing_probes, tokie_version
+from arrowstream.tokenize.tokenizer import _load_tokenizer, tokenizer_hash
 from arrowstream.tokenize.verdicts import (
     _CHECKS_VERSION,
     _cached_verdict,
@@ -80,7 +87,7 @@ from arrowstream.tokenize.verdicts import (
 __all__ = ["BACKENDS", "Encoder", "load_tokenizer", "probe_texts", "tokenizer_hash"]
 
 #: The values of ``backend``.
-BACKENDS = ("auto", "tiktoken", "tokenizers")
+BACKENDS = ("auto", "tiktoken", "tokenizers", "tokie")
 
 
 def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str] | Any) -> Tokenizer:
@@ -103,88 +110,23 @@ def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str] | Any
     >>> load_tokenizer(tok) is tok
     True
     """
-    if isinstance(tokenizer, Tokenizer):
-        return tokenizer
     if isinstance(tokenizer, Encoder):
         return tokenizer.tokenizer
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if isinstance(backend, Tokenizer):  # a transformers fast tokenizer: its `tokenizers` core
-        return backend
-    if hasattr(tokenizer, "convert_tokens_to_ids") and hasattr(tokenizer, "vocab_size"):
-        raise ConfigError(
-            f"{type(tokenizer).__name__} is a slow transformers tokenizer (no `tokenizers` backend): "
-            "load the fast one (`AutoTokenizer.from_pretrained(..., use_fast=True)`), or pass the "
-            "path of its tokenizer.json"
-        )
-    if isinstance(tokenizer, (str, os.PathLike)):
-        path = os.fspath(tokenizer)
-        if os.path.isdir(path):  # a saved Hugging Face tokenizer: its tokenizer.json
-            inside = os.path.join(path, "tokenizer.json")
-            if not os.path.isfile(inside):
-                raise ConfigError(
-                    f"tokenizer {path!r} is a directory without a tokenizer.json: pass the path of "
-                    "the tokenizer.json file (a fast tokenizer saves one), or a `tokenizers.Tokenizer`"
-                )
-            path = inside
-        if not os.path.isfile(path):
-            raise ConfigError(
-                f"tokenizer file {path!r} does not exist: pass the path of a `tokenizer.json` "
-                "saved by the `tokenizers` library, or a `tokenizers.Tokenizer`"
-            )
-        try:
-            return Tokenizer.from_file(path)
-        except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
-            raise ConfigError(f"cannot load tokenizer {path!r}: {exc}") from exc
-    raise ConfigError(
-        "`tokenizer` must be a tokenizers.Tokenizer, a transformers fast tokenizer, a path to a "
-        f"tokenizer.json, or None for a column of token ids; got {type(tokenizer).__name__!r}"
-    )
-
-
-def tokenizer_hash(tokenizer: Tokenizer) -> str:
-    """Return a short hash of the tokenizer's full JSON (vocabulary, merges, settings).
-
-    A post-processor that adds nothing to a single sequence (a template of
-    just ``$A`` and no special tokens, which transformers adds when it loads
-    a tokenizer.json without one) counts as none: the same tokenizer, loaded
-    by transformers or not, has one hash, so states, token caches and length
-    indexes carry over.
-
-    Examples
-    --------
-    >>> from arrowstream.testing.data import sample_tokenizer
-    >>> len(tokenizer_hash(sample_tokenizer(300)))
-    32
-    """
-    text = tokenizer.to_str()
-    if '"post_processor":{"type":"TemplateProcessing"' in text.replace(" ", "") and _noop_template(text):
-        plain = Tokenizer.from_str(text)
-        plain.post_processor = None
-        text = plain.to_str()
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def _noop_template(text: str) -> bool:
-    """Whether the tokenizer's post-processor is a template that adds nothing to one sequence."""
-    post = json.loads(text).get("post_processor") or {}
-    return (
-        post.get("type") == "TemplateProcessing"
-        and post.get("single") == [{"Sequence": {"id": "A", "type_id": 0}}]
-        and not post.get("special_tokens")
-    )
+    return _load_tokenizer(tokenizer)
 
 
 class Encoder:
-    """Encode texts with the tokenizer's ids, through tiktoken when that is proven identical.
+    """Encode texts with the tokenizer's ids, through tokie or tiktoken when that is proven identical.
 
     Parameters
     ----------
     tokenizer
         A ``tokenizers.Tokenizer`` or the path of a ``tokenizer.json``.
     backend
-        ``"auto"`` (tiktoken once proven identical, else ``tokenizers``),
-        ``"tiktoken"`` (forced: raise if it cannot be built or fails the
-        built-in checks) or ``"tokenizers"``.
+        ``"auto"`` (the fastest backend proven identical: tokie, with the
+        texts it splits differently routed to tiktoken, then tiktoken, else
+        ``tokenizers``), ``"tokie"`` or ``"tiktoken"`` (forced: raise if it
+        cannot be built or fails the built-in checks) or ``"tokenizers"``.
     add_special_tokens
         Let the post-processor add its tokens (a BOS, say), as in
         ``tokenizer.encode(..., add_special_tokens=...)``.
@@ -206,15 +148,16 @@ class Encoder:
     Raises
     ------
     ConfigError
-        An unknown ``backend`` or a bad option, or ``backend="tiktoken"`` for a
-        tokenizer that cannot be converted or fails the checks.
+        An unknown ``backend`` or a bad option, or ``backend="tiktoken"`` or
+        ``"tokie"`` for a tokenizer that cannot be converted or fails the checks
+        (or ``"tokie"`` where tokie is not installed).
 
     Examples
     --------
     >>> from arrowstream.testing.data import sample_tokenizer
     >>> enc = Encoder(sample_tokenizer(300))
-    >>> enc.backend
-    'tiktoken'
+    >>> enc.backend  # "tiktoken" where tokie is not installed
+    'tokie'
     >>> flat, lens = enc.encode(["The river is quiet.", "", "42<|endoftext|>"])
     >>> lens.tolist(), flat.dtype.name
     ([15, 0, 3], 'int32')
@@ -245,6 +188,8 @@ class Encoder:
         self._lock = threading.Lock()
         self._spec: ByteLevelBPE | None = None  # set while tiktoken encodes
         self._fast: _Fast | None = None
+        self._tokie: TokieBackend | None = None  # set while tokie encodes (the texts it does not route)
+        self._tokie_failed = ""  # tokie's mismatch on a document seen before the checks ran
         self._sample_left = 0
         self._sampled = 0
         self._pending = False  # built-in checks deferred to the end of the document sample
@@ -253,12 +198,14 @@ class Encoder:
         self.checked: dict[str, int] = {}
         self._reason = "backend='tokenizers' was asked for"
         if backend != "tokenizers":
-            self._choose(forced=backend == "tiktoken")
+            self._choose(forced=backend in ("tiktoken", "tokie"))
 
     # -- choosing -----------------------------------------------------------------
 
     def _key(self) -> str:
         parts = [self.hash, self.add_special_tokens, tiktoken.__version__, tokenizers.__version__, _CHECKS_VERSION]
+        if self.requested != "tiktoken" and tokie_version() is not None:
+            parts.append(f"tokie {tokie_version()}")
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
     def _choose(self, *, forced: bool) -> None:
@@ -268,11 +215,15 @@ class Encoder:
         except Unconvertible as exc:
             self._reason = f"not converted to tiktoken: {exc.reason}"
             if forced:
-                raise ConfigError(f"`backend='tiktoken'` cannot be used: {exc.reason}; use `backend='auto'`") from exc
+                raise ConfigError(f"`backend={self.requested!r}` cannot be used: {exc.reason}; use `backend='auto'`") from exc
             if exc.byte_level:
                 _warn(f"this byte-level BPE tokenizer keeps the slower `tokenizers` backend: {exc.reason}")
             return
         self._spec, self._fast = spec, _Fast(spec, encoding)
+        if self.requested == "tokie" and tokie_version() is None:
+            raise ConfigError("`backend='tokie'` cannot be used: tokie is not installed; `pip install arrowstream[fast]`")
+        if self.requested != "tiktoken" and tokie_version() is not None:
+            self._tokie = TokieBackend(self.tokenizer, add_special_tokens=self.add_special_tokens, key=key)
         self._sample_left = 0 if forced else self.sample_bytes
         verdict = _cached_verdict(key, self.cache_dir, documents=self._sample_left)
         if verdict is not None and verdict["ok"] and verdict.get("documents", 0) >= self._sample_left:
@@ -287,25 +238,38 @@ class Encoder:
         self._settle(verdict, forced=forced)
 
     def _settle(self, verdict: dict[str, Any] | None, *, forced: bool = False) -> bool:
-        """Run the built-in checks unless ``verdict`` is given; keep or drop tiktoken by it."""
+        """Run the built-in checks unless ``verdict`` is given; keep or drop tiktoken and tokie by it."""
         self._pending = False
         if self._fast is None or self._spec is None:
-            return False
-        if verdict is None:
-            verdict = self._check(self._spec, self._fast.encoding)
+            return self._tokie is not None
+        if verdict is None or (self._tokie is not None and "tokie" not in verdict):
+            verdict = {**(verdict or {}), **self._check(self._spec, self._fast.encoding, tiktoken_too=verdict is None)}
             _store_verdict(self._key(), verdict, self.cache_dir)
         self.checked = dict(verdict.get("checked", {}))
+        counts = ", ".join(f"{v:,} {k}" for k, v in self.checked.items())
+        tokie_ok = verdict.get("tokie", {"ok": False})
+        refused = f"; tokie not used: {self._tokie_failed}" if self._tokie_failed else ""
+        if self._tokie is not None and not tokie_ok["ok"]:
+            self._tokie = None
+            refused = f"; tokie not used, it gave other ids on {tokie_ok['reason']}"
+            if self.requested == "tokie":
+                raise ConfigError(f"`backend='tokie'` cannot be used: {tokie_ok['reason']}; use `backend='auto'`")
         if not verdict["ok"]:
             # `_sample_left` stays as it is: a thread that read `_fast` before this line
             # must still see the sample unfinished, and return the reference's ids.
             self._fast = self._spec = None
-            self._reason = f"tiktoken failed the equivalence check: {verdict['reason']}"
-            if forced:
+            self._reason = f"tiktoken failed the equivalence check: {verdict['reason']}{refused}"
+            if self.requested == "tiktoken":
                 raise ConfigError(f"`backend='tiktoken'` cannot be used: {verdict['reason']}")
-            _warn(f"the tokenizer keeps the slower `tokenizers` backend: {verdict['reason']}")
-            return False
-        counts = ", ".join(f"{v:,} {k}" for k, v in self.checked.items())
+            if self._tokie is None:
+                _warn(f"the tokenizer keeps the slower `tokenizers` backend: {verdict['reason']}")
+                return False
+            self._reason = f"tokie ({_ROUTED} go to `tokenizers`: {self._reason}); identical ids on {counts}"
+            return True
         self._reason = ("forced; " if forced else "") + f"identical ids on {counts}"
+        if self._tokie is not None:
+            self._reason = f"tokie, {_ROUTED} encoded by tiktoken; " + self._reason
+        self._reason += refused
         return True
 
     def verify(self) -> Encoder:
@@ -322,35 +286,48 @@ class Encoder:
         >>> enc = Encoder(sample_tokenizer(300))
         >>> enc.describe()["checks_pending"]
         True
-        >>> enc.verify().describe()["checks_pending"], enc.backend
-        (False, 'tiktoken')
+        >>> enc.verify().describe()["checks_pending"], enc.backend in ("tokie", "tiktoken")
+        (False, True)
         """
         with self._lock:
             if self._pending:
                 self._settle(_cached_verdict(self._key(), self.cache_dir))
         return self
 
-    def _check(self, spec: ByteLevelBPE, encoding: tiktoken.Encoding) -> dict[str, Any]:
-        """Compare both backends on the vocabulary and the probe set."""
+    def _check(self, spec: ByteLevelBPE, encoding: tiktoken.Encoding, *, tiktoken_too: bool = True) -> dict[str, Any]:
+        """Compare tiktoken (unless not ``tiktoken_too``) and tokie (if loaded) with the reference on the vocabulary and the probe set.
+
+        tokie is checked on the texts it does not route (the routed ones take the
+        reference's ids here), so its verdict holds whatever the routed texts go to.
+        """
         fast = _Fast(spec, encoding)
         vocab = [t for t in token_texts(spec) if t]
-        probes = list(probe_texts()) + added_token_probes(spec.specials)
+        probes = list(probe_texts()) + routing_probes() + added_token_probes(spec.specials)
         checked = {"vocabulary tokens": len(vocab), "probe texts": len(probes)}
         # The batch encoder is twice as fast, but starts the tokenizer's thread pool: only where the
         # pipeline already started it (checks at the end of the document sample), never before a fork.
         ref = self._reference_checks if self._pool_started else self._reference_serial
+        found: dict[str, str | None] = {"tiktoken": None if tiktoken_too else "", "tokie": self._tokie_failed or None}
         for name, texts in (("vocabulary token", vocab), ("probe", probes)):
-            bad = _first_difference(texts, ref(texts), fast.encode(texts, ref))
-            if bad is not None:
-                return {"ok": False, "reason": f"{name} text {bad}", "checked": checked}
-        return {"ok": True, "reason": "", "checked": checked}
+            want = ref(texts)
+            if found["tiktoken"] is None and (bad := _first_difference(texts, want, fast.encode(texts, ref))):
+                found["tiktoken"] = f"{name} text {bad}"
+            if self._tokie is not None and found["tokie"] is None:  # None: not failed yet
+                if bad := _first_difference(texts, want, self._tokie.encode(texts, ref), "tokie"):
+                    found["tokie"] = f"{name} text {bad}"
+        verdict: dict[str, Any] = {"checked": checked}
+        if tiktoken_too:
+            verdict.update(ok=found["tiktoken"] is None, reason=found["tiktoken"] or "")
+        if self._tokie is not None or self._tokie_failed:
+            verdict["tokie"] = {"ok": found["tokie"] is None, "reason": found["tokie"] or ""}
+        return verdict
 
     # -- encoding -----------------------------------------------------------------
 
     @property
     def reason(self) -> str:
         """Why this backend: what was refused or differed, or what tiktoken was checked on."""
-        if self._fast is None or not self.sample_bytes or self.requested == "tiktoken":
+        if not self._alive() or not self.sample_bytes or self.requested != "auto":
             return self._reason
         if self._pending:
             return (
@@ -365,8 +342,11 @@ class Encoder:
 
     @property
     def backend(self) -> str:
-        """The backend that encodes now: ``"tiktoken"`` or ``"tokenizers"``."""
-        return "tokenizers" if self._fast is None else "tiktoken"
+        """The backend that encodes now: ``"tokie"``, ``"tiktoken"`` or ``"tokenizers"``."""
+        return "tokie" if self._tokie is not None else "tokenizers" if self._fast is None else "tiktoken"
+
+    def _alive(self) -> bool:
+        return self._fast is not None or self._tokie is not None
 
     def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Encode ``texts``; return the flat ``int32`` ids and the ``int64`` length of each text.
@@ -378,31 +358,39 @@ class Encoder:
         >>> [flat[:lens[0]].tolist(), flat[lens[0]:].tolist()]
         [[65, 267], [67]]
         """
-        fast = self._fast
-        if fast is None:
+        fast, tok = self._fast, self._tokie
+        if fast is None and tok is None:
             return self._reference(texts)
         if not self._sample_left or self._proven_elsewhere():
-            return fast.encode(texts, self._reference)
-        # Still checking: both backends encode, and the reference's ids are returned.
+            if tok is None:
+                return fast.encode(texts, self._reference)  # type: ignore[union-attr]
+            return tok.encode(texts, self._reference if fast is None else lambda sub: fast.encode(sub, self._reference))
+        # Still checking: every candidate encodes, and the reference's ids are returned.
         ref = self._reference(texts)
-        bad = _first_difference(texts, ref, fast.encode(texts, self._reference))
+        bad = None if fast is None else _first_difference(texts, ref, fast.encode(texts, self._reference))
+        bad_tokie = None if tok is None else _first_difference(texts, ref, tok.encode(texts, self._reference), "tokie")
         with self._lock:
+            if bad_tokie is not None and self._tokie is not None:
+                self._tokie = None  # tiktoken, checked on the same documents, takes over
+                self._reason = self._tokie_failed = f"tokie gave other ids than `tokenizers` on a document: {bad_tokie}"
+                _forget_verdict(self._key(), self._reason, self.cache_dir, tokie=True)
+                _warn(f"the tokenizer falls back from tokie: {self._reason}")
             if bad is not None and self._fast is not None:
-                self._fast = self._spec = None
+                self._fast = self._spec = self._tokie = None
                 self._pending = False
                 self._reason = f"tiktoken gave other ids than `tokenizers` on a document: {bad}"
                 _forget_verdict(self._key(), self._reason, self.cache_dir)
                 _warn(f"the tokenizer falls back to the slower `tokenizers` backend: {self._reason}")
-            elif bad is None and self._sample_left:
+            elif bad is None and bad_tokie is None and self._sample_left:
                 size = sum(len(t.encode()) for t in texts)
                 self._sampled += size
                 left = max(0, self._sample_left - size)
                 if not left and self._pending:
                     # Other threads keep encoding with both backends until this is settled.
                     self._settle(_cached_verdict(self._key(), self.cache_dir))
-                if not left and self._fast is not None:
+                if not left and self._alive():
                     self._remember_sample()
-                if self._fast is not None:
+                if self._alive():
                     self._sample_left = left
         return ref
 
@@ -417,11 +405,11 @@ class Encoder:
         if verdict is None or (verdict["ok"] and verdict.get("documents", 0) < self.sample_bytes):
             return False
         with self._lock:
-            if self._fast is None or not self._sample_left:
-                return self._fast is not None
-            if self._pending or not verdict["ok"]:
+            if not self._alive() or not self._sample_left:
+                return self._alive()
+            if self._pending or not verdict["ok"] or (self._tokie is not None and not verdict.get("tokie", {}).get("ok")):
                 self._settle(verdict)
-            if self._fast is None:
+            if not self._alive():
                 return False
             self._sample_left, self._earlier = 0, True
             self._sampled = int(verdict.get("documents", 0))
@@ -470,9 +458,9 @@ class Encoder:
             "reason": self.reason,
             "checked": dict(self.checked),
             "checks_pending": self._pending,
-            "sample_bytes_left": self._sample_left if self._fast is not None else 0,
+            "sample_bytes_left": self._sample_left if self._alive() else 0,
             "tokenizer": self.hash,
-            "versions": {"tiktoken": tiktoken.__version__, "tokenizers": tokenizers.__version__},
+            "versions": {"tiktoken": tiktoken.__version__, "tokenizers": tokenizers.__version__, "tokie": tokie_version()},
         }
 
     def __repr__(self) -> str:
@@ -481,6 +469,7 @@ class Encoder:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_lock"], state["_fast"]  # rebuilt from the spec (cached per process)
+        state["_tokie"] = self._tokie is not None  # rebuilt from the tokenizer (cached per process)
         state["_pool_started"] = False  # a new process has no thread pool yet
         return state
 
@@ -488,6 +477,14 @@ class Encoder:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._fast = None if self._spec is None else _Fast(self._spec, _encoding(self._key(), self._spec))
+        if self._tokie:  # tokie must be importable where a process that used it is unpickled
+            self._tokie = TokieBackend(self.tokenizer, add_special_tokens=self.add_special_tokens, key=self._key())
+        else:
+            self._tokie = None
+
+
+#: What tokie routes to the next exact backend, as :attr:`Encoder.reason` says it.
+_ROUTED = "texts with a tab, vertical tab or form feed before an apostrophe"
 
 
 def _warn(message: str) -> None:

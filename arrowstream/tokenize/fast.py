@@ -150,7 +150,7 @@ def _patch(
 
 
 def _first_difference(
-    texts: Sequence[str], a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
+    texts: Sequence[str], a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], name: str = "tiktoken"
 ) -> str | None:
     """Describe the first text whose ids differ between ``a`` (reference) and ``b``, or ``None``."""
     if np.array_equal(a[1], b[1]) and np.array_equal(a[0], b[0]):
@@ -162,7 +162,7 @@ def _first_difference(
             at = next((j for j, (x, y) in enumerate(zip(ida, idb)) if x != y), min(len(ida), len(idb)))
             shown = text if len(text) <= 60 else text[:60] + "..."
             return (
-                f"#{i} {shown!r}: `tokenizers` gives {ida[max(0, at - 2) : at + 4]!r} and tiktoken "
+                f"#{i} {shown!r}: `tokenizers` gives {ida[max(0, at - 2) : at + 4]!r} and {name} "
                 f"{idb[max(0, at - 2) : at + 4]!r} from token {at} on"
             )
     return None

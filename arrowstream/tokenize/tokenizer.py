@@ -7,11 +7,16 @@ found by the usual names among the special tokens.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from typing import Any
+
 from tokenizers import Tokenizer
 
 from arrowstream.errors import ConfigError
 
-__all__ = ["check_tokenizer", "find_eos_id"]
+__all__ = ["check_tokenizer", "find_eos_id", "tokenizer_hash"]
 
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
 
@@ -57,3 +62,74 @@ def check_tokenizer(tokenizer: Tokenizer) -> None:
             "would cut documents silently: call `tokenizer.no_truncation()` (packing splits long "
             "documents across rows)"
         )
+
+
+def tokenizer_hash(tokenizer: Tokenizer) -> str:
+    """Return a short hash of the tokenizer's full JSON (vocabulary, merges, settings).
+
+    A post-processor that adds nothing to a single sequence (a template of
+    just ``$A`` and no special tokens, which transformers adds when it loads
+    a tokenizer.json without one) counts as none: the same tokenizer, loaded
+    by transformers or not, has one hash, so states, token caches and length
+    indexes carry over.
+
+    Examples
+    --------
+    >>> from arrowstream.testing.data import sample_tokenizer
+    >>> len(tokenizer_hash(sample_tokenizer(300)))
+    32
+    """
+    text = tokenizer.to_str()
+    if '"post_processor":{"type":"TemplateProcessing"' in text.replace(" ", "") and _noop_template(text):
+        plain = Tokenizer.from_str(text)
+        plain.post_processor = None
+        text = plain.to_str()
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _noop_template(text: str) -> bool:
+    """Whether the tokenizer's post-processor is a template that adds nothing to one sequence."""
+    post = json.loads(text).get("post_processor") or {}
+    return (
+        post.get("type") == "TemplateProcessing"
+        and post.get("single") == [{"Sequence": {"id": "A", "type_id": 0}}]
+        and not post.get("special_tokens")
+    )
+
+
+def _load_tokenizer(tokenizer: Tokenizer | str | os.PathLike[str] | Any) -> Tokenizer:
+    """Return ``tokenizer`` (or its ``tokenizers`` core), or load it from a path; see ``encoders.load_tokenizer``."""
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if isinstance(backend, Tokenizer):  # a transformers fast tokenizer: its `tokenizers` core
+        return backend
+    if hasattr(tokenizer, "convert_tokens_to_ids") and hasattr(tokenizer, "vocab_size"):
+        raise ConfigError(
+            f"{type(tokenizer).__name__} is a slow transformers tokenizer (no `tokenizers` backend): "
+            "load the fast one (`AutoTokenizer.from_pretrained(..., use_fast=True)`), or pass the "
+            "path of its tokenizer.json"
+        )
+    if isinstance(tokenizer, (str, os.PathLike)):
+        path = os.fspath(tokenizer)
+        if os.path.isdir(path):  # a saved Hugging Face tokenizer: its tokenizer.json
+            inside = os.path.join(path, "tokenizer.json")
+            if not os.path.isfile(inside):
+                raise ConfigError(
+                    f"tokenizer {path!r} is a directory without a tokenizer.json: pass the path of "
+                    "the tokenizer.json file (a fast tokenizer saves one), or a `tokenizers.Tokenizer`"
+                )
+            path = inside
+        if not os.path.isfile(path):
+            raise ConfigError(
+                f"tokenizer file {path!r} does not exist: pass the path of a `tokenizer.json` "
+                "saved by the `tokenizers` library, or a `tokenizers.Tokenizer`"
+            )
+        try:
+            return Tokenizer.from_file(path)
+        except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
+            raise ConfigError(f"cannot load tokenizer {path!r}: {exc}") from exc
+    raise ConfigError(
+        "`tokenizer` must be a tokenizers.Tokenizer, a transformers fast tokenizer, a path to a "
+        f"tokenizer.json, or None for a column of token ids; got {type(tokenizer).__name__!r}"
+    )

@@ -42,7 +42,7 @@ CACHE_ENV = "ARROWSTREAM_CACHE_DIR"
 _OFF = ("", "off", "none", "0", "false", "no")
 
 #: Bump when the probe set or the checks change: cached verdicts then no longer apply.
-_CHECKS_VERSION = 1
+_CHECKS_VERSION = 2
 
 _lock = threading.Lock()
 _verdicts: dict[str, dict[str, Any]] = {}
@@ -116,8 +116,14 @@ def _store_verdict(key: str, verdict: dict[str, Any], cache_dir: Path | None) ->
         )
 
 
-def _forget_verdict(key: str, reason: str, cache_dir: Path | None) -> None:
-    """Record a mismatch on real documents, so this tokenizer keeps `tokenizers` from now on."""
+def _forget_verdict(key: str, reason: str, cache_dir: Path | None, *, tokie: bool = False) -> None:
+    """Record a mismatch on real documents, so this tokenizer keeps `tokenizers` (or, with ``tokie``, drops tokie) from now on."""
     with _lock:
-        checked = dict(_verdicts.get(key, {}).get("checked", {}))
-    _store_verdict(key, {"ok": False, "reason": reason, "checked": checked}, cache_dir)
+        old = dict(_verdicts.get(key, {}))
+    if tokie:
+        if "ok" not in old:  # no verdict yet: the encoder puts the failure in the one its checks make
+            return
+        verdict = {**old, "tokie": {"ok": False, "reason": reason}}
+    else:
+        verdict = {"ok": False, "reason": reason, "checked": dict(old.get("checked", {}))}
+    _store_verdict(key, verdict, cache_dir)

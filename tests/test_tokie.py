@@ -1,0 +1,155 @@
+"""The tokie backend gives exactly the ids of `tokenizers` (with its routing), or is not used."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from arrowstream import ConfigError, read_parquet
+from arrowstream.errors import EncoderFallbackWarning
+from arrowstream.testing import assert_resumes_identically
+from arrowstream.testing.data import sample_tokenizer, write_dataset
+from arrowstream.tokenize import tokie_backend
+from arrowstream.tokenize.encoders import Encoder
+
+from .conftest import write_parts
+from .test_encoders import cases, mixed_texts, reference, train
+
+pytest.importorskip("tokie")
+pytestmark = pytest.mark.tokie
+
+ROUTED = ["a\t's b", "x\x0b'll", "\x0c'd", "tab\tthen\t'very' odd", "\t" + "'s\t" * 20]
+
+
+def split(flat: np.ndarray, lens: np.ndarray) -> list[list[int]]:
+    return [a.tolist() for a in np.split(flat, np.cumsum(lens)[:-1])] if len(lens) else []
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    tok = sample_tokenizer()
+    tok.add_special_tokens(["<|tokie-tests|>"])  # a tokenizer other test modules did not check
+    return tok
+
+
+@pytest.fixture(scope="module")
+def tok_large() -> Tokenizer:
+    return train(mixed_texts(1500, seed=11), 3000)
+
+
+@pytest.mark.parametrize("add_special_tokens", [True, False])
+def test_tokie_gives_the_ids_of_tokenizers(tok: Tokenizer, add_special_tokens: bool) -> None:
+    enc = Encoder(tok, add_special_tokens=add_special_tokens, sample_bytes=0)
+    assert enc.backend == "tokie", enc.reason
+    assert "tab, vertical tab or form feed before an apostrophe" in enc.reason
+    for kind, texts in {"corpus": mixed_texts(500, seed=3), "routed": ROUTED, **cases(["<|endoftext|>"])}.items():
+        assert split(*enc.encode(texts)) == reference(tok, texts, add_special_tokens=add_special_tokens), kind
+
+
+def test_routed_texts_get_the_reference_ids_from_the_next_backend(tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    enc = Encoder(tok, sample_bytes=0)
+    assert enc.backend == "tokie"
+    texts = ["plain words"] + ROUTED + ["more plain words, it's fine"]
+    want = reference(tok, texts)
+    raw = tokie_backend.TokieBackend(tok, add_special_tokens=True, key="raw")._tokie(texts)
+    assert split(*raw) != want  # tokie alone differs on them: the routing is what makes it exact
+    seen: list[str] = []
+    fast_encode = type(enc._fast).encode
+
+    def spy(self, texts, ref):
+        seen.extend(texts)
+        return fast_encode(self, texts, ref)
+
+    monkeypatch.setattr(type(enc._fast), "encode", spy)
+    assert split(*enc.encode(texts)) == want
+    assert seen == ROUTED  # tiktoken encoded exactly the routed texts, in order
+    enc._fast = None  # tiktoken gone: the routed texts go to `tokenizers`
+    assert split(*enc.encode(texts)) == want
+    assert tokie_backend.routed(texts) == [1, 2, 3, 4, 5]
+
+
+def test_tokie_is_refused_where_it_differs_and_no_routing_covers_it(tok_large: Tokenizer) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # tiktoken stays: no warning
+        enc = Encoder(tok_large, sample_bytes=0)
+    assert enc.backend == "tiktoken" and "tokie not used, it gave other ids on probe text" in enc.reason
+    with pytest.raises(ConfigError, match=r"`backend='tokie'` cannot be used: probe text .* and tokie "):
+        Encoder(tok_large, backend="tokie")
+
+
+def test_a_tokie_mismatch_on_the_first_documents_keeps_tiktoken(
+    tok: Tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tokie_backend, "ROUTED_PAIRS", ())  # no routing: tokie differs on "\t's"
+    fresh = Tokenizer.from_str(tok.to_str())
+    fresh.add_special_tokens(["<|tokie-sample|>"])
+    enc = Encoder(fresh, sample_bytes=10_000, cache_dir=tmp_path)
+    assert enc.backend == "tokie" and enc.describe()["checks_pending"]
+    texts = [f"doc {i}" + ("\t's" if i == 5 else "") for i in range(40)]
+    write_parts(tmp_path / "data", [{"text": texts}], row_group_size=10)
+    with pytest.warns(EncoderFallbackWarning, match=r"tokie gave other ids .* on a document: #5"):
+        got = [ids for b in read_parquet(tmp_path / "data").tokenize(enc) for ids in b.column("input_ids").to_pylist()]
+    assert got == [ids + [0] for ids in reference(fresh, texts)]
+    enc.verify()
+    assert enc.backend == "tiktoken" and "tokie gave other ids" in enc.reason
+    again = Encoder(fresh, sample_bytes=10_000, cache_dir=tmp_path)
+    again.verify()  # the failure is in the stored verdict: no tokie in a later encoder either
+    assert again.backend == "tiktoken"
+
+
+def test_the_verdict_key_holds_tokies_version(tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    enc = Encoder(tok, sample_bytes=0)
+    key = enc._key()
+    monkeypatch.setattr(tokie_backend.importlib.metadata, "version", lambda name: "99.0")
+    assert enc._key() != key
+    assert Encoder(tok, backend="tiktoken", sample_bytes=0)._key() != key  # forced tiktoken: no tokie in it
+
+
+def test_every_backend_gives_byte_identical_streams_and_resumes(tmp_path: Path, tok: Tokenizer) -> None:
+    write_dataset(tmp_path, num_files=2, docs_per_file=30, rows_per_group=7, seed=4)
+    streams = set()
+    for backend in ("tokenizers", "tiktoken", "tokie", "auto"):
+        enc = Encoder(tok, backend=backend, sample_bytes=500)
+        ds = read_parquet(tmp_path, num_epochs=2, batch_rows=5).tokenize(enc, slice_bytes=2000).pack(seq_len=40, batch_size=3)
+        streams.add(b"".join(b["input_ids"].tobytes() + b["segment_ids"].tobytes() for b in ds))
+        assert enc.backend == ("tokie" if backend == "auto" else backend)
+        if backend == "tokie":
+            assert assert_resumes_identically(ds, min_epochs=2, every=3, horizon=6) > 5
+    assert len(streams) == 1
+
+
+def test_without_tokie_everything_is_as_before(tmp_path: Path) -> None:
+    script = """
+import sys
+sys.modules["tokie"] = None  # an import of tokie now fails, as where it is not installed
+from arrowstream import ConfigError
+from arrowstream.testing.data import sample_tokenizer
+from arrowstream.tokenize.encoders import Encoder
+from arrowstream.tokenize.tokie_backend import tokie_version
+enc = Encoder(sample_tokenizer(), sample_bytes=0)
+print(tokie_version(), enc.backend, enc.describe()["versions"]["tokie"])
+try:
+    Encoder(sample_tokenizer(), backend="tokie")
+except ConfigError as exc:
+    print(exc)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "None tiktoken None"
+    assert "tokie is not installed; `pip install arrowstream[fast]`" in lines[1]
+
+
+def test_a_pickled_encoder_keeps_tokie(tok: Tokenizer) -> None:
+    import pickle
+
+    enc = Encoder(tok, sample_bytes=0)
+    clone = pickle.loads(pickle.dumps(enc))
+    assert clone.backend == "tokie"
+    texts = mixed_texts(30, seed=1) + ROUTED
+    assert split(*clone.encode(texts)) == reference(tok, texts)
