@@ -7,9 +7,9 @@ Three measurements, each with its bar and one correctness check:
    ``--throughput-mb`` MB, about 20 M tokens by default), the tokens/s of the
    full pipeline ``read_parquet(...).tokenize(tok, backend=...).pack(...)``
    divided by the tokens/s of the fastest raw call of the *same* encoder fed
-   from a Python list already in memory: the default ``backend="auto"``
-   (which encodes with tiktoken) against raw tiktoken, ``backend="tokenizers"``
-   against raw ``tokenizers``. Each raw pass builds a fresh encoder and each
+   from a Python list already in memory: ``backend="tiktoken"`` (what the
+   default ``"auto"`` encodes with where tokie is not installed) against raw
+   tiktoken, ``backend="tokenizers"`` against raw ``tokenizers``. Each raw pass builds a fresh encoder and each
    pipeline pass runs in a fresh process, so no pass finds caches an earlier
    one filled (imports are outside the clock on both sides). Raw and pipeline
    runs alternate (A B A B ...). Check: the pipelines emit exactly the raw
@@ -277,7 +277,7 @@ def child_throughput(args: argparse.Namespace) -> dict[str, Any]:
 
 
 #: Pipeline passes of the throughput measurement: backend option -> the encoder it should use.
-PIPELINES = {"auto": "tiktoken", "tokenizers": "tokenizers"}
+PIPELINES = {"tiktoken": "tiktoken", "tokenizers": "tokenizers"}
 
 
 def measure_throughput(args: argparse.Namespace, corpus: Path, tok_path: Path, checks: Checks) -> dict[str, Any]:
@@ -355,7 +355,7 @@ def measure_throughput(args: argparse.Namespace, corpus: Path, tok_path: Path, c
     )
     checks(
         all(r["backend"] == PIPELINES[b] for b, runs in pipe_runs.items() for r in runs),
-        "throughput: backend='auto' encoded with tiktoken, backend='tokenizers' with tokenizers",
+        "throughput: backend='tiktoken' encoded with tiktoken, backend='tokenizers' with tokenizers",
         str({b: sorted({r["backend"] for r in runs}) for b, runs in pipe_runs.items()}),
     )
 
@@ -375,7 +375,7 @@ def measure_throughput(args: argparse.Namespace, corpus: Path, tok_path: Path, c
             "ratio": pipe_med / med[ref], "pair_ratios": pair, "pair_ratio_median": median(pair),
             "ratio_cpu": pipe_cpu / med_cpu[ref] if med_cpu[ref] else None,
         }
-    head = pipes["auto"]
+    head = pipes["tiktoken"]
     return {
         "corpus": str(corpus),
         "texts": len(texts),

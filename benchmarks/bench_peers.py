@@ -21,9 +21,10 @@ encoder, and with ``datasets`` using the same encoder:
   .tokenize(tok, backend=...).pack(seq_len, batch_size, strategy)``
   (``bucket``: ``.bucket(max_tokens=seq_len * batch_size, max_len=seq_len)``),
   iterated through ``ds.to_torch()`` (k=0) or ``DataLoader(ds.to_torch(),
-  batch_size=None, num_workers=k)``. ``default`` is ``backend="auto"``, which
-  proves tiktoken exact and encodes with it; ``tokenizers`` forces the
-  tokenizer's own encoder. ``even_batches`` is the library's default
+  batch_size=None, num_workers=k)``. ``tiktoken`` and ``tokenizers`` force
+  that encoder (``backend="auto"``, the default, picks tiktoken where tokie is
+  not installed, and tokie where it is: the peers have no tokie rows to set it
+  against, so the like-for-like rows name their encoder). ``even_batches`` is the library's default
   (``True``) unless the name says ``even_batches=False``; it matters only with
   several consumers (k > 0), where it may drop or pad a little at the end.
 - ``datasets, <encoder>, workers=k``: ``load_dataset("parquet",
@@ -117,7 +118,7 @@ from peers_child import RESULT
 
 CHILD = Path(__file__).with_name("peers_child.py")
 _VERDICTS = tempfile.TemporaryDirectory(prefix="arrowstream-peers-verdicts-")
-ENCODER = {"tokenizers": "tokenizers", "default": "tiktoken"}  # arrowstream backend name -> encoder
+ENCODER = {"tokenizers": "tokenizers", "tiktoken": "tiktoken"}  # arrowstream backend name -> encoder
 BACKEND = {v: k for k, v in ENCODER.items()}  # encoder -> the arrowstream backend name that uses it
 #: The peers, by child kind, and the start of their rows' names; ``datasets`` is the reference of the others.
 PEERS = {"datasets": "datasets", "torchdata": "torchdata StatefulDataLoader + datasets", "grain": "grain"}
@@ -142,14 +143,14 @@ def contestants(strategies: list[str], peers: list[str]) -> list[dict[str, Any]]
         if even is False:
             name += ", even_batches=False"
         return {"name": name, "kind": "arrowstream", "strategy": strategy, "encoder": ENCODER[backend],
-                "backend": "auto" if backend == "default" else backend, "workers": workers, "even_batches": even}
+                "backend": backend, "workers": workers, "even_batches": even}
 
     if "concat" in strategies:
         out += [ours("concat", "tokenizers", 0), ours("concat", "tokenizers", 2)]
-        out += [ours("concat", "default", 0), ours("concat", "default", 2), ours("concat", "default", 2, False)]
+        out += [ours("concat", "tiktoken", 0), ours("concat", "tiktoken", 2), ours("concat", "tiktoken", 2, False)]
     for strategy in strategies:
         if strategy != "concat":
-            out += [ours(strategy, "default", 0), ours(strategy, "default", 2)]
+            out += [ours(strategy, "tiktoken", 0), ours(strategy, "tiktoken", 2)]
     for kind in peers:
         for encoder in ("tokenizers", "tiktoken"):
             out += [{"name": peer_name(kind, encoder, w), "kind": kind, "encoder": encoder, "workers": w} for w in (0, 2)]
@@ -330,20 +331,20 @@ def table_rows(table: dict[str, dict[str, Any]], expected: int) -> list[list[str
 #: The like-for-like comparisons: (label, numerator, denominator); ``{w}`` is the workers, ``raw`` the encoder's fastest.
 HEADLINE = (
     ("arrowstream (tokenizers) / raw tokenizers", "arrowstream concat, tokenizers, workers={w}", "raw:tokenizers"),
-    ("arrowstream (default: tiktoken) / raw tiktoken", "arrowstream concat, default, workers={w}", "raw:tiktoken"),
+    ("arrowstream (tiktoken) / raw tiktoken", "arrowstream concat, tiktoken, workers={w}", "raw:tiktoken"),
     ("datasets (tokenizers) / raw tokenizers", "datasets, tokenizers, workers={w}", "raw:tokenizers"),
     ("datasets (tiktoken) / raw tiktoken", "datasets, tiktoken, workers={w}", "raw:tiktoken"),
     ("arrowstream / datasets, both tokenizers", "arrowstream concat, tokenizers, workers={w}", "datasets, tokenizers, workers={w}"),
-    ("arrowstream / datasets, both tiktoken", "arrowstream concat, default, workers={w}", "datasets, tiktoken, workers={w}"),
-    ("arrowstream default / datasets usual (tiktoken / tokenizers)", "arrowstream concat, default, workers={w}",
+    ("arrowstream / datasets, both tiktoken", "arrowstream concat, tiktoken, workers={w}", "datasets, tiktoken, workers={w}"),
+    ("arrowstream tiktoken / datasets usual (tiktoken / tokenizers)", "arrowstream concat, tiktoken, workers={w}",
      "datasets, tokenizers, workers={w}"),
     ("grain (tokenizers) / raw tokenizers", "grain, tokenizers, workers={w}", "raw:tokenizers"),
     ("grain (tiktoken) / raw tiktoken", "grain, tiktoken, workers={w}", "raw:tiktoken"),
     ("arrowstream / grain, both tokenizers", "arrowstream concat, tokenizers, workers={w}", "grain, tokenizers, workers={w}"),
-    ("arrowstream / grain, both tiktoken", "arrowstream concat, default, workers={w}", "grain, tiktoken, workers={w}"),
+    ("arrowstream / grain, both tiktoken", "arrowstream concat, tiktoken, workers={w}", "grain, tiktoken, workers={w}"),
     ("arrowstream / StatefulDataLoader + datasets, both tokenizers", "arrowstream concat, tokenizers, workers={w}",
      "torchdata StatefulDataLoader + datasets, tokenizers, workers={w}"),
-    ("arrowstream / StatefulDataLoader + datasets, both tiktoken", "arrowstream concat, default, workers={w}",
+    ("arrowstream / StatefulDataLoader + datasets, both tiktoken", "arrowstream concat, tiktoken, workers={w}",
      "torchdata StatefulDataLoader + datasets, tiktoken, workers={w}"),
 )
 
@@ -558,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{side} {mb:.0f} MB" for side, mb in idle.items())
         + "; 'above idle' is the peak PSS of all processes minus its side's")
 
-    total_batches = runs["arrowstream concat, default, workers=0"][0]["batches"]
+    total_batches = runs["arrowstream concat, tiktoken, workers=0"][0]["batches"]
     states_dir = args.workdir / "peer-states"
     states_dir.mkdir(parents=True, exist_ok=True)
     saved = save_states(shared, total_batches, states_dir, args.points, args.peers)

@@ -55,18 +55,18 @@ def test_peers_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     result, _ = _bench(tmp_path, "bench_peers.py", "--smoke", "--markdown", str(tmp_path / "peers.md"), timeout=900)
     table = result["table"]
     assert set(table) >= {"raw tokenizers", "raw tiktoken-joined", "arrowstream concat, tokenizers, workers=0",
-                          "arrowstream concat, default, workers=0", "datasets, tokenizers, workers=0",
+                          "arrowstream concat, tiktoken, workers=0", "datasets, tokenizers, workers=0",
                           "datasets, tiktoken, workers=0"}
     # like for like: each pipeline against the raw speed of its own encoder
-    assert table["arrowstream concat, default, workers=0"]["raw_reference"].startswith("raw tiktoken")
+    assert table["arrowstream concat, tiktoken, workers=0"]["raw_reference"].startswith("raw tiktoken")
     assert table["arrowstream concat, tokenizers, workers=0"]["raw_reference"] == "raw tokenizers"
-    assert table["arrowstream concat, default, workers=0"]["tokens"] == result["expected_tokens"]
+    assert table["arrowstream concat, tiktoken, workers=0"]["tokens"] == result["expected_tokens"]
     assert result["resume"]["50%"]["arrowstream"] > 0
     assert all(t["tree_pss_mb"] > 0 for t in table.values())
-    assert table["arrowstream concat, default, workers=2"]["working_mb"] is not None
+    assert table["arrowstream concat, tiktoken, workers=2"]["working_mb"] is not None
     assert any("exactly the raw encoders' stream" in c["name"] for c in result["checks"])
     markdown = (tmp_path / "peers.md").read_text()
-    assert "| arrowstream concat, default, workers=0 |" in markdown and "| arrowstream |" in markdown
+    assert "| arrowstream concat, tiktoken, workers=0 |" in markdown and "| arrowstream |" in markdown
     # the peers beside datasets: StatefulDataLoader over the same dataset, and Grain on the same recipe
     peers = {f"{peer}, {encoder}, workers={w}" for peer in ("torchdata StatefulDataLoader + datasets", "grain")
              for encoder in ("tokenizers", "tiktoken") for w in (0, 2)}
