@@ -54,7 +54,6 @@ __all__ = ["ROUTED_PAIRS", "TokieBackend", "routed", "routing_probes", "tokie_ve
 #: every whitespace character before every contraction and apostrophe on five tokenizers): a text
 #: holding one goes to the fallback encoder.
 ROUTED_PAIRS = ("\t'", "\x0b'", "\x0c'")
-_LEADS = tuple(pair[0] for pair in ROUTED_PAIRS)
 
 Encode = Callable[[Sequence[str]], "tuple[np.ndarray, np.ndarray]"]
 
@@ -90,11 +89,14 @@ def routed(texts: Sequence[str]) -> list[int]:
     >>> routed(["\\x0b'", "\\x0c 'x", "' \\t", "\\f'"])
     [0, 3]
     """
-    out = []
-    for i, text in enumerate(texts):
-        if any(lead in text for lead in _LEADS) and any(pair in text for pair in ROUTED_PAIRS):
-            out.append(i)
-    return out
+    # Spelled out, not `any(...)`: a generator per text cost four times as much (3.5 against
+    # 0.8 ms for 3.7 MB of documents).
+    pairs = ROUTED_PAIRS
+    if len(pairs) != 3:  # another set of pairs (a test turns routing off)
+        return [i for i, t in enumerate(texts) if any(pair in t for pair in pairs)]
+    pa, pb, pc = pairs
+    a, b, c = pa[0], pb[0], pc[0]
+    return [i for i, t in enumerate(texts) if (a in t or b in t or c in t) and (pa in t or pb in t or pc in t)]
 
 
 def routing_probes() -> list[str]:
