@@ -132,8 +132,14 @@ def peer_name(kind: str, encoder: str, workers: int) -> str:
     return f"{PEERS[kind]}, {encoder}, workers={workers}"
 
 
-def contestants(strategies: list[str], peers: list[str]) -> list[dict[str, Any]]:
-    """Return every contestant of one round, each a child spec (without the shared keys) with its name."""
+def contestants(
+    strategies: list[str], peers: list[str], peer_encoders: tuple[str, ...] = ("tokenizers", "tiktoken")
+) -> list[dict[str, Any]]:
+    """Return every contestant of one round, each a child spec (without the shared keys) with its name.
+
+    ``datasets`` runs with both encoders (the other peers' reference); the
+    other peers with ``peer_encoders``.
+    """
     out: list[dict[str, Any]] = [
         {"name": f"raw {m}", "kind": "raw", "method": m, "encoder": m.split("-")[0]} for m in RAW_METHODS
     ]
@@ -152,7 +158,7 @@ def contestants(strategies: list[str], peers: list[str]) -> list[dict[str, Any]]
         if strategy != "concat":
             out += [ours(strategy, "tiktoken", 0), ours(strategy, "tiktoken", 2)]
     for kind in peers:
-        for encoder in ("tokenizers", "tiktoken"):
+        for encoder in ("tokenizers", "tiktoken") if kind == "datasets" else peer_encoders:
             out += [{"name": peer_name(kind, encoder, w), "kind": kind, "encoder": encoder, "workers": w} for w in (0, 2)]
     out += [{"name": f"idle {side}", "kind": "idle", "side": side} for side in ("arrowstream", *peers)]
     return out
@@ -504,6 +510,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--points", default=None, help="resume points [0.1,0.5,0.9; smoke 0.5]")
     p.add_argument("--peers", default=",".join(PEERS),
                    help=f"peers to run, among {','.join(PEERS)}; datasets is the reference, always needed [all]")
+    p.add_argument(
+        "--peer-encoders", default="tokenizers,tiktoken",
+        help="encoders of the torchdata and grain rows (datasets runs both: it is their reference)",
+    )
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--markdown", type=Path, default=None, help="write the tables in Markdown to this file")
     p.add_argument("--smoke", action="store_true")
@@ -521,6 +531,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if "datasets" not in args.peers:
         p.error("--peers must include datasets (the reference of the other peers' checks and ratios)")
     args.peers = [k for k in PEERS if k in args.peers]  # the table's order, whatever the option's
+    args.peer_encoders = tuple(e for e in ("tokenizers", "tiktoken") if e in args.peer_encoders.split(","))
+    if not args.peer_encoders:
+        p.error("--peer-encoders takes tokenizers, tiktoken or both (comma-separated)")
     return args
 
 
@@ -534,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     tok_path, tinfo = tokenizer_file(args.workdir, args.vocab_size)
     shared = {"corpus": str(corpus), "tokenizer": str(tok_path), "tiktoken": str(tiktoken_file(args.workdir, tok_path)),
               "seq_len": L, "batch_size": B, "eos_id": tinfo["eos_id"], "vocab_size": tinfo["vocab_size"]}
-    configs = contestants(args.strategies, args.peers)
+    configs = contestants(args.strategies, args.peers, args.peer_encoders)
     runs = run_rounds(configs, shared, args.repeats)
     ref = check_streams(checks, runs, configs, L)
     expected = ref["tokens"]
