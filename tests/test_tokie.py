@@ -153,3 +153,39 @@ def test_a_pickled_encoder_keeps_tokie(tok: Tokenizer) -> None:
     assert clone.backend == "tokie"
     texts = mixed_texts(30, seed=1) + ROUTED
     assert split(*clone.encode(texts)) == reference(tok, texts)
+
+
+def test_the_cache_the_length_index_and_the_analysis_encode_with_tokie(
+    tmp_path: Path, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from arrowstream import analyze, build_length_index
+
+    from arrowstream.testing.texts import make_texts
+
+    write_dataset(tmp_path / "data", num_files=2, docs_per_file=30, rows_per_group=7, seed=5)
+    texts = list(make_texts(400, seed=9))
+    while sum(map(len, texts)) < 1 << 20:
+        texts += texts
+    proof = Encoder(tok)
+    proof.encode(texts)  # the whole sample checked and stored: later encoders use tokie from the first document
+    assert proof.backend == "tokie" and not proof.describe()["checks_pending"]
+    encoded: list[int] = []
+    real = tokie_backend.TokieBackend._tokie
+
+    def spy(self: tokie_backend.TokieBackend, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        encoded.append(len(texts))
+        return real(self, texts)
+
+    def refuse(self: Encoder, texts: list[str]) -> None:
+        raise AssertionError("the reference encoder ran: the proven tokie backend was not used")
+
+    monkeypatch.setattr(tokie_backend.TokieBackend, "_tokie", spy)
+    monkeypatch.setattr(Encoder, "_reference", refuse)
+    counts = []
+    list(read_parquet(tmp_path / "data").tokenize(tok, cache=tmp_path / "cache"))  # fills the token cache
+    counts.append(sum(encoded))
+    build_length_index(tmp_path / "data", tok, length_index=tmp_path / "index")
+    counts.append(sum(encoded) - counts[-1])
+    analyze(tmp_path / "data", tokenizer=tok)
+    counts.append(sum(encoded) - sum(counts))
+    assert all(n >= 50 for n in counts), counts  # each encoded (nearly) all 60 documents with tokie
