@@ -21,10 +21,10 @@ encoder, and with ``datasets`` using the same encoder:
   .tokenize(tok, backend=...).pack(seq_len, batch_size, strategy)``
   (``bucket``: ``.bucket(max_tokens=seq_len * batch_size, max_len=seq_len)``),
   iterated through ``ds.to_torch()`` (k=0) or ``DataLoader(ds.to_torch(),
-  batch_size=None, num_workers=k)``. ``tiktoken`` and ``tokenizers`` force
-  that encoder (``backend="auto"``, the default, picks tiktoken where tokie is
-  not installed, and tokie where it is: the peers have no tokie rows to set it
-  against, so the like-for-like rows name their encoder). ``even_batches`` is the library's default
+  batch_size=None, num_workers=k)``. ``tokenizers`` forces that encoder;
+  ``tiktoken`` is ``backend="auto"`` with tokie hidden, what the default gives
+  where the ``fast`` extra is not installed (with it, ``auto`` picks tokie,
+  which no peer has, so the like-for-like rows name their encoder). ``even_batches`` is the library's default
   (``True``) unless the name says ``even_batches=False``; it matters only with
   several consumers (k > 0), where it may drop or pad a little at the end.
 - ``datasets, <encoder>, workers=k``: ``load_dataset("parquet",
