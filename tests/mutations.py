@@ -687,6 +687,22 @@ MUTANTS = [
         "            pass",
         ("tests/test_tokie.py",),
     ),
+    Mutant(
+        "block-continuation-starts-a-document",
+        "a continued document's first token is taken for a document start after the first batch",
+        "arrowstream/pack/concat.py",
+        "    if chunk.head_skip and a == 0:\n",
+        "    if chunk.head_skip:\n",
+        ("tests/test_blocks.py",),
+    ),
+    Mutant(
+        "block-batch-not-counted",
+        "a batch handed out of a block leaves the packer's batch count behind (states and even batches drift)",
+        "arrowstream/pack/concat.py",
+        "        self.emitted += 1\n        self.ledger.add(\"tokens\", need)\n",
+        "        self.ledger.add(\"tokens\", need)\n",
+        ("tests/test_blocks.py",),
+    ),
 ]
 
 

@@ -88,6 +88,13 @@ def test_encoders_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     assert result
 
 
+def test_text_path_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
+    result, stdout = _bench(tmp_path, "bench_text_path.py", "--smoke", timeout=300)
+    assert "pipeline / raw encoder:" in stdout
+    assert all(c["passed"] for c in result["checks"]) and len(result["checks"]) == 2
+    assert result["rates"]["pipeline"] > 0 and result["rates"]["raw"] > 0
+
+
 def test_cache_benchmark_smoke_run_passes_its_check(tmp_path: Path) -> None:
     result, _ = _bench(tmp_path, "bench_cache.py", "--smoke")
     assert result["ratio_vs_raw"] > 0

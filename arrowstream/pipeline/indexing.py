@@ -100,7 +100,7 @@ def build_length_index(
     return index.build(
         stage.encoder.encode,
         column=column,
-        slice_bytes=stage.slice_bytes,
+        slice_bytes=stage.slice_budget,
         num_threads=stage.num_inflight,
         progress=progress,
         shard=shard,

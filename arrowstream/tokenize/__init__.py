@@ -21,7 +21,7 @@ sizes or row-group layout, and the backend does not enter the options hash.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -46,6 +46,7 @@ from arrowstream.tokenize.encoders import (
 )
 from arrowstream.tokenize.known import known_tokens
 from arrowstream.tokenize.lengths import LengthIndex
+from arrowstream.tokenize.slicing import SLICE_BYTES, TOKIE_SLICE_BYTES, slice_bounds, slice_budgets
 from arrowstream.tokenize.tokenizer import _special_tokens, check_tokenizer, find_eos_id
 
 __all__ = ["Tokenize", "check_tokenizer", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
@@ -75,10 +76,13 @@ class Tokenize(Stage):
     add_special_tokens
         Passed to the tokenizer (its post-processor may add BOS and the like).
     slice_bytes
-        Text per encoder call once warmed up. Memory grows with
-        ``num_inflight * slice_bytes`` (each call's temporary strings and ids);
-        256 KiB with 3 calls in flight measured about 7 % faster than 1 MiB
-        with 4 over the tiktoken backend, with a quarter less peak memory
+        Text per encoder call once warmed up; ``None`` (the default): 1 MiB
+        while tokie encodes, 256 KiB otherwise (see :attr:`slice_budget`).
+        Memory grows with ``num_inflight * slice_bytes`` (each call's
+        temporary strings and ids). Over the tiktoken backend, 256 KiB with 3
+        calls in flight measured about 7 % faster than 1 MiB with 4, with a
+        quarter less peak memory; over tokie, whose calls are each several
+        times quicker, 1 MiB measured a third faster than 256 KiB end to end
         (see "Encoder calls" in ``docs/guide.md``).
     first_slice_bytes
         Text in the first call after a start or resume; slices double from
@@ -135,7 +139,7 @@ class Tokenize(Stage):
         add_eos: bool = True,
         eos_id: int | None = None,
         add_special_tokens: bool = True,
-        slice_bytes: int = 1 << 18,
+        slice_bytes: int | None = None,
         first_slice_bytes: int = 1 << 16,
         num_inflight: int = 3,
         loss_mask: str | None = None,
@@ -166,8 +170,8 @@ class Tokenize(Stage):
         self.column = column
         self.add_eos = bool(add_eos)
         self.add_special_tokens = bool(add_special_tokens)
-        self.slice_bytes = check_int("slice_bytes", slice_bytes)
-        self.first_slice_bytes = min(check_int("first_slice_bytes", first_slice_bytes), self.slice_bytes)  # type: ignore[type-var]
+        self.slice_bytes = check_int("slice_bytes", slice_bytes, none_ok=True)
+        self.first_slice_bytes = check_int("first_slice_bytes", first_slice_bytes)
         self.num_inflight = check_int("num_inflight", num_inflight)
         self.expensive = self.tokenizer is not None
         if eos_id is None and self.tokenizer is not None:  # a transformers tokenizer names its EOS
@@ -224,12 +228,29 @@ class Tokenize(Stage):
 
     @property
     def backend(self) -> str | None:
-        """The encoder backend now in use: ``"tiktoken"``, ``"tokenizers"``, or ``None`` for token ids.
+        """The encoder backend now in use: ``"tokie"``, ``"tiktoken"``, ``"tokenizers"``, or ``None`` for token ids.
 
-        It may turn from ``"tiktoken"`` to ``"tokenizers"`` once, while the
-        first documents are checked (with a warning); the ids never differ.
+        It may fall back once (tokie to tiktoken, or either to
+        ``"tokenizers"``) while the first documents are checked, with a
+        warning; the ids never differ.
         """
         return None if self.encoder is None else self.encoder.backend
+
+    @property
+    def slice_budget(self) -> int:
+        """Bytes of text per encoder call once warmed up: ``slice_bytes``, or by the backend now in use.
+
+        Examples
+        --------
+        >>> from arrowstream.testing.data import sample_tokenizer
+        >>> Tokenize(sample_tokenizer(300), backend="tiktoken").slice_budget
+        262144
+        >>> Tokenize(sample_tokenizer(300), backend="tiktoken", slice_bytes=1000).slice_budget
+        1000
+        """
+        if self.slice_bytes is not None:
+            return self.slice_bytes
+        return TOKIE_SLICE_BYTES if self.backend == "tokie" else SLICE_BYTES
 
     def __repr__(self) -> str:
         what = "ids" if self.encoder is None else f"tokenizer={self._hash!r}, backend={self.backend!r}"
@@ -362,8 +383,9 @@ class Tokenize(Stage):
         chunk = chunk.with_rows(lengths > 0, "empty")
         if self.tokenizer is None or chunk.num_docs == 0:
             return [chunk]
-        budgets = _budgets(self.first_slice_bytes, self.slice_bytes, warm)
-        return chunk.split(_slice_bounds(lengths[lengths > 0], budgets))
+        most = self.slice_budget
+        budgets = slice_budgets(min(self.first_slice_bytes, most), most, warm)
+        return chunk.split(slice_bounds(lengths[lengths > 0], budgets))
 
     def run(self, piece: Chunk) -> Chunk:
         """Encode one slice (or take its ids as they are)."""
@@ -467,24 +489,3 @@ def _offsets(lens: np.ndarray) -> np.ndarray:
     np.cumsum(lens, out=offsets[1:])
     return offsets
 
-
-def _budgets(first: int, most: int, warm: int) -> Iterator[int]:
-    """Yield byte budgets: ``first`` doubling per slice (``warm`` already cut), capped at ``most``."""
-    step = warm
-    while True:
-        yield most if step >= 32 else min(most, first << step)
-        step += 1
-
-
-def _slice_bounds(sizes: np.ndarray, budgets: Iterator[int]) -> np.ndarray:
-    """Return row indices that cut rows into runs of about the next budget's bytes (greedy)."""
-    cum = np.cumsum(sizes)
-    bounds = []
-    start_bytes = 0
-    while True:
-        i = int(np.searchsorted(cum, start_bytes + next(budgets), side="left")) + 1
-        if i >= sizes.size:
-            break
-        bounds.append(i)
-        start_bytes = int(cum[i - 1])
-    return np.asarray(bounds, dtype=np.int64)
