@@ -356,7 +356,20 @@ class StatefulLoader:
         n = len(consumers)
         waiting: list[deque[tuple[dict[str, Any], dict[str, Any]]]] = [deque() for _ in range(n)]
         done = [False] * n
-        for batch in DataLoader(self.dataset, **self.kwargs):
+        batches = iter(DataLoader(self.dataset, **self.kwargs))
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            except (ConnectionError, EOFError) as exc:  # a worker died handing a batch over
+                dead = [w.pid for w in getattr(batches, "_workers", []) if not w.is_alive()]
+                if not dead:
+                    raise
+                raise RuntimeError(
+                    f"DataLoader worker (pid(s) {dead}) exited unexpectedly while handing over a batch "
+                    f"({type(exc).__name__}: {exc}); resume from the last saved state"
+                ) from exc
             tag = batch.pop(STATE_KEY)
             worker = tag["state"]["consumer"]["index"] - consumers[0]
             waiting[worker].append((batch, tag))

@@ -703,6 +703,22 @@ MUTANTS = [
         "        self.ledger.add(\"tokens\", need)\n",
         ("tests/test_blocks.py",),
     ),
+    Mutant(
+        "tokie-never-deferred",
+        "a tokenizer proven by a stored verdict converts tiktoken at every start anyway (slow starts)",
+        "arrowstream/tokenize/encoders.py",
+        "        if self._proven_tokie(key, forced=forced):\n",
+        "        if False:\n",
+        ("tests/test_tokie.py",),
+    ),
+    Mutant(
+        "deferred-tokie-ignores-its-refusal",
+        "a stored verdict that refused tokie still starts tokie in a later encoder",
+        "arrowstream/tokenize/encoders.py",
+        '        if verdict is None or not verdict["ok"] or not verdict.get("tokie", {}).get("ok"):\n',
+        '        if verdict is None or not verdict["ok"]:\n',
+        ("tests/test_tokie.py",),
+    ),
 ]
 
 

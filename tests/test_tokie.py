@@ -17,6 +17,7 @@ from arrowstream.testing import assert_resumes_identically
 from arrowstream.testing.data import sample_tokenizer, write_dataset
 from arrowstream.tokenize import tokie_backend
 from arrowstream.tokenize.encoders import Encoder
+from arrowstream.tokenize.fast import _Deferred, _Fast
 
 from .conftest import write_parts
 from .test_encoders import cases, mixed_texts, reference, train
@@ -79,6 +80,9 @@ def test_tokie_is_refused_where_it_differs_and_no_routing_covers_it(tok_large: T
         warnings.simplefilter("error")  # tiktoken stays: no warning
         enc = Encoder(tok_large, sample_bytes=0)
     assert enc.backend == "tiktoken" and "tokie not used, it gave other ids on probe text" in enc.reason
+    later = Encoder(tok_large, sample_bytes=0)  # from the stored verdict: tokie stays refused
+    assert later.backend == "tiktoken" and "tokie not used" in later.reason
+    assert isinstance(later._fast, _Fast)  # tiktoken encodes everything: nothing to defer
     with pytest.raises(ConfigError, match=r"`backend='tokie'` cannot be used: probe text .* and tokie "):
         Encoder(tok_large, backend="tokie")
 
@@ -101,6 +105,29 @@ def test_a_tokie_mismatch_on_the_first_documents_keeps_tiktoken(
     again = Encoder(fresh, sample_bytes=10_000, cache_dir=tmp_path)
     again.verify()  # the failure is in the stored verdict: no tokie in a later encoder either
     assert again.backend == "tiktoken"
+
+
+def test_a_proven_tokie_converts_tiktoken_only_when_a_routed_text_comes(tok: Tokenizer, tmp_path: Path) -> None:
+    import pickle
+
+    tok = Tokenizer.from_str(tok.to_str())
+    tok.add_special_tokens(["<|tokie-deferred|>"])  # no verdict for it in this process yet
+    first = Encoder(tok, sample_bytes=0, cache_dir=tmp_path)  # no verdict yet: converts, checks, stores
+    assert isinstance(first._fast, _Fast) and first.backend == "tokie"
+    later = Encoder(tok, sample_bytes=0, cache_dir=tmp_path)  # as in a later process
+    assert isinstance(later._fast, _Deferred) and later._fast.converted is None
+    assert later.backend == "tokie" and later.reason.startswith(first.reason)
+    plain = mixed_texts(200, seed=5)
+    assert not tokie_backend.routed(plain)
+    assert split(*later.encode(plain)) == reference(tok, plain)
+    assert later._fast.converted is None  # nothing routed: tiktoken never built
+    clone = pickle.loads(pickle.dumps(later))  # a DataLoader worker's copy defers too
+    assert isinstance(clone._fast, _Deferred) and clone._fast.converted is None
+    texts = plain[:3] + ROUTED
+    assert split(*later.encode(texts)) == reference(tok, texts)
+    assert later._fast.converted is not None
+    assert split(*clone.encode(texts)) == reference(tok, texts)
+    assert isinstance(pickle.loads(pickle.dumps(later))._fast, _Fast)  # once converted, the spec travels
 
 
 def test_the_verdict_key_holds_tokies_version(tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,6 +158,7 @@ sys.modules["tokie"] = None  # an import of tokie now fails, as where it is not 
 from arrowstream import ConfigError
 from arrowstream.testing.data import sample_tokenizer
 from arrowstream.tokenize.encoders import Encoder
+from arrowstream.tokenize.fast import _Deferred, _Fast
 from arrowstream.tokenize.tokie_backend import tokie_version
 enc = Encoder(sample_tokenizer(), sample_bytes=0)
 print(tokie_version(), enc.backend, enc.describe()["versions"]["tokie"])

@@ -73,9 +73,9 @@ def assemble_full_batches(
     >>> [b["input_ids"].tolist() for b in batches]
     [[[10, 11, 12], [13, 14, 15]], [[16, 17, 18], [19, 20, 21]]]
     >>> batches[0]["segment_ids"].tolist(), batches[0]["position_ids"].tolist()
-    ([[1, 1, 1], [1, 1, 2]], [[0, 1, 2], [3, 4, 0]])
+    ([[1, 1, 1], [1, 1, 2]], [[0, 1, 2], [0, 1, 0]])
     >>> batches[0]["cu_seqlens"].tolist(), batches[0]["num_docs"], batches[0]["num_cut_docs"]
-    ([0, 3, 5, 6], 3, 2)
+    ([0, 3, 5, 6], 3, 3)
     """
     need = batch_size * seq_len
     size = int(tokens.size)

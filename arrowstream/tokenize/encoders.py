@@ -69,12 +69,14 @@ from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible
 from arrowstream.tokenize.fast import (
     _convert,
     _encoding,
+    _Deferred,
     _Fast,
     _first_difference,
     _flatten,
 )
-from arrowstream.tokenize.probes import added_token_probes, probe_texts, token_texts
-from arrowstream.tokenize.tokie_backend import TokieBackend, routing_probes, tokie_version
+from arrowstream.tokenize.probes import probe_texts
+from arrowstream.tokenize.proof import check_backends
+from arrowstream.tokenize.tokie_backend import ROUTED_TEXTS, TokieBackend, tokie_version
 from arrowstream.tokenize.tokenizer import _load_tokenizer, tokenizer_hash
 from arrowstream.tokenize.verdicts import (
     _CHECKS_VERSION,
@@ -187,7 +189,7 @@ class Encoder:
         self.hash = tokenizer_hash(self.tokenizer)
         self._lock = threading.Lock()
         self._spec: ByteLevelBPE | None = None  # set while tiktoken encodes
-        self._fast: _Fast | None = None
+        self._fast: _Fast | _Deferred | None = None  # _Deferred: converted at its first text
         self._tokie: TokieBackend | None = None  # set while tokie encodes (the texts it does not route)
         self._tokie_failed = ""  # tokie's mismatch on a document seen before the checks ran
         self._sample_left = 0
@@ -210,6 +212,8 @@ class Encoder:
 
     def _choose(self, *, forced: bool) -> None:
         key = self._key()
+        if self._proven_tokie(key, forced=forced):
+            return
         try:
             spec, encoding = _convert(key, self.tokenizer, self.add_special_tokens)
         except Unconvertible as exc:
@@ -237,10 +241,28 @@ class Encoder:
             return
         self._settle(verdict, forced=forced)
 
+    def _proven_tokie(self, key: str, *, forced: bool) -> bool:
+        """Take tokie at once where a stored verdict proves it (and tiktoken, for the texts it routes); return whether.
+
+        tiktoken is then converted only when a routed text comes (:class:`~arrowstream.tokenize.fast._Deferred`).
+        """
+        if self.requested == "tiktoken" or tokie_version() is None:
+            return False
+        sample = 0 if forced else self.sample_bytes
+        verdict = _cached_verdict(key, self.cache_dir, documents=sample)
+        if verdict is None or not verdict["ok"] or not verdict.get("tokie", {}).get("ok"):
+            return False
+        if verdict.get("documents", 0) < sample:
+            return False
+        self._tokie = TokieBackend(self.tokenizer, add_special_tokens=self.add_special_tokens, key=key)
+        self._fast = _Deferred(key, self.tokenizer, self.add_special_tokens)
+        self._sample_left, self._sampled, self._earlier = 0, int(verdict.get("documents", 0)), True
+        return self._settle(verdict, forced=forced)
+
     def _settle(self, verdict: dict[str, Any] | None, *, forced: bool = False) -> bool:
         """Run the built-in checks unless ``verdict`` is given; keep or drop tiktoken and tokie by it."""
         self._pending = False
-        if self._fast is None or self._spec is None:
+        if self._fast is None:
             return self._tokie is not None
         if verdict is None or (self._tokie is not None and "tokie" not in verdict):
             verdict = {**(verdict or {}), **self._check(self._spec, self._fast.encoding, tiktoken_too=verdict is None)}
@@ -264,11 +286,11 @@ class Encoder:
             if self._tokie is None:
                 _warn(f"the tokenizer keeps the slower `tokenizers` backend: {verdict['reason']}")
                 return False
-            self._reason = f"tokie ({_ROUTED} go to `tokenizers`: {self._reason}); identical ids on {counts}"
+            self._reason = f"tokie ({ROUTED_TEXTS} go to `tokenizers`: {self._reason}); identical ids on {counts}"
             return True
         self._reason = ("forced; " if forced else "") + f"identical ids on {counts}"
         if self._tokie is not None:
-            self._reason = f"tokie, {_ROUTED} encoded by tiktoken; " + self._reason
+            self._reason = f"tokie, {ROUTED_TEXTS} encoded by tiktoken; " + self._reason
         self._reason += refused
         return True
 
@@ -295,32 +317,12 @@ class Encoder:
         return self
 
     def _check(self, spec: ByteLevelBPE, encoding: tiktoken.Encoding, *, tiktoken_too: bool = True) -> dict[str, Any]:
-        """Compare tiktoken (unless not ``tiktoken_too``) and tokie (if loaded) with the reference on the vocabulary and the probe set.
-
-        tokie is checked on the texts it does not route (the routed ones take the
-        reference's ids here), so its verdict holds whatever the routed texts go to.
-        """
-        fast = _Fast(spec, encoding)
-        vocab = [t for t in token_texts(spec) if t]
-        probes = list(probe_texts()) + routing_probes() + added_token_probes(spec.specials)
-        checked = {"vocabulary tokens": len(vocab), "probe texts": len(probes)}
+        """The built-in checks (:func:`~arrowstream.tokenize.proof.check_backends`) of tiktoken and the loaded tokie."""
         # The batch encoder is twice as fast, but starts the tokenizer's thread pool: only where the
         # pipeline already started it (checks at the end of the document sample), never before a fork.
         ref = self._reference_checks if self._pool_started else self._reference_serial
-        found: dict[str, str | None] = {"tiktoken": None if tiktoken_too else "", "tokie": self._tokie_failed or None}
-        for name, texts in (("vocabulary token", vocab), ("probe", probes)):
-            want = ref(texts)
-            if found["tiktoken"] is None and (bad := _first_difference(texts, want, fast.encode(texts, ref))):
-                found["tiktoken"] = f"{name} text {bad}"
-            if self._tokie is not None and found["tokie"] is None:  # None: not failed yet
-                if bad := _first_difference(texts, want, self._tokie.encode(texts, ref), "tokie"):
-                    found["tokie"] = f"{name} text {bad}"
-        verdict: dict[str, Any] = {"checked": checked}
-        if tiktoken_too:
-            verdict.update(ok=found["tiktoken"] is None, reason=found["tiktoken"] or "")
-        if self._tokie is not None or self._tokie_failed:
-            verdict["tokie"] = {"ok": found["tokie"] is None, "reason": found["tokie"] or ""}
-        return verdict
+        return check_backends(spec, encoding, ref, tokie=self._tokie, tiktoken_too=tiktoken_too,
+                              tokie_failed=self._tokie_failed)
 
     # -- encoding -----------------------------------------------------------------
 
@@ -469,22 +471,24 @@ class Encoder:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_lock"], state["_fast"]  # rebuilt from the spec (cached per process)
+        if isinstance(self._fast, _Deferred):  # not converted yet: the unpickled one converts when it must
+            converted = self._fast.converted
+            state["_spec"] = None if converted is None else converted.spec
+            state["_deferred"] = converted is None
         state["_tokie"] = self._tokie is not None  # rebuilt from the tokenizer (cached per process)
         state["_pool_started"] = False  # a new process has no thread pool yet
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        deferred = state.pop("_deferred", False)
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._fast = None if self._spec is None else _Fast(self._spec, _encoding(self._key(), self._spec))
-        if self._tokie:  # tokie must be importable where a process that used it is unpickled
-            self._tokie = TokieBackend(self.tokenizer, add_special_tokens=self.add_special_tokens, key=self._key())
-        else:
-            self._tokie = None
-
-
-#: What tokie routes to the next exact backend, as :attr:`Encoder.reason` says it.
-_ROUTED = "texts with a tab, vertical tab or form feed before an apostrophe"
+        if deferred:
+            self._fast = _Deferred(self._key(), self.tokenizer, self.add_special_tokens)
+        # tokie must be importable where a process that used it is unpickled
+        self._tokie = TokieBackend(self.tokenizer, add_special_tokens=self.add_special_tokens,
+                                   key=self._key()) if self._tokie else None
 
 
 def _warn(message: str) -> None:

@@ -5,7 +5,10 @@
 tokenizers), and :class:`_Fast` encodes a batch of texts through it into the
 tokenizer's ids: one flat ``int32`` array plus one length per text, with the
 rank-to-id mapping and the post-processor's tokens applied. Texts that
-tiktoken's regex engine cannot take go to the reference backend instead. The
+tiktoken's regex engine cannot take go to the reference backend instead.
+:class:`_Deferred` stands in for a :class:`_Fast` not converted yet: where
+a stored verdict proves tokie, tiktoken only encodes the texts tokie routes,
+and is converted when the first one comes. The
 array helpers (:func:`_flatten`, :func:`_first_difference`) are shared with
 the reference backend in :mod:`arrowstream.tokenize.encoders`, which decides
 whether this backend may be trusted.
@@ -26,7 +29,7 @@ import numpy as np
 import tiktoken
 from tokenizers import Tokenizer
 
-from arrowstream.tokenize.bytelevel import ByteLevelBPE, to_bytelevel_bpe
+from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible, to_bytelevel_bpe
 
 __all__: list[str] = []  # used by arrowstream.tokenize.encoders only
 
@@ -189,3 +192,41 @@ def _encoding(key: str, spec: ByteLevelBPE) -> tiktoken.Encoding:
             _converted.pop(next(iter(_converted)))
         _converted[key] = pair
     return pair[1]
+
+
+class _Deferred:
+    """The tiktoken side of an encoder, converted on its first use.
+
+    Where a stored verdict already proves tokie and tiktoken for a tokenizer,
+    tiktoken encodes only the texts tokie routes to it, which most corpora
+    never hold: the conversion (about 0.1 s for a 32k vocabulary, seconds
+    for a large one) waits until one comes. Same interface as :class:`_Fast`.
+    A conversion that fails now (it passed when the verdict was stored) sends
+    the texts to the reference.
+    """
+
+    __slots__ = ("_args", "_fast", "_lock")
+
+    def __init__(self, key: str, tokenizer: Tokenizer, add_special_tokens: bool) -> None:
+        self._args = (key, tokenizer, add_special_tokens)
+        self._fast: _Fast | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def converted(self) -> _Fast | None:
+        """The tiktoken side if it was converted, else ``None``."""
+        return self._fast
+
+    def get(self) -> _Fast | None:
+        """Return the tiktoken side, converting it now if needed (``None``: the conversion failed)."""
+        with self._lock:
+            if self._fast is None:
+                try:
+                    self._fast = _Fast(*_convert(*self._args))
+                except Unconvertible:
+                    return None
+            return self._fast
+
+    def encode(self, texts: Sequence[str], reference: Any) -> tuple[np.ndarray, np.ndarray]:
+        fast = self.get()
+        return reference(texts) if fast is None else fast.encode(texts, reference)

@@ -48,12 +48,15 @@ from tokenizers import Tokenizer
 from arrowstream.tokenize.fast import _flatten
 from arrowstream.tokenize.probes import _WHITESPACE
 
-__all__ = ["ROUTED_PAIRS", "TokieBackend", "routed", "routing_probes", "tokie_version"]
+__all__ = ["ROUTED_PAIRS", "ROUTED_TEXTS", "TokieBackend", "routed", "routing_probes", "tokie_version"]
 
 #: Two-character sequences tokie pre-tokenizes differently from the split regex (found by probing
 #: every whitespace character before every contraction and apostrophe on five tokenizers): a text
 #: holding one goes to the fallback encoder.
 ROUTED_PAIRS = ("\t'", "\x0b'", "\x0c'")
+
+#: What tokie routes to the next exact backend, as :attr:`~arrowstream.tokenize.encoders.Encoder.reason` says it.
+ROUTED_TEXTS = "texts with a tab, vertical tab or form feed before an apostrophe"
 
 Encode = Callable[[Sequence[str]], "tuple[np.ndarray, np.ndarray]"]
 

@@ -1,0 +1,81 @@
+"""The built-in checks of an encoder's fast backends: the vocabulary and the probe set, against the reference.
+
+:func:`check_backends` encodes the text of every vocabulary token and every
+probe (:mod:`arrowstream.tokenize.probes`, the routing probes of
+:mod:`arrowstream.tokenize.tokie_backend`, the added-token probes) with the
+reference (``tokenizers``) and with each candidate, and returns the verdict
+that :class:`~arrowstream.tokenize.encoders.Encoder` stores: whether
+tiktoken and tokie gave the same ids everywhere, and if not, the first text
+where they did not. tokie is checked on the texts it does not route (the
+routed ones take the fallback's ids), so its verdict holds whatever the
+routed texts go to. Pure: it reads nothing and stores nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tiktoken
+
+from arrowstream.tokenize.bytelevel import ByteLevelBPE
+from arrowstream.tokenize.fast import _Fast, _first_difference
+from arrowstream.tokenize.probes import added_token_probes, probe_texts, token_texts
+from arrowstream.tokenize.tokie_backend import TokieBackend, routing_probes
+
+__all__ = ["check_backends"]
+
+Encode = Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]
+
+
+def check_backends(
+    spec: ByteLevelBPE,
+    encoding: tiktoken.Encoding,
+    reference: Encode,
+    *,
+    tokie: TokieBackend | None,
+    tiktoken_too: bool = True,
+    tokie_failed: str = "",
+) -> dict[str, Any]:
+    """Compare tiktoken (unless not ``tiktoken_too``) and ``tokie`` with ``reference`` on the vocabulary and the probes.
+
+    Returns
+    -------
+    dict
+        ``checked`` (texts per kind); with ``tiktoken_too``, ``ok`` and
+        ``reason`` (the first difference, ``""`` if none); with ``tokie``
+        (or ``tokie_failed``, a difference already seen on documents),
+        ``tokie``: ``{"ok", "reason"}``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from arrowstream.testing.data import sample_tokenizer
+    >>> from arrowstream.tokenize.fast import _convert, _flatten
+    >>> tok = sample_tokenizer(300)
+    >>> spec, encoding = _convert("doc-proof", tok, True)
+    >>> def reference(texts):
+    ...     return _flatten([np.array(e.ids, np.int32) for e in tok.encode_batch(list(texts))])
+    >>> verdict = check_backends(spec, encoding, reference, tokie=None)
+    >>> verdict["ok"], sorted(verdict["checked"])
+    (True, ['probe texts', 'vocabulary tokens'])
+    """
+    fast = _Fast(spec, encoding)
+    vocab = [t for t in token_texts(spec) if t]
+    probes = list(probe_texts()) + routing_probes() + added_token_probes(spec.specials)
+    checked = {"vocabulary tokens": len(vocab), "probe texts": len(probes)}
+    found: dict[str, str | None] = {"tiktoken": None if tiktoken_too else "", "tokie": tokie_failed or None}
+    for name, texts in (("vocabulary token", vocab), ("probe", probes)):
+        want = reference(texts)
+        if found["tiktoken"] is None and (bad := _first_difference(texts, want, fast.encode(texts, reference))):
+            found["tiktoken"] = f"{name} text {bad}"
+        if tokie is not None and found["tokie"] is None:  # None: not failed yet
+            if bad := _first_difference(texts, want, tokie.encode(texts, reference), "tokie"):
+                found["tokie"] = f"{name} text {bad}"
+    verdict: dict[str, Any] = {"checked": checked}
+    if tiktoken_too:
+        verdict.update(ok=found["tiktoken"] is None, reason=found["tiktoken"] or "")
+    if tokie is not None or tokie_failed:
+        verdict["tokie"] = {"ok": found["tokie"] is None, "reason": found["tokie"] or ""}
+    return verdict
