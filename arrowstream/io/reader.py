@@ -168,7 +168,7 @@ class ShardReader:
         for attempt in range(1, attempts + 1):
             try:
                 table = self._open(info.path).read_row_group(
-                    info.row_group, columns=columns, use_threads=self._native
+                    info.row_group, columns=columns, use_threads=self._native and len(columns) > 1
                 )
                 break
             except (pa.ArrowInvalid, pa.ArrowIOError, OSError, IndexError) as exc:
