@@ -1,9 +1,9 @@
 """Tokenization: text column to a flat ``int32`` token array plus offsets.
 
 With a ``tokenizers.Tokenizer``, texts are encoded in slices of about
-``slice_bytes`` of text by an :class:`~arrowstream.tokenize.encoders.Encoder`: tiktoken
-for a byte-level BPE once it is shown to give the tokenizer's very ids (several
-times faster), else the tokenizer's own batch encoder (its Rust thread pool).
+``slice_bytes`` of text by an :class:`~arrowstream.tokenize.encoders.Encoder`: tokie
+or tiktoken for a byte-level BPE once shown to give the tokenizer's very ids
+(several times faster), else the tokenizer's own batch encoder (its Rust thread pool).
 Up to ``num_inflight`` slices encode at once, from that many Python threads;
 both backends release the GIL while encoding. The ids are flattened once per
 slice into numpy, never per token in a Python loop of ours. With ``tokenizer=None`` the column already holds token ids
@@ -94,9 +94,11 @@ class Tokenize(Stage):
         turned into arrays; 3 measured best on 2 cores. Output does not depend
         on it.
     backend
-        ``"auto"`` (default): tiktoken for a byte-level BPE once it is shown to
-        give the tokenizer's ids, else ``tokenizers``; ``"tiktoken"`` or
-        ``"tokenizers"`` forces one (see :mod:`arrowstream.tokenize.encoders`). The ids,
+        ``"auto"`` (default): the fastest backend shown to give the
+        tokenizer's ids: tokie (when installed, ``arrowstream[fast]``), then
+        tiktoken for a byte-level BPE, else ``tokenizers``; ``"tokie"``,
+        ``"tiktoken"`` or ``"tokenizers"`` forces one (see
+        :mod:`arrowstream.tokenize.encoders`). The ids,
         and so the options hash and saved states, are the same either way;
         :attr:`backend` tells which one encodes.
     length_index
