@@ -16,7 +16,10 @@ Two kinds of fresh child process, alternated ``--repeats`` times, figures are me
   over the cores themselves). Its set-up is outside the clock.
 
 Both count tokens their own way: the pipeline's include one EOS per document,
-the raw encoder's none; the check below ties the two counts together.
+the raw encoder's none; the check below ties the two counts together. Each
+child also reports the CPU time of its timed part (every thread), and the
+table the cores it kept busy on average: where the encoder alone fills the
+machine, the rest of the pipeline can only add to the time.
 
 A first, untimed child fills the encoder's verdict cache (the per-user cache
 directory), so every timed child is a second process, as in training (the
@@ -51,7 +54,7 @@ def child_pipeline(corpus: str, tokenizer: str, seq_len: int, batch_size: int) -
     """Stream one epoch through the default text pipeline; return its tokens and seconds."""
     import arrowstream
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ds = arrowstream.read_parquet(corpus, num_epochs=1).tokenize(tokenizer).pack(seq_len=seq_len, batch_size=batch_size)
     it = ds.iter()
     first = None
@@ -61,10 +64,10 @@ def child_pipeline(corpus: str, tokenizer: str, seq_len: int, batch_size: int) -
             first = time.perf_counter() - t0
         tokens += batch["num_tokens"]
         batches += 1
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     stats = it.stats
     it.close()
-    return {"tokens": tokens, "batches": batches, "seconds": seconds, "first_batch_s": first,
+    return {"tokens": tokens, "batches": batches, "seconds": seconds, "cpu_s": cpu, "first_batch_s": first,
             "docs": int(stats["docs"]), "backend": ds.stages[-1].backend}
 
 
@@ -79,10 +82,10 @@ def child_raw(corpus: str, tokenizer: str) -> dict[str, Any]:
         texts += [t for t in pq.read_table(path, columns=["text"]).column("text").to_pylist() if t]
     enc = Encoder(tokenizer)
     slices = [texts[i : i + SLICE] for i in range(0, len(texts), SLICE)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     tokens = sum(int(enc.encode(part)[1].sum()) for part in slices)
-    seconds = time.perf_counter() - t0
-    return {"tokens": tokens, "seconds": seconds, "docs": len(texts), "backend": enc.backend}
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"tokens": tokens, "seconds": seconds, "cpu_s": cpu, "docs": len(texts), "backend": enc.backend}
 
 
 def run_child(kind: str, corpus: Path, tokenizer: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -128,11 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     rate = {k: median([g["tokens"] / g["seconds"] for g in v]) for k, v in runs.items()}
     pipe, raw = runs["pipeline"][0], runs["raw"][0]
     ratio = rate["pipeline"] / rate["raw"]
+    cores = {k: median([g["cpu_s"] / g["seconds"] for g in v]) for k, v in runs.items()}
+    cpu = {k: median([g["cpu_s"] for g in v]) for k, v in runs.items()}
     log("\n" + fmt_table(
-        ["", "backend", "M tokens/s (median)", "tokens", "first batch s (median)"],
+        ["", "backend", "M tokens/s (median)", "tokens", "CPU s", "cores busy", "first batch s (median)"],
         [["pipeline, fresh process", pipe["backend"], f"{rate['pipeline'] / 1e6:.2f}", pipe["tokens"],
+          f"{cpu['pipeline']:.2f}", f"{cores['pipeline']:.2f}",
           f"{median([g['first_batch_s'] for g in runs['pipeline']]):.3f}"],
-         ["raw encoder, texts in memory", raw["backend"], f"{rate['raw'] / 1e6:.2f}", raw["tokens"], ""]],
+         ["raw encoder, texts in memory", raw["backend"], f"{rate['raw'] / 1e6:.2f}", raw["tokens"],
+          f"{cpu['raw']:.2f}", f"{cores['raw']:.2f}", ""]],
     ))
     met_abs = rate["pipeline"] >= BAR_TOKENS_PER_SECOND
     met_ratio = ratio >= BAR_VS_RAW
@@ -151,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         status = 1
     if args.json:
         args.json.write_text(json.dumps({
-            "rates": rate, "ratio": ratio, "bars": {"tokens_per_second": met_abs, "vs_raw": met_ratio},
+            "rates": rate, "ratio": ratio, "cpu_s": cpu, "cores_busy": cores, "bars": {"tokens_per_second": met_abs, "vs_raw": met_ratio},
             "runs": runs, "checks": checks.items, "loadavg_end": loadavg(),
             "args": {k: str(v) for k, v in vars(args).items()},
         }, indent=1))

@@ -140,7 +140,9 @@ class _ConcatRun(PackRun):
         the chunks pulled ahead into the queue; :meth:`_take_ahead` does the
         bookkeeping batch by batch. An epoch's end, a target or a loss mask
         that only some chunks have ends a block; what is left goes through
-        :meth:`next_layout`.
+        :meth:`next_layout`. A read error in a chunk pulled ahead is raised up
+        to a block's batches early; the state still names the last batch
+        emitted, so a resume loses nothing.
         """
         need = self.p.seq_len * self.p.batch_size
         want = min(_BLOCK_BATCHES, 1 << min(self.blocks, 8))
