@@ -297,10 +297,8 @@ class _ConcatRun(PackRun):
                 self.ledger.add("carried_tokens", b - a)
                 self.ledger.add("carried_docs", int(_starts_in(chunk, a, b).size))
         starts_all, ends_all = _doc_edges(pieces)
-        bounds = np.concatenate([np.arange(0, got, L, dtype=np.int64), starts_all])
-        bounds.sort()
-        if bounds.size > 1:  # row starts that are document starts too: once
-            bounds = bounds[np.concatenate(([True], bounds[1:] != bounds[:-1]))]
+        # segment starts: every row start and every document start, once (as in pack/blocks.py)
+        bounds = np.union1d(np.arange(0, got, L, dtype=np.int64), starts_all.astype(np.int64))
         seg_len = np.diff(bounds, append=got)
         whole = in_sorted(bounds, starts_all) & in_sorted(bounds + seg_len, ends_all)
         self.ledger.add("tokens", got)
