@@ -6,7 +6,9 @@ pipeline over all three directories or as ``arrowstream.mix`` of the three,
 weighted by their sizes, both packed with ``concat`` into the same batches
 shape. Each run pulls the same number of batches from a fresh iterator in
 this process (imports, tokenizer and encoder warm on both sides); the two
-alternate, and the medians of ``--repeats`` runs give the ratio.
+alternate, and the medians of ``--repeats`` runs give the ratio, twice: timed
+from the iterator's creation (its start included: a mixture opens a pipeline
+per source) and from the first batch on (the steady rate).
 
 Two modes: ``text`` tokenizes as it reads (the tokenizer bounds both), and
 ``ids`` reads a token cache filled beforehand (the loader itself is measured).
@@ -50,15 +52,19 @@ def _mixture(dirs: list[Path], tok: str, cache: Path | None, weights: list[float
     return mix(sources, {f"s{i}": w for i, w in enumerate(weights)}, shuffle=False)
 
 
-def _rate(it: Any, batches: int) -> tuple[float, list[Any]]:
-    """Tokens per second over ``batches`` batches (the first one included)."""
+def _rate(it: Any, batches: int) -> tuple[tuple[float, float], list[Any]]:
+    """Tokens per second over ``batches`` batches: the first one included, and from the first one on; the source ids."""
     start = time.perf_counter()
     tokens, kept = 0, []
-    for _ in range(batches):
+    first_tokens = first_at = 0.0
+    for k in range(batches):
         b = next(it)
         tokens += int(b["num_tokens"])
         kept.append(b.get("source_ids"))
-    return tokens / (time.perf_counter() - start), kept
+        if k == 0:
+            first_tokens, first_at = tokens, time.perf_counter()
+    end = time.perf_counter()
+    return (tokens / (end - start), (tokens - first_tokens) / (end - first_at)), kept
 
 
 def _shares(dirs: list[Path], tok: str, weights: list[float], args: argparse.Namespace) -> dict[str, Any]:
@@ -136,13 +142,20 @@ def main() -> int:
                         worst = max(worst, float(np.abs(done - (t + 1) * args.batch_size * np.array(weights)).max()))
                     results.setdefault("worst_share_error_rows", {})[mode] = worst
                 it.close()
-        ratio = median(mixed) / median(single)
-        rows.append([mode, f"{median(single) / 1e6:.2f}", f"{median(mixed) / 1e6:.2f}", f"{ratio:.2f}"])
-        results[mode] = {"single_tok_s": single, "mixture_tok_s": mixed, "ratio": ratio}
-        log(f"{mode}: one source {median(single) / 1e6:.2f} M tok/s, mixture {median(mixed) / 1e6:.2f} M tok/s, ratio {ratio:.2f}")
+        for k, when in enumerate(("with the start", "from the first batch on")):
+            one, mixture = median([r[k] for r in single]), median([r[k] for r in mixed])
+            rows.append([mode, when, f"{one / 1e6:.2f}", f"{mixture / 1e6:.2f}", f"{mixture / one:.2f}"])
+            log(f"{mode}, {when}: one source {one / 1e6:.2f} M tok/s, mixture {mixture / 1e6:.2f} M tok/s, "
+                f"ratio {mixture / one:.2f}")
+        results[mode] = {
+            "single_tok_s": [r[0] for r in single], "mixture_tok_s": [r[0] for r in mixed],
+            "ratio": median([r[0] for r in mixed]) / median([r[0] for r in single]),
+            "single_steady_tok_s": [r[1] for r in single], "mixture_steady_tok_s": [r[1] for r in mixed],
+            "steady_ratio": median([r[1] for r in mixed]) / median([r[1] for r in single]),
+        }
     results["shares"] = _shares(dirs, str(tok), weights, args)
     log()
-    log(fmt_table(["mode", "one source (M tok/s)", "mixture of 3 (M tok/s)", "mixture / one"], rows))
+    log(fmt_table(["mode", "timed", "one source (M tok/s)", "mixture of 3 (M tok/s)", "mixture / one"], rows))
     log("(medians of runs alternating in one process; weights by source size; concat)")
     try:
         for mode, worst in results.get("worst_share_error_rows", {}).items():

@@ -719,6 +719,38 @@ MUTANTS = [
         '        if verdict is None or not verdict["ok"]:\n',
         ("tests/test_tokie.py",),
     ),
+    Mutant(
+        "tokie-calls-side-by-side",
+        "tokie calls from several threads run at once, each spreading over every core (crowded cores)",
+        "arrowstream/tokenize/tokie_backend.py",
+        "        with _one_call:\n",
+        "        if True:\n",
+        ("tests/test_tokie.py",),
+    ),
+    Mutant(
+        "slice-rest-makes-its-own-call",
+        "a small rest of a chunk makes an encoder call of its own instead of joining the slice before it",
+        "arrowstream/tokenize/slicing.py",
+        "        if i >= sizes.size or (cum[-1] - cum[i - 1]) * 4 < budget:\n",
+        "        if i >= sizes.size:\n",
+        ("tests/test_pack.py",),
+    ),
+    Mutant(
+        "mixture-block-sources-not-moved",
+        "a batch handed out of a mixture block leaves its sources where they were (states repeat rows)",
+        "arrowstream/mixture/iterator.py",
+        "                    self._sources[self.mixture.names[source]].skip_rows(n)\n",
+        "                    pass\n",
+        ("tests/test_mixture_blocks.py",),
+    ),
+    Mutant(
+        "mixture-block-document-end-misplaced",
+        "a document that ends at a row's last token is taken to go on (num_cut_docs and whole segments wrong)",
+        "arrowstream/mixture/blocks.py",
+        "        ends.append(dest[last // seq_len] * seq_len + last % seq_len + 1)\n",
+        "        ends.append(dest[last // seq_len] * seq_len + last % seq_len + 1 - (last % seq_len == seq_len - 1))\n",
+        ("tests/test_mixture_blocks.py",),
+    ),
 ]
 
 

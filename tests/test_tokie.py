@@ -75,6 +75,44 @@ def test_routed_texts_get_the_reference_ids_from_the_next_backend(tok: Tokenizer
     assert tokie_backend.routed(texts) == [1, 2, 3, 4, 5]
 
 
+def test_tokie_calls_from_several_threads_run_one_at_a_time(tok: Tokenizer) -> None:
+    """Each call already uses every core: calls side by side only crowd them (slices in flight, a mixture)."""
+    import threading
+    import time
+
+    backend = tokie_backend.TokieBackend(tok, add_special_tokens=True, key="one-call")
+    inner = backend.tokenizer
+    active, most = [0], [0]
+    count = threading.Lock()
+
+    class Watched:
+        def encode_batch_flat(self, texts, add_special_tokens):
+            with count:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            time.sleep(0.01)  # long enough for the other threads to arrive
+            try:
+                return inner.encode_batch_flat(texts, add_special_tokens)
+            finally:
+                with count:
+                    active[0] -= 1
+
+    backend.tokenizer = Watched()
+    texts = mixed_texts(40, seed=5)
+    results: list[list[list[int]]] = [[] for _ in range(4)]
+
+    def work(i: int) -> None:
+        results[i] = split(*backend._tokie(texts))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1
+    assert all(r == reference(tok, texts) for r in results)
+
+
 def test_tokie_is_refused_where_it_differs_and_no_routing_covers_it(tok_large: Tokenizer) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # tiktoken stays: no warning

@@ -138,6 +138,10 @@ class ShardReader:
         # the calling thread: an Arrow pool thread that calls into Python while the interpreter
         # shuts down is killed mid C++ frame, which aborts the process at exit.
         self._native = not isinstance(manifest.filesystem, pafs.PyFileSystem)
+        # Pre-buffering fetches a row group's column chunks in one request: it pays on object
+        # storage, but on a local disk it only adds a copy (the 85 MB corpus read 0.33 against
+        # 0.25 s of CPU).
+        self._pre_buffer = self._native and not isinstance(manifest.filesystem, pafs.LocalFileSystem)
         #: Reads retried after a transient storage error (not part of any state: it varies run to run).
         self.retries = 0
 
@@ -225,7 +229,7 @@ class ShardReader:
             try:
                 self.manifest.check_pin(path, raw)
                 # the footer kept at discovery: opening the file reads no footer again
-                handle = pq.ParquetFile(raw, pre_buffer=self._native, metadata=self.manifest.footer(path))
+                handle = pq.ParquetFile(raw, pre_buffer=self._pre_buffer, metadata=self.manifest.footer(path))
             except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
                 raw.close()
                 raise ShardError(

@@ -15,12 +15,14 @@ own state (coordinates, as for any pipeline): resuming replays nothing.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from arrowstream.distributed.topology import Consumer
 from arrowstream.errors import ConfigError, StateError, StateMismatchError
+from arrowstream.mixture.blocks import Block, assemble_mixture_block
 from arrowstream.mixture.merge import GLOBAL_KIND, KIND
 from arrowstream.mixture.reweight import fixed_changes, reweighted, row_reached
 from arrowstream.mixture.rows import Taken, place_rows
@@ -37,6 +39,9 @@ __all__ = ["MixtureIterator"]
 
 #: The counters kept in all and per source.
 _ROW_COUNTS = ("rows", "tokens", "padding_tokens", "segments")
+
+#: Most batches of a ``concat`` mixture laid out together (see :mod:`arrowstream.mixture.blocks`).
+_BLOCK_BATCHES = 8
 
 
 class MixtureIterator:
@@ -71,6 +76,8 @@ class MixtureIterator:
         self.rank, self.world_size, self.worker, self.num_workers = rank, world_size, worker, num_workers
         self._sources: dict[str, DatasetIterator] = {}
         self._batches = self._origin = 0
+        self._ahead: deque[Block] = deque()  # the next batches, laid out together (see _make_ahead)
+        self._blocks = 0
         self._stats = self._zero_stats()
         self.load_state_dict(state)
 
@@ -96,6 +103,8 @@ class MixtureIterator:
         own = None if state is None else self._own(state)
         for it in self._sources.values():
             it.close()
+        self._ahead.clear()
+        self._blocks = 0
         saved = {} if own is None else own["sources"]
         topology = {"rank": self.rank, "world_size": self.world_size, "worker": self.worker, "num_workers": self.num_workers}
         self._sources = {
@@ -258,11 +267,17 @@ class MixtureIterator:
 
     def __next__(self) -> dict[str, Any]:
         step = self._step()
-        slots = self.mixture.slots
-        first = self._origin + step * self.world_size * slots
-        if self.mixture.num_rows is not None and first >= self.mixture.num_rows:
+        if not self._in_run(step):
             raise StopIteration
-        rows = self._origin + step_rows(step, self.rank, self.world_size, slots)
+        if self.mixture.strategy == "concat":
+            if not self._ahead:
+                self._make_ahead()
+            if self._ahead:
+                batch, counts, pulls = self._ahead.popleft()
+                for source, n in pulls:
+                    self._sources[self.mixture.names[source]].skip_rows(n)
+                return self._counted(batch, counts)
+        rows = self._rows(step)
         ids = self.schedule.sources_of(rows)
         if self.mixture.strategy == "bucket":  # one slot: the whole batch is one source's
             batch, counts = self._bucketed(int(ids[0]), int(rows[0]))
@@ -274,6 +289,47 @@ class MixtureIterator:
                 source: self._take(names[source], n, first_row) for source, n in enumerate(need) if n
             }
             batch, counts = place_rows(taken, ids, unit=self.mixture.unit, pad_ids=self.mixture.pad_ids)
+        return self._counted(batch, counts)
+
+    def _in_run(self, step: int) -> bool:
+        """Whether global step ``step`` starts before the run's end (``num_tokens``)."""
+        first = self._origin + step * self.world_size * self.mixture.slots
+        return self.mixture.num_rows is None or first < self.mixture.num_rows
+
+    def _rows(self, step: int) -> np.ndarray:
+        """The global rows of this consumer's batch of global step ``step``."""
+        return self._origin + step_rows(step, self.rank, self.world_size, self.mixture.slots)
+
+    def _make_ahead(self) -> None:
+        """Lay out the next batches together where every source has their rows in full in its epoch.
+
+        Blocks grow 1, 2, 4, then ``_BLOCK_BATCHES`` batches (the first batch
+        waits for no more data than before). Where a source cannot give its
+        rows in full (its epoch's end, a loss mask), nothing is made and the
+        batch goes the one-at-a-time way. A read error in data a source pulled
+        ahead is raised up to a block's batches early; the state still names
+        the last batch emitted, so a resume loses nothing.
+        """
+        want = min(_BLOCK_BATCHES, 1 << min(self._blocks, 8))
+        step0, stride = self._step(), self.num_workers
+        count = sum(1 for k in range(want) if self._in_run(step0 + k * stride))
+        if not count:
+            return
+        ids = self.schedule.sources_of(np.concatenate([self._rows(step0 + k * stride) for k in range(count)]))
+        steps = np.split(ids, count)
+        need = np.bincount(ids, minlength=len(self.mixture.names)).tolist()
+        rows = {}
+        for source, n in enumerate(need):  # in source order: the same pulls on every resume
+            if n:
+                got = self._sources[self.mixture.names[source]].rows_ahead(n)
+                if got is None:
+                    return
+                rows[source] = got
+        self._ahead.extend(assemble_mixture_block(steps, rows, seq_len=self.mixture.unit))
+        self._blocks += 1
+
+    def _counted(self, batch: dict[str, Any], counts: dict[int, dict[str, int]]) -> dict[str, Any]:
+        """Count ``batch`` (with its per-source ``counts``) as emitted, and return it."""
         self._batches += 1
         self._stats["batches"] += 1
         for source, mine in counts.items():

@@ -125,6 +125,28 @@ def _period_order(counts: tuple[int, ...]) -> np.ndarray:
     return order
 
 
+@lru_cache(maxsize=64)
+def _rotations(counts: tuple[int, ...]) -> np.ndarray:
+    """Return the rotations of :func:`_period_order`'s order that keep every prefix within one row of every share.
+
+    Rotating by ``k`` shifts every prefix error by ``-e(k)`` (the error
+    after ``k`` rows; a period sums to zero), so ``k`` keeps the bound
+    when ``e(k)`` is within 1 of both the largest and the smallest error.
+    Rotation 0 always does. Read-only, cached per process: every iterator
+    of a mixture shares it.
+    """
+    period, order = sum(counts), _period_order(counts)
+    onehot = np.zeros((period, len(counts)))
+    onehot[np.arange(period), order] = 1.0
+    shares = np.asarray(counts, dtype=np.float64) / period
+    steps = np.arange(1, period + 1)[:, None]
+    errors = np.vstack([np.zeros(len(counts)), onehot.cumsum(axis=0) - steps * shares])[:-1]
+    ok = np.all((errors > errors.max(axis=0) - 1.0 + 1e-9) & (errors < errors.min(axis=0) + 1.0 - 1e-9), axis=1)
+    out = np.flatnonzero(ok)
+    out.flags.writeable = False
+    return out
+
+
 @dataclass(frozen=True)
 class Stage:
     """Weights from global row ``start`` on: integer shares ``counts`` of a period of ``sum(counts)`` rows."""
@@ -141,22 +163,10 @@ class Stage:
     def period(self) -> int:
         return sum(self.counts)
 
-    @cached_property
+    @property
     def rotations(self) -> np.ndarray:
-        """The rotations of :attr:`order` that keep every prefix within one row of every share.
-
-        Rotating by ``k`` shifts every prefix error by ``-e(k)`` (the error
-        after ``k`` rows; a period sums to zero), so ``k`` keeps the bound
-        when ``e(k)`` is within 1 of both the largest and the smallest error.
-        Rotation 0 always does.
-        """
-        onehot = np.zeros((self.period, len(self.counts)))
-        onehot[np.arange(self.period), self.order] = 1.0
-        shares = np.asarray(self.counts, dtype=np.float64) / self.period
-        steps = np.arange(1, self.period + 1)[:, None]
-        errors = np.vstack([np.zeros(len(self.counts)), onehot.cumsum(axis=0) - steps * shares])[:-1]
-        ok = np.all((errors > errors.max(axis=0) - 1.0 + 1e-9) & (errors < errors.min(axis=0) + 1.0 - 1e-9), axis=1)
-        return np.flatnonzero(ok)
+        """The rotations of :attr:`order` that keep every prefix within one row of every share (cached per process)."""
+        return _rotations(self.counts)
 
 
 class Schedule:

@@ -27,7 +27,7 @@ import numpy as np
 
 from arrowstream.pack.assemble import IGNORE_INDEX
 
-__all__ = ["assemble_full_batches", "in_sorted"]
+__all__ = ["assemble_full_batches", "in_sorted", "segment_starts"]
 
 
 def assemble_full_batches(
@@ -45,6 +45,8 @@ def assemble_full_batches(
     ----------
     tokens
         Flat ``int32`` tokens, a whole number of batches (``k * batch_size * seq_len``).
+        The batches' ``input_ids`` are views of it, not copies: pass an array
+        nothing else writes to (the packer passes a fresh concatenation).
     starts
         Increasing indices into ``tokens`` where a document starts (a piece
         of a document that began earlier does not start there).
@@ -84,12 +86,11 @@ def assemble_full_batches(
         raise ValueError(f"full batches of {batch_size} x {seq_len} tokens need a positive multiple of "
                          f"{need} tokens, got {size}")
     starts = np.asarray(starts, dtype=np.int64)
-    # segment starts: every row start and every document start, once
-    bounds = np.union1d(np.arange(0, size, seq_len, dtype=np.int64), starts)
+    bounds = segment_starts(size, seq_len, starts)
     seg_len = np.diff(bounds, append=size)
     whole = in_sorted(bounds, starts) & in_sorted(bounds + seg_len, np.asarray(ends, dtype=np.int64))
     rows = count * batch_size
-    input_ids = tokens.reshape(rows, seq_len).copy()
+    input_ids = tokens.reshape(rows, seq_len)
     # a segment's number in its row: its index less the index of its row's first segment, plus 1
     row_first = np.searchsorted(bounds, bounds - bounds % seq_len)
     segment_ids = np.repeat((np.arange(1, bounds.size + 1) - row_first).astype(np.int32), seg_len)
@@ -126,6 +127,26 @@ def assemble_full_batches(
             "num_cut_docs": num_cut[j],
         })
     return batches
+
+
+def segment_starts(size: int, seq_len: int, starts: np.ndarray) -> np.ndarray:
+    """Return where segments start in ``size`` tokens cut into rows of ``seq_len``: every row start and document start, once.
+
+    ``starts`` are increasing document starts (``int64``); the result is
+    increasing ``int64``. Both inputs are sets of distinct values, so this is
+    ``np.union1d`` without its hashing (and without the import of
+    ``numpy.ma`` its first call makes).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> segment_starts(10, 4, np.array([0, 3, 4, 9])).tolist()
+    [0, 3, 4, 8, 9]
+    """
+    inner = starts[starts % seq_len != 0]
+    out = np.concatenate([np.arange(0, size, seq_len, dtype=np.int64), inner])
+    out.sort()
+    return out
 
 
 def in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:

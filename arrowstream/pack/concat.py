@@ -21,7 +21,7 @@ import numpy as np
 
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack.base import Packer, PackRun, drop_at_target
-from arrowstream.pack.blocks import assemble_full_batches, in_sorted
+from arrowstream.pack.blocks import assemble_full_batches, in_sorted, segment_starts
 from arrowstream.pack.layout import Layout
 from arrowstream.state import Position, Progress, State
 
@@ -148,12 +148,29 @@ class _ConcatRun(PackRun):
         want = min(_BLOCK_BATCHES, 1 << min(self.blocks, 8))
         if self.target is not None:
             want = min(want, self.target - self.emitted)
+        pieces, have = self._pieces_ahead(chunks, want * need)
+        count = min(want, have // need)
+        if not count:
+            return
+        tokens, starts, ends, mask = _gather(pieces, count * need)
+        self.ahead.extend(assemble_full_batches(
+            tokens, starts, ends, batch_size=self.p.batch_size, seq_len=self.p.seq_len, mask=mask
+        ))
+        self.blocks += 1
+
+    def _pieces_ahead(self, chunks: Iterator[Chunk], most: int) -> tuple[list[tuple[Chunk, int, int]], int]:
+        """Return the queued pieces ``(chunk, a, b)`` from the cursor on, up to ``most`` tokens, and their tokens.
+
+        Only this epoch's chunks count, and only those that have a loss mask
+        if the first one has (or none has one); chunks are pulled into the
+        queue as needed, nothing else moves.
+        """
         head = self._head(chunks)
         if head is None or head.epoch != self.epoch:
-            return
+            return [], 0
         masked = head.mask is not None
         have, used = int(head.offsets[-1]) - self.cursor, 1
-        while have < want * need:
+        while have < most:
             if used == len(self.queue):
                 chunk = None if self._ended else next(chunks, None)
                 if chunk is None:
@@ -165,10 +182,7 @@ class _ConcatRun(PackRun):
                 break
             have += int(chunk.offsets[-1])
             used += 1
-        count = min(want, have // need)
-        if not count:
-            return
-        pieces, start, left = [], self.cursor, count * need
+        pieces, start, left = [], self.cursor, min(have, most)
         for chunk in itertools.islice(self.queue, used):
             end = min(int(chunk.offsets[-1]), start + left)
             pieces.append((chunk, start, end))
@@ -176,21 +190,19 @@ class _ConcatRun(PackRun):
             start = 0
             if not left:
                 break
-        starts, ends = _doc_edges(pieces)
-        tokens = np.concatenate([c.tokens[a:b] for c, a, b in pieces])
-        mask = np.concatenate([c.mask[a:b] for c, a, b in pieces]) if masked else None  # type: ignore[index]
-        self.ahead.extend(assemble_full_batches(
-            tokens, starts, ends, batch_size=self.p.batch_size, seq_len=self.p.seq_len, mask=mask
-        ))
-        self.blocks += 1
+        return pieces, min(have, most)
 
     def _take_ahead(self, chunks: Iterator[Chunk]) -> dict[str, Any]:
         """Hand out the next batch made ahead, moving the cursor and counting as :meth:`next_layout` does."""
-        need = self.p.seq_len * self.p.batch_size
+        self._advance(chunks, self.p.seq_len * self.p.batch_size)
+        return self.ahead.popleft()
+
+    def _advance(self, chunks: Iterator[Chunk], need: int) -> None:
+        """Move past ``need`` tokens known to be queued, and count one full batch (or layout) of them."""
         got = 0
         while got < need:
             head = self._head(chunks)
-            assert head is not None  # the block was made from chunks in the queue
+            assert head is not None  # the tokens were seen in the queue ahead of time
             take = min(need - got, int(head.offsets[-1]) - self.cursor)
             self.cursor += take
             got += take
@@ -198,7 +210,33 @@ class _ConcatRun(PackRun):
         self.ledger.add("tokens", need)
         self.ledger.add("padding_tokens", 0)
         self.ledger.add("batches", 1)
-        return self.ahead.popleft()
+
+    def rows_ahead(
+        self, chunks: Iterator[Chunk], rows: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Return the tokens of the next ``rows`` full rows, with document starts and ends, if this epoch has them.
+
+        For a mixture that lays out several of its batches at once: the
+        tokens are ``rows * seq_len`` long, a fresh array; starts and ends are
+        as :func:`~arrowstream.pack.blocks.assemble_full_batches` takes them.
+        ``None`` where the rows are not all full in this epoch, where a target
+        counts the batches, or where a loss mask comes: the caller lays out
+        one batch at a time then. Nothing moves: :meth:`skip_rows` does, one
+        layout at a time.
+        """
+        if self.target is not None:
+            return None
+        need = rows * self.p.seq_len
+        pieces, have = self._pieces_ahead(chunks, need)
+        if have < need or pieces[0][0].mask is not None:
+            return None
+        tokens, starts, ends, _ = _gather(pieces, need)
+        return tokens, starts, ends
+
+    def skip_rows(self, chunks: Iterator[Chunk], rows: int) -> None:
+        """Count the next ``rows`` full rows out, as :meth:`next_layout` would lay them out (after :meth:`rows_ahead`)."""
+        self.ahead.clear()  # as next_layout does
+        self._advance(chunks, rows * self.p.seq_len)
 
     def next_layout(self, chunks: Iterator[Chunk], rows: int | None = None) -> Layout:
         """Return the next batch's layout: ``batch_size`` rows, or ``rows`` (a mixture asks for its rows of a source)."""
@@ -297,8 +335,7 @@ class _ConcatRun(PackRun):
                 self.ledger.add("carried_tokens", b - a)
                 self.ledger.add("carried_docs", int(_starts_in(chunk, a, b).size))
         starts_all, ends_all = _doc_edges(pieces)
-        # segment starts: every row start and every document start, once (as in pack/blocks.py)
-        bounds = np.union1d(np.arange(0, got, L, dtype=np.int64), starts_all.astype(np.int64))
+        bounds = segment_starts(got, L, starts_all.astype(np.int64))
         seg_len = np.diff(bounds, append=got)
         whole = in_sorted(bounds, starts_all) & in_sorted(bounds + seg_len, ends_all)
         self.ledger.add("tokens", got)
@@ -353,3 +390,21 @@ def _doc_edges(pieces: list[tuple[Chunk, int, int]]) -> tuple[np.ndarray, np.nda
     starts = doc_starts[0] if len(doc_starts) == 1 else np.concatenate(doc_starts or [empty])
     ends = doc_ends[0] if len(doc_ends) == 1 else np.concatenate(doc_ends or [empty])
     return starts, ends
+
+
+def _gather(
+    pieces: list[tuple[Chunk, int, int]], size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Return the first ``size`` tokens of ``pieces`` as one fresh array, with document starts, ends and loss mask."""
+    cut, left = [], size
+    for chunk, a, b in pieces:
+        b = min(b, a + left)
+        cut.append((chunk, a, b))
+        left -= b - a
+        if not left:
+            break
+    starts, ends = _doc_edges(cut)
+    tokens = np.concatenate([c.tokens[a:b] for c, a, b in cut])
+    masked = cut[0][0].mask is not None
+    mask = np.concatenate([c.mask[a:b] for c, a, b in cut]) if masked else None  # type: ignore[index]
+    return tokens, starts, ends, mask

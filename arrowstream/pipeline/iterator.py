@@ -15,6 +15,7 @@ from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from arrowstream.distributed.topology import Consumer, Deal, own_share
@@ -388,13 +389,29 @@ class DatasetIterator:
         For a mixture, which takes from each source as many rows as the
         schedule gives it in a batch and gathers the batch once.
         """
-        if not self._started:
-            self._start()
-        assert self._chunks is not None
-        next_layout = getattr(self._run, "next_layout", None)
+        next_layout = getattr(self._started_run(), "next_layout", None)
         if next_layout is None:
             raise ConfigError("`next_layout` needs a pipeline packed with strategy='concat' or 'best_fit'")
         return next_layout(self._chunks, rows)
+
+    def rows_ahead(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The tokens, document starts and ends of the next ``rows`` full rows, if ``concat`` has them in this epoch; else ``None``.
+
+        For a mixture that lays out several batches at once; nothing moves
+        until :meth:`skip_rows` (see :meth:`arrowstream.pack.concat._ConcatRun.rows_ahead`).
+        """
+        rows_ahead = getattr(self._started_run(), "rows_ahead", None)
+        return None if rows_ahead is None else rows_ahead(self._chunks, rows)
+
+    def skip_rows(self, rows: int) -> None:
+        """Move past the next ``rows`` rows seen by :meth:`rows_ahead`, as one :meth:`next_layout` of them would."""
+        self._started_run().skip_rows(self._chunks, rows)
+
+    def _started_run(self) -> Any:
+        if not self._started:
+            self._start()
+        assert self._chunks is not None
+        return self._run
 
     def close(self) -> None:
         """Release open files."""

@@ -61,6 +61,10 @@ ROUTED_TEXTS = "texts with a tab, vertical tab or form feed before an apostrophe
 Encode = Callable[[Sequence[str]], "tuple[np.ndarray, np.ndarray]"]
 
 _lock = threading.Lock()
+#: One tokie call at a time in this process: a call already spreads its texts over every core,
+#: so calls side by side (slices in flight, a mixture's sources) only crowd the cores. Measured
+#: on the 85 MB text pipeline: 8 % less CPU time, about 3 % faster.
+_one_call = threading.Lock()
 _loaded: dict[str, object] = {}
 _MAX_LOADED = 4
 
@@ -191,7 +195,9 @@ class TokieBackend:
     def _tokie(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         if not texts:
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
-        ids, lens = self.tokenizer.encode_batch_flat(list(texts), self.add_special_tokens)
+        texts = list(texts)
+        with _one_call:
+            ids, lens = self.tokenizer.encode_batch_flat(texts, self.add_special_tokens)
         return ids.view(np.int32), lens.astype(np.int64)
 
 
