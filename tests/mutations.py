@@ -751,6 +751,14 @@ MUTANTS = [
         "        ends.append(dest[last // seq_len] * seq_len + last % seq_len + 1 - (last % seq_len == seq_len - 1))\n",
         ("tests/test_mixture_blocks.py",),
     ),
+    Mutant(
+        "freed-memory-not-kept",
+        "iterators leave glibc's malloc handing freed pages back, so every batch faults its arrays in again",
+        "arrowstream/pipeline/iterator.py",
+        "        keep_freed_memory()  # batches",
+        "        pass  # batches",
+        ("tests/test_allocator.py",),
+    ),
 ]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from arrowstream.core.allocator import keep_freed_memory
 from arrowstream.distributed.topology import Consumer, Deal, own_share
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.io.chunk import Chunk, Ledger
@@ -158,6 +159,7 @@ class DatasetIterator:
         (even batches), so ``iter()`` itself returns at once.
         """
         self._started = True
+        keep_freed_memory()  # batches' arrays reuse pages instead of faulting them in (core/allocator.py)
         saved = self._saved
         if saved is None:
             self._deals[0] = self.plan.fresh_deal(0, self.consumer)

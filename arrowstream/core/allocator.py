@@ -1,0 +1,77 @@
+"""Keep freed memory mapped between batches: two glibc ``malloc`` settings, applied once per process.
+
+Every batch is a handful of fresh numpy arrays of a few MB, and most die
+before the next batch is made. By default glibc's ``malloc`` hands the
+freed memory at the top of a heap back to the kernel once more than
+128 KiB of it is free, so the next batch's arrays fault every page in
+again. A fault costs a few microseconds in a virtual machine (a cloud
+instance, or the 2-core machine these figures come from): assembling eight
+``concat`` batches of 8 x 2048 tokens took 1.5-2.3 ms that way against
+0.2-0.4 ms with the pages kept, and the token-cache pipeline spent 0.46
+instead of 0.66 CPU-seconds on 600 batches.
+
+:func:`keep_freed_memory` asks ``malloc`` to keep 16 MiB at the top of each
+heap when it trims (``M_TOP_PAD``) and to serve blocks of up to 32 MiB from
+its heaps rather than fresh mappings (``M_MMAP_THRESHOLD``; glibc's own
+adaptive threshold rises to the same 32 MiB). The cost: up to 16 MiB of
+freed memory stays resident per ``malloc`` arena (one per thread that
+allocates, at most eight per core). Iterators apply it when they start, in
+processes whose C library is glibc; ``ARROWSTREAM_MALLOC=default`` leaves
+``malloc`` as it was.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+__all__ = ["ENV", "TOP_PAD", "MMAP_THRESHOLD", "keep_freed_memory"]
+
+#: Set to ``default`` to leave ``malloc``'s settings alone.
+ENV = "ARROWSTREAM_MALLOC"
+#: Freed memory kept at the top of each heap.
+TOP_PAD = 16 << 20
+#: Largest block served from the heaps instead of its own mapping.
+MMAP_THRESHOLD = 32 << 20
+
+_M_TOP_PAD, _M_MMAP_THRESHOLD = -2, -3  # from glibc's malloc.h
+_applied: bool | None = None
+
+
+def keep_freed_memory() -> bool:
+    """Apply the settings once per process; return whether they are in force.
+
+    ``False`` where the C library is not glibc, where ``ARROWSTREAM_MALLOC``
+    is ``default``, or where ``mallopt`` refuses.
+
+    Examples
+    --------
+    >>> keep_freed_memory() in (True, False)
+    True
+    """
+    global _applied
+    if _applied is None:
+        _applied = _apply()
+    return _applied
+
+
+def _apply() -> bool:
+    if os.environ.get(ENV, "").strip().lower() == "default":
+        return False
+    if not sys.platform.startswith("linux") or not _glibc():
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # mallopt returns 1 on success
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) & bool(mallopt(_M_TOP_PAD, TOP_PAD))
+
+
+def _glibc() -> bool:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")  # type: ignore[union-attr]
+    except (ValueError, OSError, AttributeError):
+        return False

@@ -1,0 +1,59 @@
+"""The malloc settings that keep freed memory mapped: applied when an iterator starts, unless the user says not to."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arrowstream.core import allocator
+
+from .conftest import write_parts
+
+_CHILD = """
+import ctypes, sys
+from arrowstream import read_parquet
+from arrowstream.core import allocator
+
+class Info(ctypes.Structure):  # glibc's struct mallinfo2, the fields up to keepcost
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+before = allocator._applied
+it = read_parquet(sys.argv[1]).tokenize(None, column="ids", eos_id=0).pack(seq_len=8, batch_size=2).iter()
+next(it)
+# an 8 MiB array: from a mapping of its own by default (above the 128 KiB threshold), from the heap when set
+import numpy as np
+base = libc.mallinfo2().hblkhd
+a = np.ones(8 << 20, np.uint8)
+print(before, allocator._applied, libc.mallinfo2().hblkhd - base)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not allocator._glibc(), reason="glibc only")
+@pytest.mark.parametrize("setting", ["", "default"])
+def test_an_iterator_start_keeps_freed_memory_unless_told_not_to(tmp_path: Path, setting: str) -> None:
+    write_parts(tmp_path / "data", [{"ids": [[1, 2, 3]] * 20}], row_group_size=5)
+    env = {**__import__("os").environ, allocator.ENV: setting}
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "data")], capture_output=True, text=True,
+                         env=env, check=True, timeout=120).stdout.split()
+    before, after, mapped = out[0], out[1], int(out[2])
+    assert before == "None"  # nothing at import: only an iterator's start applies it
+    if setting == "default":
+        assert after == "False"
+        assert mapped >= 8 << 20  # glibc's default: a mapping of its own, handed back when freed
+    else:
+        assert after == "True"
+        assert mapped == 0  # from the heap, whose pages stay mapped for the next batch
+
+
+def test_the_setting_applies_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    monkeypatch.setattr(allocator, "_applied", None)
+    monkeypatch.setattr(allocator, "_apply", lambda: calls.append(1) or True)
+    assert allocator.keep_freed_memory() and allocator.keep_freed_memory()
+    assert calls == [1]
