@@ -303,6 +303,7 @@ EPOCH_COUNTERS = (
     "tokens", "padding_tokens", "batches", "padding_batches", "dropped_docs", "dropped_tokens",
     "carried_docs", "carried_tokens",
 )
+_EPOCH_KEYS = frozenset(EPOCH_COUNTERS)
 
 
 class Ledger:
@@ -339,10 +340,13 @@ class Ledger:
 
     def add(self, key: str, n: int) -> None:
         """Add ``n`` to counter ``key`` (and to the epoch's, for :data:`EPOCH_COUNTERS`)."""
-        self.counts[key] = self.counts.get(key, 0) + int(n)
-        if key in EPOCH_COUNTERS:
-            row = self.by_epoch.setdefault(self.epoch, dict.fromkeys(EPOCH_COUNTERS, 0))
-            row[key] = row.get(key, 0) + int(n)
+        n = int(n)
+        self.counts[key] = self.counts.get(key, 0) + n
+        if key in _EPOCH_KEYS:
+            row = self.by_epoch.get(self.epoch)
+            if row is None:
+                row = self.by_epoch[self.epoch] = dict.fromkeys(EPOCH_COUNTERS, 0)
+            row[key] = row.get(key, 0) + n
 
     def begin_epoch(self, epoch: int) -> None:
         """Count :data:`EPOCH_COUNTERS` toward ``epoch`` from now on (it is listed from now, at 0)."""

@@ -217,7 +217,8 @@ class _ConcatRun(PackRun):
         """Return the tokens of the next ``rows`` full rows, with document starts and ends, if this epoch has them.
 
         For a mixture that lays out several of its batches at once: the
-        tokens are ``rows * seq_len`` long, a fresh array; starts and ends are
+        tokens are ``rows * seq_len`` long (a view into the chunk where they
+        lie in one, to be copied, not written to); starts and ends are
         as :func:`~arrowstream.pack.blocks.assemble_full_batches` takes them.
         ``None`` where the rows are not all full in this epoch, where a target
         counts the batches, or where a loss mask comes: the caller lays out
@@ -230,7 +231,7 @@ class _ConcatRun(PackRun):
         pieces, have = self._pieces_ahead(chunks, need)
         if have < need or pieces[0][0].mask is not None:
             return None
-        tokens, starts, ends, _ = _gather(pieces, need)
+        tokens, starts, ends, _ = _gather(pieces, need, fresh=False)
         return tokens, starts, ends
 
     def skip_rows(self, chunks: Iterator[Chunk], rows: int) -> None:
@@ -393,9 +394,13 @@ def _doc_edges(pieces: list[tuple[Chunk, int, int]]) -> tuple[np.ndarray, np.nda
 
 
 def _gather(
-    pieces: list[tuple[Chunk, int, int]], size: int
+    pieces: list[tuple[Chunk, int, int]], size: int, *, fresh: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-    """Return the first ``size`` tokens of ``pieces`` as one fresh array, with document starts, ends and loss mask."""
+    """Return the first ``size`` tokens of ``pieces`` as one array, with document starts, ends and loss mask.
+
+    The tokens are a fresh array, or with ``fresh=False`` a view into the
+    chunk where they lie in one.
+    """
     cut, left = [], size
     for chunk, a, b in pieces:
         b = min(b, a + left)
@@ -404,6 +409,9 @@ def _gather(
         if not left:
             break
     starts, ends = _doc_edges(cut)
+    if not fresh and len(cut) == 1:
+        chunk, a, b = cut[0]
+        return chunk.tokens[a:b], starts, ends, None if chunk.mask is None else chunk.mask[a:b]
     tokens = np.concatenate([c.tokens[a:b] for c, a, b in cut])
     masked = cut[0][0].mask is not None
     mask = np.concatenate([c.mask[a:b] for c, a, b in cut]) if masked else None  # type: ignore[index]
