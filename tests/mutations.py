@@ -256,8 +256,8 @@ MUTANTS = [
         "mixture-any-rotation",
         "a period of the mixture's schedule may be rotated by any amount (some break the one-row bound)",
         "arrowstream/mixture/schedule.py",
-        "        return np.flatnonzero(ok)\n",
-        "        return np.arange(self.period)\n",
+        "    out = np.flatnonzero(ok)\n",
+        "    out = np.arange(period)\n",
         ("tests/test_mixture.py",),
     ),
     Mutant(
