@@ -759,6 +759,14 @@ MUTANTS = [
         "        pass  # batches",
         ("tests/test_allocator.py",),
     ),
+    Mutant(
+        "tokie-lock-held-in-forked-child",
+        "a DataLoader worker forked while an encode thread is inside tokie inherits tokie mid-call (it can hang)",
+        "arrowstream/tokenize/tokie_backend.py",
+        "    before=_hold_before_fork, after_in_parent=_release_after_fork, after_in_child=_fresh_locks_after_fork\n",
+        "    after_in_child=_fresh_locks_after_fork\n",
+        ("tests/test_tokie.py",),
+    ),
 ]
 
 

@@ -255,3 +255,44 @@ def test_the_cache_the_length_index_and_the_analysis_encode_with_tokie(
     analyze(tmp_path / "data", tokenizer=tok)
     counts.append(sum(encoded) - sum(counts))
     assert all(n >= 50 for n in counts), counts  # each encoded (nearly) all 60 documents with tokie
+
+
+def test_a_fork_waits_for_a_tokie_call_in_another_thread_and_the_child_encodes(tok: Tokenizer) -> None:
+    """A DataLoader worker must not be forked mid-call: it would inherit tokie's state (locks included) half-way."""
+    import os
+    import signal
+    import threading
+    import time
+
+    backend = tokie_backend.TokieBackend(tok, add_special_tokens=True, key="fork")
+    inside, leave = threading.Event(), [0.0]
+
+    def call() -> None:  # as an encode thread inside tokie for half a second
+        with tokie_backend._one_call:
+            inside.set()
+            time.sleep(0.5)
+            leave[0] = time.monotonic()
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    inside.wait()
+    pid = os.fork()
+    if pid == 0:  # the child: encode, then leave without running the parent's cleanup
+        try:
+            ok = split(*backend._tokie(["forked child text"])) == reference(tok, ["forked child text"])
+        finally:
+            os._exit(0 if ok else 3)
+    forked = time.monotonic()
+    thread.join()
+    assert leave[0] and forked >= leave[0]  # the fork waited for the call to end
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -66,6 +66,27 @@ _lock = threading.Lock()
 #: on the 85 MB text pipeline: 8 % less CPU time, about 3 % faster.
 _one_call = threading.Lock()
 _loaded: dict[str, object] = {}
+
+
+def _fresh_locks_after_fork() -> None:
+    """A child forked while another thread held a lock (a DataLoader worker) starts with free ones."""
+    global _lock, _one_call
+    _lock, _one_call = threading.Lock(), threading.Lock()
+
+
+def _hold_before_fork() -> None:
+    _one_call.acquire()
+
+
+def _release_after_fork() -> None:
+    _one_call.release()
+
+
+# A fork waits for a tokie call in another thread to end (a call takes milliseconds): a child
+# forked mid-call would inherit tokie's own state as that thread left it, locks included.
+os.register_at_fork(
+    before=_hold_before_fork, after_in_parent=_release_after_fork, after_in_child=_fresh_locks_after_fork
+)
 _MAX_LOADED = 4
 
 
