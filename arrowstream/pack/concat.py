@@ -159,11 +159,12 @@ class _ConcatRun(PackRun):
         self.blocks += 1
 
     def _pieces_ahead(self, chunks: Iterator[Chunk], most: int) -> tuple[list[tuple[Chunk, int, int]], int]:
-        """Return the queued pieces ``(chunk, a, b)`` from the cursor on, up to ``most`` tokens, and their tokens.
+        """Return the queued pieces ``(chunk, a, b)`` from the cursor on that hold ``most`` tokens (or all there are), and their tokens.
 
         Only this epoch's chunks count, and only those that have a loss mask
         if the first one has (or none has one); chunks are pulled into the
-        queue as needed, nothing else moves.
+        queue as needed, nothing else moves. The last piece may hold more
+        than needed: :func:`_gather` cuts them to size.
         """
         head = self._head(chunks)
         if head is None or head.epoch != self.epoch:
@@ -182,14 +183,8 @@ class _ConcatRun(PackRun):
                 break
             have += int(chunk.offsets[-1])
             used += 1
-        pieces, start, left = [], self.cursor, min(have, most)
-        for chunk in itertools.islice(self.queue, used):
-            end = min(int(chunk.offsets[-1]), start + left)
-            pieces.append((chunk, start, end))
-            left -= end - start
-            start = 0
-            if not left:
-                break
+        pieces = [(chunk, 0, int(chunk.offsets[-1])) for chunk in itertools.islice(self.queue, used)]
+        pieces[0] = (head, self.cursor, pieces[0][2])
         return pieces, min(have, most)
 
     def _take_ahead(self, chunks: Iterator[Chunk]) -> dict[str, Any]:
