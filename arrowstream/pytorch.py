@@ -20,7 +20,9 @@ Forked workers: the main process never tokenizes, so each worker's tokenizer
 keeps its own thread pool and no fork warning is printed. In a worker, a
 batch's arrays are copied into one buffer (the tensors are views of it), so
 the batch crosses to the main process as one shared-memory segment rather
-than one per tensor.
+than one per tensor, and the worker shares it by file name (torch's
+``file_system`` strategy, set in the worker only): the main process opens it
+without a round trip to the busy worker (see ``sharing``).
 
 Requires ``pip install arrowstream[torch]``.
 """
@@ -50,6 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from arrowstream.checks import check_int
 from arrowstream.distributed.topology import WHOLE_RUN_COUNTERS
 from arrowstream.errors import ConfigError, StateError
+from arrowstream.handover import check_sharing, one_storage, use_sharing
 from arrowstream.io.prefetch import Prefetcher
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 
@@ -114,6 +117,15 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         batch when it is asked for. The batches, their order and the states
         are the same either way: a state describes the batches handed out,
         not the ones made ahead.
+    sharing
+        The torch sharing strategy a DataLoader worker iterating this dataset
+        sends its batches with (set in the worker process only; the main
+        process keeps its own). ``"file_system"`` (the default): the main
+        process opens each batch's shared memory by name. torch's default
+        on Linux, ``"file_descriptor"``, instead makes the main process fetch
+        a file descriptor from the worker for every batch, waiting on the
+        worker's busy threads. ``None`` leaves the worker's strategy as it
+        is. See ``docs/training.md``.
 
     Examples
     --------
@@ -136,6 +148,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         attach_state: bool = False,
         columns: Sequence[str] | None = None,
         prefetch: int = 4,
+        sharing: str | None = "file_system",
     ) -> None:
         if dataset.packer is None:
             raise ConfigError(
@@ -153,6 +166,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
                 )
         self.columns = None if columns is None else tuple(columns)
         self.prefetch = check_int("prefetch", prefetch, low=0)
+        self.sharing = check_sharing(sharing)
         self._handed: dict[str, Any] | None = None  # with prefetch: the state after the last batch handed out
         self.dataset = dataset
         self.rank = rank
@@ -207,8 +221,10 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         fetcher = sys._getframe(1).f_locals.get("self")
         if getattr(fetcher, "auto_collation", False) is True and hasattr(fetcher, "dataset_iter"):
             raise ConfigError(_COLLATING)
-        if get_worker_info() is not None and self._worker_ran is not None:
-            self._worker_ran.value = 1
+        if get_worker_info() is not None:
+            if self._worker_ran is not None:
+                self._worker_ran.value = 1
+            use_sharing(self.sharing)
         self._it = it = self.iterator()
         self._handed = None
         if not self.prefetch:
@@ -274,40 +290,6 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         self._pending = copy.deepcopy(state)
         self._it = None
         self._handed = None
-
-
-_ALIGN = 64
-
-
-def one_storage(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """Copy ``arrays`` into one buffer and return tensors that view it.
-
-    A DataLoader worker sends each tensor storage to the main process as its
-    own shared-memory segment and file descriptor, about a fifth of a
-    millisecond each here; the five arrays of a packed batch in one storage
-    travel as one (``benchmarks/bench_transfer.py``: 657 against 1,478
-    microseconds per batch).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> out = one_storage({"a": np.arange(6, dtype=np.int32).reshape(2, 3), "b": np.array([True, False])})
-    >>> out["a"].tolist(), out["b"].tolist(), out["a"].untyped_storage().data_ptr() == out["b"].untyped_storage().data_ptr()
-    ([[0, 1, 2], [3, 4, 5]], [True, False], True)
-    """
-    starts, end = {}, 0
-    for key, value in arrays.items():
-        starts[key] = end
-        end += -(-value.nbytes // _ALIGN) * _ALIGN
-    buffer = torch.empty(end, dtype=torch.uint8)
-    flat = buffer.numpy()
-    out = {}
-    for key, value in arrays.items():
-        start, size = starts[key], value.nbytes
-        np.copyto(flat[start : start + size].view(value.dtype).reshape(value.shape), value)
-        dtype = torch.from_numpy(value[:0]).dtype
-        out[key] = buffer[start : start + size].view(dtype).view(value.shape)
-    return out
 
 
 class StatefulLoader:

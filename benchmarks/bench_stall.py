@@ -15,6 +15,12 @@ the share of wall time spent waiting, and the p50/p99 wait per step. The
 first batch is start-up, not a stall, and is reported apart. Medians of
 ``--repeats`` runs; every run is a fresh loader.
 
+Beside each run, the same consumer at the same step time pulls from a
+dataset that has its batches ready (one real batch handed over again and
+again, the way ``to_torch`` hands batches over: one storage, shared by
+name from a worker): the wait that the DataLoader and the handover cost by
+themselves, which no loader behind them can remove.
+
 Usage::
 
     python benchmarks/bench_stall.py                   # 85 MB corpus, concat 8 x 2048
@@ -58,6 +64,45 @@ def _loader(args: argparse.Namespace, workers: int) -> Any:
     return DataLoader(ds.to_torch(prefetch=args.prefetch), **options)
 
 
+class _Ready:
+    """A dataset whose batches are ready: one real batch, handed over as ``to_torch`` hands batches over."""
+
+    def __init__(self, batch: dict[str, Any]) -> None:
+        self.batch = batch
+
+    def __iter__(self) -> Any:
+        import torch
+        from torch.utils.data import get_worker_info
+
+        from arrowstream.handover import one_storage, use_sharing
+
+        arrays = {k: v for k, v in self.batch.items() if isinstance(v, np.ndarray)}
+        counts = {k: v for k, v in self.batch.items() if not isinstance(v, np.ndarray)}
+        in_worker = get_worker_info() is not None
+        if in_worker:
+            use_sharing("file_system")
+        while True:
+            tensors = one_storage(arrays) if in_worker else {k: torch.from_numpy(v) for k, v in arrays.items()}
+            yield {**counts, **tensors}
+
+
+def _ready_loader(args: argparse.Namespace, workers: int) -> Any:
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from arrowstream import read_parquet
+
+    if not hasattr(args, "ready_batch"):
+        ds = read_parquet(args.corpus).tokenize(args.tokenizer).pack(seq_len=args.seq_len, batch_size=args.batch_size)
+        it = ds.iter()
+        args.ready_batch = next(it)
+        it.close()
+    dataset = type("Ready", (_Ready, IterableDataset), {})(args.ready_batch)
+    options: dict[str, Any] = {"batch_size": None, "num_workers": workers}
+    if workers:
+        options["prefetch_factor"] = args.prefetch_factor
+    return DataLoader(dataset, **options)
+
+
 def _rate(args: argparse.Namespace, workers: int) -> float:
     """Batches per second the loader gives a consumer that never waits (after the warm-up)."""
     it = iter(_loader(args, workers))
@@ -71,10 +116,10 @@ def _rate(args: argparse.Namespace, workers: int) -> float:
     return rate
 
 
-def _consume(args: argparse.Namespace, workers: int, step_s: float) -> dict[str, Any]:
-    """Run the consumer with ``step_s`` per step; return its waits."""
+def _consume(args: argparse.Namespace, workers: int, step_s: float, *, ready: bool = False) -> dict[str, Any]:
+    """Run the consumer with ``step_s`` per step (``ready``: against batches made in advance); return its waits."""
     t0 = time.perf_counter()
-    it = iter(_loader(args, workers))
+    it = iter((_ready_loader if ready else _loader)(args, workers))
     next(it)
     first = time.perf_counter() - t0
     for _ in range(args.warmup - 1):
@@ -138,22 +183,32 @@ def main() -> int:
         log(f"workers={k}: {rate:.0f} batches/s ({rate * args.batch_size * args.seq_len / 1e6:.2f} M token slots/s)")
         for h in headrooms:
             step = h / rate
-            runs = [_consume(args, k, step) for _ in range(args.repeats)]
+            runs, floors = [], []
+            for _ in range(args.repeats):  # alternated, so both see the same machine
+                runs.append(_consume(args, k, step))
+                floors.append(_consume(args, k, step, ready=True))
             summary = {key: median([r[key] for r in runs]) for key in runs[0]}
-            results["runs"][f"workers={k}, headroom={h}"] = {"rate": rate, "rates": rates, "runs": runs, **summary}
+            floor = {key: median([r[key] for r in floors]) for key in floors[0]}
+            results["runs"][f"workers={k}, headroom={h}"] = {
+                "rate": rate, "rates": rates, "runs": runs, **summary, "ready": {"runs": floors, **floor},
+            }
             rows.append([k, f"{rate:.0f}", h, f"{step * 1e3:.2f}", f"{100 * summary['wait_share']:.1f}",
-                         f"{summary['p50_ms']:.2f}", f"{summary['p99_ms']:.2f}", f"{summary['first_batch_s']:.2f}"])
+                         f"{summary['p50_ms']:.2f}", f"{summary['p99_ms']:.2f}", f"{summary['first_batch_s']:.2f}",
+                         f"{100 * floor['wait_share']:.1f}", f"{floor['p50_ms']:.2f}"])
             log(f"  headroom {h}: step {step * 1e3:.2f} ms, waited {100 * summary['wait_share']:.1f} % of wall time, "
-                f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms")
+                f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms; batches ready: waited "
+                f"{100 * floor['wait_share']:.1f} %, p50 {floor['p50_ms']:.2f} ms")
     log()
     log(fmt_table(["workers", "loader batches/s", "headroom", "step ms", "wait % of wall", "p50 wait ms",
-                   "p99 wait ms", "first batch s"], rows))
+                   "p99 wait ms", "first batch s", "ready: wait %", "ready: p50 ms"], rows))
     log(f"(concat {args.batch_size} x {args.seq_len}, medians of {args.repeats}; waits over {args.batches} steps "
         f"after {args.warmup} warm-up batches)")
     checks = Checks()
     try:
         for name, run in results["runs"].items():
             checks(0.0 <= run["wait_share"] < 1.0, f"{name}: a wait share was measured", f"{run['wait_share']:.3f}")
+            ready = run["ready"]["wait_share"]
+            checks(0.0 <= ready < 1.0, f"{name}: a wait share was measured with batches ready", f"{ready:.3f}")
     except CheckFailed:
         return 1
     finally:

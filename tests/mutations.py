@@ -767,6 +767,14 @@ MUTANTS = [
         "    after_in_child=_fresh_locks_after_fork\n",
         ("tests/test_tokie.py",),
     ),
+    Mutant(
+        "worker-shares-by-descriptor",
+        "a DataLoader worker keeps torch's file-descriptor sharing: the main process fetches every batch's descriptor from the busy worker",
+        "arrowstream/pytorch.py",
+        "            use_sharing(self.sharing)\n",
+        "            pass\n",
+        ("tests/test_pytorch.py",),
+    ),
 ]
 
 

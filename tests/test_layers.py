@@ -26,7 +26,7 @@ LAYERS = {
     "filter": 3, "tokenize": 3, "pack": 3,
     "distributed": 4,
     "pipeline": 5,
-    "pytorch": 6, "mixture": 6, "huggingface": 6, "checkpoint": 6, "analysis": 6, "testing": 6, "cli": 6, "__init__": 6, "__main__": 6,
+    "pytorch": 6, "handover": 6, "mixture": 6, "huggingface": 6, "checkpoint": 6, "analysis": 6, "testing": 6, "cli": 6, "__init__": 6, "__main__": 6,
 }
 
 #: Imports allowed upward, each with its reason.

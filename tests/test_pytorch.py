@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -97,6 +98,29 @@ def test_a_worker_sends_each_batch_as_one_storage_with_the_same_values(tmp_path:
                 assert np.array_equal(got[key].numpy(), value), key
             else:
                 assert got[key] == value, key
+
+
+def _sender_pid(tensor: torch.Tensor) -> int:
+    """The pid in the name of a storage's shared-memory segment: the process that created it."""
+    _, name, _ = tensor.untyped_storage()._share_filename_cpu_()
+    return int(name.decode().split("_")[1])  # "/torch_<pid>_<random>_<n>"
+
+
+def test_a_worker_shares_its_batches_by_file_name_and_the_main_process_keeps_its_strategy(tmp_path: Path) -> None:
+    ds, _ = _ds(tmp_path)
+    before = torch.multiprocessing.get_sharing_strategy()
+    loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=1)
+    it = iter(loader)
+    batch = next(it)
+    worker_pid = next(iter(it._workers)).pid  # type: ignore[attr-defined]
+    assert _sender_pid(batch["input_ids"]) == worker_pid  # opened by the name the worker gave it
+    del it
+    assert torch.multiprocessing.get_sharing_strategy() == before
+    # None leaves torch's setting: on Linux, a file descriptor, so no name until the main process makes one
+    batch = next(iter(torch.utils.data.DataLoader(ds.to_torch(sharing=None), batch_size=None, num_workers=1)))
+    assert before != "file_descriptor" or _sender_pid(batch["input_ids"]) == os.getpid()
+    with pytest.raises(ConfigError, match="file_system"):
+        ds.to_torch(sharing="pipes")
 
 
 def test_columns_keep_only_the_named_arrays(tmp_path: Path) -> None:

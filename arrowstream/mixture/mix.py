@@ -332,8 +332,11 @@ class PackedMixture:
         world_size: int | None = None,
         columns: Sequence[str] | None = None,
         prefetch: int = 4,
+        sharing: str | None = "file_system",
     ) -> TorchDataset:
         """Return a ``torch.utils.data.IterableDataset`` of tensor batches (see :meth:`Dataset.to_torch <arrowstream.Dataset.to_torch>`)."""
         from arrowstream.pytorch import TorchDataset
 
-        return TorchDataset(self, rank=rank, world_size=world_size, columns=columns, prefetch=prefetch)  # type: ignore[arg-type]
+        return TorchDataset(  # type: ignore[arg-type]
+            self, rank=rank, world_size=world_size, columns=columns, prefetch=prefetch, sharing=sharing
+        )

@@ -468,9 +468,7 @@ class Dataset:
         document once. ``state`` may be this consumer's own state, or a global
         one from :func:`~arrowstream.merge_states` for any topology.
         """
-        consumer = Consumer.of(
-            rank=rank, world_size=world_size, worker=worker, num_workers=num_workers
-        )
+        consumer = Consumer.of(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
         return DatasetIterator(Plan.of(self), state, consumer=consumer)
 
     def __iter__(self) -> Iterator[Any]:
@@ -483,17 +481,17 @@ class Dataset:
         world_size: int | None = None,
         columns: Sequence[str] | None = None,
         prefetch: int = 4,
+        sharing: str | None = "file_system",
     ) -> TorchDataset:
         """Return a ``torch.utils.data.IterableDataset`` of tensor batches (needs ``torch``).
 
         Rank and world size come from ``torch.distributed`` when it is
         initialised; DataLoader workers each become a consumer. ``columns``
-        keeps only the named arrays of each batch (for a model whose
-        ``forward`` takes, say, ``input_ids``, ``labels`` and
-        ``position_ids``). ``prefetch`` batches are made ahead in a
-        background thread while the step runs (0: none). See
-        :mod:`arrowstream.pytorch` and ``docs/training.md``.
+        keeps only the named arrays of each batch. ``prefetch`` batches are
+        made ahead in a background thread while the step runs (0: none);
+        ``sharing`` is how workers hand batches over. See
+        :class:`~arrowstream.pytorch.TorchDataset` and ``docs/training.md``.
         """
         from arrowstream.pytorch import TorchDataset  # torch is optional: imported on use
 
-        return TorchDataset(self, rank=rank, world_size=world_size, columns=columns, prefetch=prefetch)
+        return TorchDataset(self, rank=rank, world_size=world_size, columns=columns, prefetch=prefetch, sharing=sharing)
