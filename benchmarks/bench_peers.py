@@ -15,7 +15,9 @@ encoder, and with ``datasets`` using the same encoder:
   call), ``tiktoken-batch`` (``Encoding.encode_batch``, 2 threads) and
   ``tiktoken-joined`` (1,000 texts joined into one ``encode_to_numpy`` call,
   2 calls at a time: the call arrowstream's tiktoken backend makes). The
-  tiktoken encoding is arrowstream's own conversion of the ``tokenizer.json``.
+  tiktoken encoding is arrowstream's own conversion of the ``tokenizer.json``;
+  and ``tokie`` (``encode_batch_flat``, 1,000 texts per call, one call at a
+  time) where it is installed.
   A pipeline's ``vs raw`` divides by the faster raw method of its encoder.
 - ``arrowstream <strategy>, <backend>, workers=k``: ``read_parquet(...)
   .tokenize(tok, backend=...).pack(seq_len, batch_size, strategy)``
@@ -23,8 +25,11 @@ encoder, and with ``datasets`` using the same encoder:
   iterated through ``ds.to_torch()`` (k=0) or ``DataLoader(ds.to_torch(),
   batch_size=None, num_workers=k)``. ``tokenizers`` forces that encoder;
   ``tiktoken`` is ``backend="auto"`` with tokie hidden, what the default gives
-  where the ``fast`` extra is not installed (with it, ``auto`` picks tokie,
-  which no peer has, so the like-for-like rows name their encoder). ``even_batches`` is the library's default
+  where the ``fast`` extra is not installed; ``tokie`` is ``backend="auto"``
+  where it is (the default with the ``fast`` extra). No peer encodes with
+  tokie, so its rows are set against the raw ``tokie`` encoder and against
+  each peer's own rows in a table of their own; the like-for-like rows name
+  their encoder. ``even_batches`` is the library's default
   (``True``) unless the name says ``even_batches=False``; it matters only with
   several consumers (k > 0), where it may drop or pad a little at the end.
 - ``datasets, <encoder>, workers=k``: ``load_dataset("parquet",
@@ -118,7 +123,7 @@ from peers_child import RESULT
 
 CHILD = Path(__file__).with_name("peers_child.py")
 _VERDICTS = tempfile.TemporaryDirectory(prefix="arrowstream-peers-verdicts-")
-ENCODER = {"tokenizers": "tokenizers", "tiktoken": "tiktoken"}  # arrowstream backend name -> encoder
+ENCODER = {"tokenizers": "tokenizers", "tiktoken": "tiktoken", "tokie": "tokie"}  # arrowstream backend name -> encoder
 BACKEND = {v: k for k, v in ENCODER.items()}  # encoder -> the arrowstream backend name that uses it
 #: The peers, by child kind, and the start of their rows' names; ``datasets`` is the reference of the others.
 PEERS = {"datasets": "datasets", "torchdata": "torchdata StatefulDataLoader + datasets", "grain": "grain"}
@@ -154,6 +159,7 @@ def contestants(
     if "concat" in strategies:
         out += [ours("concat", "tokenizers", 0), ours("concat", "tokenizers", 2)]
         out += [ours("concat", "tiktoken", 0), ours("concat", "tiktoken", 2), ours("concat", "tiktoken", 2, False)]
+        out += [ours("concat", "tokie", 0), ours("concat", "tokie", 2)]
     for strategy in strategies:
         if strategy != "concat":
             out += [ours(strategy, "tiktoken", 0), ours(strategy, "tiktoken", 2)]
@@ -307,7 +313,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], configs: list[dict[str, Any
     raw_ref = {
         enc: max((n for n in table if n.startswith("raw") and table[n]["encoder"] == enc),
                  key=lambda n: table[n]["tok_per_s"])
-        for enc in ("tokenizers", "tiktoken")
+        for enc in ("tokenizers", "tiktoken", "tokie")
     }
     for name, t in table.items():
         workers = 2 if "workers=2" in name else 0
@@ -316,7 +322,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]], configs: list[dict[str, Any
         t["vs_datasets_same_encoder"] = t["vs_datasets_tokenizers"] = None
         if kind[name] not in ("raw", "datasets"):
             same, usual = peer_name("datasets", t["encoder"], workers), peer_name("datasets", "tokenizers", workers)
-            t["vs_datasets_same_encoder"] = t["tok_per_s"] / table[same]["tok_per_s"]
+            if same in table:  # no peer encodes with tokie
+                t["vs_datasets_same_encoder"] = t["tok_per_s"] / table[same]["tok_per_s"]
             t["vs_datasets_tokenizers"] = t["tok_per_s"] / table[usual]["tok_per_s"]
     return table
 
@@ -352,6 +359,9 @@ HEADLINE = (
      "torchdata StatefulDataLoader + datasets, tokenizers, workers={w}"),
     ("arrowstream / StatefulDataLoader + datasets, both tiktoken", "arrowstream concat, tiktoken, workers={w}",
      "torchdata StatefulDataLoader + datasets, tiktoken, workers={w}"),
+    ("arrowstream (tokie) / raw tokie", "arrowstream concat, tokie, workers={w}", "raw:tokie"),
+    ("arrowstream default with the fast extra (tokie) / datasets usual (tokenizers)",
+     "arrowstream concat, tokie, workers={w}", "datasets, tokenizers, workers={w}"),
 )
 
 
@@ -385,9 +395,11 @@ HEADER = ["pipeline", "encoder", "M tok/s", "vs raw, same encoder", "vs datasets
           "peak PSS MB (all processes)", "above idle MB"]
 
 
-def versus(table: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Return arrowstream ``concat`` against each peer row, same encoder and workers, on the three measures of the bar.
+def versus(table: dict[str, dict[str, Any]], backend: str | None = None) -> list[dict[str, Any]]:
+    """Return arrowstream ``concat`` against each peer row, same workers, on the three measures of the bar.
 
+    ``backend=None``: arrowstream with the peer's encoder (like for like);
+    ``"tokie"``: arrowstream's default where the ``fast`` extra is installed.
     Each entry: the peer, arrowstream's row, the ratio of tokens/s (above 1:
     arrowstream faster), both times to first batch and both working memories
     (peak PSS of all processes above the side's idle process), and whether
@@ -398,9 +410,12 @@ def versus(table: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         if not any(name.startswith(PEERS[kind] + ", ") for kind in PEERS):
             continue
         workers = 2 if "workers=2" in name else 0
-        ours = table[f"arrowstream concat, {BACKEND[t['encoder']]}, workers={workers}"]
+        mine = f"arrowstream concat, {backend or BACKEND[t['encoder']]}, workers={workers}"
+        if mine not in table:
+            continue
+        ours = table[mine]
         entry = {
-            "peer": name, "arrowstream": f"arrowstream concat, {BACKEND[t['encoder']]}, workers={workers}",
+            "peer": name, "arrowstream": mine,
             "tok_per_s_ratio": ours["tok_per_s"] / t["tok_per_s"],
             "first_batch_s": [ours["first_batch_s"], t["first_batch_s"]], "working_mb": [ours["working_mb"], t["working_mb"]],
         }
@@ -568,6 +583,13 @@ def main(argv: list[str] | None = None) -> int:
     log("\narrowstream against each peer, on the three measures of the bar:\n")
     log(fmt_table(VERSUS_HEADER, vrows))
     markdown.append(md_table(VERSUS_HEADER, vrows))
+    against_default = versus(table, "tokie")
+    if against_default:
+        dheader = ["arrowstream concat with tokie (the default with the fast extra) against", *VERSUS_HEADER[1:]]
+        drows = versus_rows(against_default)
+        log("\narrowstream's default with the fast extra (tokie) against each peer, same workers:\n")
+        log(fmt_table(dheader, drows))
+        markdown.append(md_table(dheader, drows))
     log("\nidle (torch and the loader imported, nothing read), PSS: "
         + ", ".join(f"{side} {mb:.0f} MB" for side, mb in idle.items())
         + "; 'above idle' is the peak PSS of all processes minus its side's")
@@ -605,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
             "peers": args.peers,
             "corpus": cinfo, "tokenizer": tinfo, "seq_len": L, "batch_size": B, "repeats": args.repeats,
             "expected_tokens": expected, "stream_sha256": ref["sha256"], "runs": runs, "table": table, "headline": ratios,
-            "versus": against,
+            "versus": against, "versus_default_tokie": against_default,
             "idle_pss_mb": idle, "resume": resume, "checks": checks.items,
         }, indent=1, default=str))
     return 1 if failed else 0

@@ -95,6 +95,8 @@ def build_loader(spec: dict[str, Any], torch: Any) -> tuple[Any, Any]:
         from arrowstream.tokenize import tokie_backend
 
         tokie_backend.tokie, backend = None, "auto"
+    elif backend == "tokie":  # the default where the fast extra is installed
+        backend = "auto"
     ds = arrowstream_dataset(corpus, tok, seq_len=L, batch_size=B, strategy=spec["strategy"],
                              backend=backend, even_batches=spec["even_batches"])
     if workers:

@@ -67,6 +67,12 @@ def test_peers_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     assert all(t["tree_pss_mb"] > 0 for t in table.values())
     assert table["arrowstream concat, tiktoken, workers=2"]["working_mb"] is not None
     assert any("exactly the raw encoders' stream" in c["name"] for c in result["checks"])
+    # the default with the fast extra: tokie, against raw tokie, and checked like the other backends
+    assert table["arrowstream concat, tokie, workers=0"]["raw_reference"] == "raw tokie"
+    assert table["arrowstream concat, tokie, workers=0"]["tokens"] == result["expected_tokens"]
+    tokie_checks = [c for c in result["checks"] if c["name"].startswith("arrowstream concat, tokie, workers=0:")]
+    assert any("expected backend" in c["name"] for c in tokie_checks) and all(c["passed"] for c in tokie_checks)
+    assert {e["peer"] for e in result["versus_default_tokie"]} == {e["peer"] for e in result["versus"]}
     markdown = (tmp_path / "peers.md").read_text()
     assert "| arrowstream concat, tiktoken, workers=0 |" in markdown and "| arrowstream |" in markdown
     # the peers beside datasets: StatefulDataLoader over the same dataset, and Grain on the same recipe
