@@ -775,6 +775,22 @@ MUTANTS = [
         "            pass\n",
         ("tests/test_pytorch.py",),
     ),
+    Mutant(
+        "tokenizer-parsed-per-pipeline",
+        "every pipeline naming a tokenizer file parses it again (a mixture of n sources parses it n times)",
+        "arrowstream/tokenize/__init__.py",
+        "load_tokenizer(tokenizer, shared=True)",
+        "load_tokenizer(tokenizer, shared=False)",
+        ("tests/test_encoders.py",),
+    ),
+    Mutant(
+        "tokie-version-looked-up-per-call",
+        "tokie's version comes from the package metadata at every call",
+        "arrowstream/tokenize/tokie_backend.py",
+        "@functools.lru_cache(maxsize=1)\ndef _installed_version",
+        "def _no_cache(f):\n    f.cache_clear = lambda: None\n    return f\n\n\n@_no_cache\ndef _installed_version",
+        ("tests/test_tokie.py",),
+    ),
 ]
 
 

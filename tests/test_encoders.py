@@ -33,7 +33,7 @@ from arrowstream.tokenize import Tokenize
 from arrowstream.tokenize import fast as fast_module
 from arrowstream.tokenize import verdicts as verdicts_module
 from arrowstream.tokenize.bytelevel import GPT2_PATTERN, byte_symbols, to_bytelevel_bpe
-from arrowstream.tokenize.encoders import Encoder, probe_texts
+from arrowstream.tokenize.encoders import Encoder, load_tokenizer, probe_texts
 
 from .conftest import EncodedBy, write_parts
 
@@ -364,6 +364,24 @@ def test_the_pipeline_reports_its_backend_and_keeps_its_options_hash(tok_small: 
         Tokenize(tok_small, backend="fast")
     with pytest.raises(ConfigError, match="contradicts"):
         Tokenize(Encoder(tok_small, backend="tokenizers"), backend="tiktoken")
+
+
+def test_pipelines_naming_one_tokenizer_file_share_one_parse_until_the_file_changes(
+    tok_small: Tokenizer, tmp_path: Path
+) -> None:
+    path = tmp_path / "tokenizer.json"
+    tok_small.save(str(path))
+    write_parts(tmp_path / "data", [{"text": ["a b c", "d e"]}])
+    first, second = (read_parquet(tmp_path / "data").tokenize(str(path)).stages[-1] for _ in range(2))
+    assert first.tokenizer is second.tokenizer  # the sources of a mixture parse their tokenizer once
+    assert load_tokenizer(str(path)) is not first.tokenizer  # the public loader gives a fresh object
+    changed = Tokenizer.from_str(tok_small.to_str())
+    changed.add_special_tokens(["<|new|>"])
+    changed.save(str(path))
+    os.utime(path, ns=(1, 1))  # a different modification time even on a coarse clock
+    third = read_parquet(tmp_path / "data").tokenize(str(path)).stages[-1]
+    assert third.tokenizer is not first.tokenizer and third.tokenizer.token_to_id("<|new|>") is not None
+    assert third.encoder.hash != first.encoder.hash
 
 
 def pipeline(path: Path, tok: Tokenizer | Encoder, **kw):

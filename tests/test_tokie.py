@@ -172,8 +172,24 @@ def test_the_verdict_key_holds_tokies_version(tok: Tokenizer, monkeypatch: pytes
     enc = Encoder(tok, sample_bytes=0)
     key = enc._key()
     monkeypatch.setattr(tokie_backend.importlib.metadata, "version", lambda name: "99.0")
-    assert enc._key() != key
-    assert Encoder(tok, backend="tiktoken", sample_bytes=0)._key() != key  # forced tiktoken: no tokie in it
+    tokie_backend._installed_version.cache_clear()  # as in a process where tokie 99.0 is installed
+    try:
+        assert enc._key() != key
+        assert Encoder(tok, backend="tiktoken", sample_bytes=0)._key() != key  # forced tiktoken: no tokie in it
+    finally:
+        tokie_backend._installed_version.cache_clear()
+
+
+def test_tokies_version_is_looked_up_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = tokie_backend.importlib.metadata.version
+    calls: list[str] = []
+    monkeypatch.setattr(tokie_backend.importlib.metadata, "version", lambda name: calls.append(name) or real(name))
+    tokie_backend._installed_version.cache_clear()
+    try:
+        assert [tokie_backend.tokie_version() for _ in range(3)] == [real("tokie")] * 3
+        assert calls == ["tokie"]  # a metadata lookup costs about a millisecond; every encoder asks
+    finally:
+        tokie_backend._installed_version.cache_clear()
 
 
 def test_every_backend_gives_byte_identical_streams_and_resumes(tmp_path: Path, tok: Tokenizer) -> None:

@@ -161,7 +161,7 @@ class Tokenize(Stage):
                 f"`backend={backend!r}` contradicts the encoder passed, built with "
                 f"backend={given.requested!r}: pass one or the other"
             )
-        self.tokenizer = None if tokenizer is None else load_tokenizer(tokenizer)
+        self.tokenizer = None if tokenizer is None else load_tokenizer(tokenizer, shared=True)
         if loss_mask is not None and (self.tokenizer is not None or not isinstance(loss_mask, str)):
             raise ConfigError(
                 f"`loss_mask` names a column of per-token masks aligned with token ids, so it "

@@ -78,13 +78,7 @@ from arrowstream.tokenize.probes import probe_texts
 from arrowstream.tokenize.proof import check_backends
 from arrowstream.tokenize.tokie_backend import ROUTED_TEXTS, TokieBackend, tokie_version
 from arrowstream.tokenize.tokenizer import _load_tokenizer, tokenizer_hash
-from arrowstream.tokenize.verdicts import (
-    _CHECKS_VERSION,
-    _cached_verdict,
-    _forget_verdict,
-    _store_verdict,
-    default_verdict_dir,
-)
+from arrowstream.tokenize.verdicts import _CHECKS_VERSION, _cached_verdict, _forget_verdict, _store_verdict, default_verdict_dir
 
 __all__ = ["BACKENDS", "Encoder", "load_tokenizer", "probe_texts", "tokenizer_hash"]
 
@@ -92,13 +86,14 @@ __all__ = ["BACKENDS", "Encoder", "load_tokenizer", "probe_texts", "tokenizer_ha
 BACKENDS = ("auto", "tiktoken", "tokenizers", "tokie")
 
 
-def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str] | Any) -> Tokenizer:
+def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str] | Any, *, shared: bool = False) -> Tokenizer:
     """Return ``tokenizer`` itself (an encoder's tokenizer, a transformers fast tokenizer's backend), or load it from a ``tokenizer.json`` path.
 
     A transformers ``PreTrainedTokenizerFast`` is used through its
     ``backend_tokenizer``, which holds its special-token settings (the
     post-processor that adds BOS, for example); a directory it was saved to
-    (``save_pretrained``) through the ``tokenizer.json`` in it.
+    (``save_pretrained``) through the ``tokenizer.json`` in it. ``shared``
+    (pipelines): one object per file per process, not to be changed.
 
     Raises
     ------
@@ -114,7 +109,7 @@ def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str] | Any
     """
     if isinstance(tokenizer, Encoder):
         return tokenizer.tokenizer
-    return _load_tokenizer(tokenizer)
+    return _load_tokenizer(tokenizer, shared=shared)
 
 
 class Encoder:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -97,7 +99,31 @@ def _noop_template(text: str) -> bool:
     )
 
 
-def _load_tokenizer(tokenizer: Tokenizer | str | os.PathLike[str] | Any) -> Tokenizer:
+#: Tokenizers loaded from files for pipelines, by (path, size, modification time); see ``_from_file``.
+_LOADED: OrderedDict[tuple[str, int, int], Tokenizer] = OrderedDict()
+_LOADED_MAX = 8
+_LOADED_LOCK = threading.Lock()
+
+
+def _from_file(path: str, *, shared: bool) -> Tokenizer:
+    """Load ``path``; with ``shared``, once per process while the file stays the same (pipelines never change a tokenizer)."""
+    if not shared:
+        return Tokenizer.from_file(path)
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    with _LOADED_LOCK:
+        if key in _LOADED:
+            _LOADED.move_to_end(key)
+            return _LOADED[key]
+    loaded = Tokenizer.from_file(path)
+    with _LOADED_LOCK:
+        _LOADED[key] = loaded
+        while len(_LOADED) > _LOADED_MAX:
+            _LOADED.popitem(last=False)
+    return loaded
+
+
+def _load_tokenizer(tokenizer: Tokenizer | str | os.PathLike[str] | Any, *, shared: bool = False) -> Tokenizer:
     """Return ``tokenizer`` (or its ``tokenizers`` core), or load it from a path; see ``encoders.load_tokenizer``."""
     if isinstance(tokenizer, Tokenizer):
         return tokenizer
@@ -126,7 +152,7 @@ def _load_tokenizer(tokenizer: Tokenizer | str | os.PathLike[str] | Any) -> Toke
                 "saved by the `tokenizers` library, or a `tokenizers.Tokenizer`"
             )
         try:
-            return Tokenizer.from_file(path)
+            return _from_file(path, shared=shared)
         except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
             raise ConfigError(f"cannot load tokenizer {path!r}: {exc}") from exc
     raise ConfigError(

@@ -30,6 +30,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import tempfile
@@ -98,8 +99,12 @@ def tokie_version() -> str | None:
     >>> tokie_version() is None or tokie_version().count(".") >= 1
     True
     """
-    if tokie is None:
-        return None
+    return None if tokie is None else _installed_version()
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_version() -> str:
+    """The installed tokie's version, looked up once per process (a metadata lookup takes about a millisecond)."""
     try:
         return importlib.metadata.version("tokie")
     except importlib.metadata.PackageNotFoundError:  # imported from a source tree
