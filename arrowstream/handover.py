@@ -33,10 +33,10 @@ def one_storage(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     """Copy ``arrays`` into one buffer and return tensors that view it.
 
     A DataLoader worker sends each tensor storage to the main process as its
-    own shared-memory segment and file descriptor, about a fifth of a
-    millisecond each here; the five arrays of a packed batch in one storage
-    travel as one (``benchmarks/bench_transfer.py``: 657 against 1,478
-    microseconds per batch).
+    own shared-memory segment; the five arrays of a packed batch in one
+    storage travel as one (``benchmarks/bench_transfer.py``: 2,789 against
+    9,760 microseconds per batch with busy workers, the first by name, the
+    second one segment per array by descriptor).
 
     Examples
     --------

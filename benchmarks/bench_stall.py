@@ -64,43 +64,34 @@ def _loader(args: argparse.Namespace, workers: int) -> Any:
     return DataLoader(ds.to_torch(prefetch=args.prefetch), **options)
 
 
-class _Ready:
-    """A dataset whose batches are ready: one real batch, handed over as ``to_torch`` hands batches over."""
-
-    def __init__(self, batch: dict[str, Any]) -> None:
-        self.batch = batch
-
-    def __iter__(self) -> Any:
-        import torch
-        from torch.utils.data import get_worker_info
-
-        from arrowstream.handover import one_storage, use_sharing
-
-        arrays = {k: v for k, v in self.batch.items() if isinstance(v, np.ndarray)}
-        counts = {k: v for k, v in self.batch.items() if not isinstance(v, np.ndarray)}
-        in_worker = get_worker_info() is not None
-        if in_worker:
-            use_sharing("file_system")
-        while True:
-            tensors = one_storage(arrays) if in_worker else {k: torch.from_numpy(v) for k, v in arrays.items()}
-            yield {**counts, **tensors}
-
-
 def _ready_loader(args: argparse.Namespace, workers: int) -> Any:
-    from torch.utils.data import DataLoader, IterableDataset
+    """A DataLoader whose batches are ready: one real batch, handed over again and again as ``to_torch`` hands batches over."""
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
     from arrowstream import read_parquet
+    from arrowstream.handover import one_storage, use_sharing
 
     if not hasattr(args, "ready_batch"):
-        ds = read_parquet(args.corpus).tokenize(args.tokenizer).pack(seq_len=args.seq_len, batch_size=args.batch_size)
-        it = ds.iter()
+        it = read_parquet(args.corpus).tokenize(args.tokenizer).pack(seq_len=args.seq_len, batch_size=args.batch_size).iter()
         args.ready_batch = next(it)
         it.close()
-    dataset = type("Ready", (_Ready, IterableDataset), {})(args.ready_batch)
+    arrays = {k: v for k, v in args.ready_batch.items() if isinstance(v, np.ndarray)}
+    counts = {k: v for k, v in args.ready_batch.items() if not isinstance(v, np.ndarray)}
+
+    class Ready(IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            in_worker = get_worker_info() is not None
+            if in_worker:
+                use_sharing("file_system")
+            while True:
+                tensors = one_storage(arrays) if in_worker else {k: torch.from_numpy(v) for k, v in arrays.items()}
+                yield {**counts, **tensors}
+
     options: dict[str, Any] = {"batch_size": None, "num_workers": workers}
     if workers:
         options["prefetch_factor"] = args.prefetch_factor
-    return DataLoader(dataset, **options)
+    return DataLoader(Ready(), **options)
 
 
 def _rate(args: argparse.Namespace, workers: int) -> float:

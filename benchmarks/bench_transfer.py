@@ -18,8 +18,8 @@ corpus, every key of the batch) is made once; then a ``DataLoader`` with
 With ``--busy`` (the default) each worker also runs a thread that holds the
 GIL for a millisecond, then releases it for one, as a worker's producer
 thread making the next batches does (Python between tokenizer calls);
-``--idle`` leaves the workers idle between batches. Reported: microseconds per batch (medians)
-and the ratios to the first. Check: the batches received equal the batch
+``--idle`` leaves the workers idle between batches. Reported: microseconds
+per batch (medians) and the ratios to the first. Check: the batches received equal the batch
 sent, key by key. ``--smoke`` runs few batches once. Exit status 0 when the
 checks pass.
 """
