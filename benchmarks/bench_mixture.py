@@ -8,7 +8,9 @@ shape. Each run pulls the same number of batches from a fresh iterator in
 this process (imports, tokenizer and encoder warm on both sides); the two
 alternate, and the medians of ``--repeats`` runs give the ratio, twice: timed
 from the iterator's creation (its start included: a mixture opens a pipeline
-per source) and from the first batch on (the steady rate).
+per source) and from the first batch on (the steady rate). Each repeat's
+two runs, side by side, also give a ratio of their own: their median and
+range show how far the machine's noise moves one comparison.
 
 Two modes: ``text`` tokenizes as it reads (the tokenizer bounds both), and
 ``ids`` reads a token cache filled beforehand (the loader itself is measured).
@@ -18,7 +20,7 @@ shares out rows, and padding is what separates rows from tokens.
 
 Usage::
 
-    python benchmarks/bench_mixture.py                 # 3 x 20 MB, 300 batches of 8 x 2048
+    python benchmarks/bench_mixture.py                 # 3 x 10 MB, 7 x 2 runs of 2,000 batches of 8 x 2048
     python benchmarks/bench_mixture.py --smoke         # seconds: checks only
 """
 
@@ -91,11 +93,11 @@ def _shares(dirs: list[Path], tok: str, weights: list[float], args: argparse.Nam
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", default="/tmp/arrowstream-bench", help="cache of corpora and tokenizers")
-    p.add_argument("--mb", type=float, default=20.0, help="MB of text per source")
-    p.add_argument("--batches", type=int, default=300, help="batches per run")
+    p.add_argument("--mb", type=float, default=10.0, help="MB of text per source")
+    p.add_argument("--batches", type=int, default=2000, help="batches per run")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--modes", default="text,ids", help="comma-separated: text, ids")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: run the checks in seconds")
@@ -144,10 +146,14 @@ def main() -> int:
                 it.close()
         for k, when in enumerate(("with the start", "from the first batch on")):
             one, mixture = median([r[k] for r in single]), median([r[k] for r in mixed])
-            rows.append([mode, when, f"{one / 1e6:.2f}", f"{mixture / 1e6:.2f}", f"{mixture / one:.2f}"])
+            paired = sorted(m[k] / o[k] for m, o in zip(mixed, single))  # each repeat's two runs, side by side
+            rows.append([mode, when, f"{one / 1e6:.2f}", f"{mixture / 1e6:.2f}", f"{mixture / one:.2f}",
+                         f"{median(paired):.2f} ({paired[0]:.2f}-{paired[-1]:.2f})"])
             log(f"{mode}, {when}: one source {one / 1e6:.2f} M tok/s, mixture {mixture / 1e6:.2f} M tok/s, "
-                f"ratio {mixture / one:.2f}")
+                f"ratio {mixture / one:.2f}, per repeat {median(paired):.2f} ({paired[0]:.2f}-{paired[-1]:.2f})")
+            results.setdefault(mode, {})["paired_ratios" if k == 0 else "paired_steady_ratios"] = paired
         results[mode] = {
+            **results.get(mode, {}),
             "single_tok_s": [r[0] for r in single], "mixture_tok_s": [r[0] for r in mixed],
             "ratio": median([r[0] for r in mixed]) / median([r[0] for r in single]),
             "single_steady_tok_s": [r[1] for r in single], "mixture_steady_tok_s": [r[1] for r in mixed],
@@ -155,8 +161,10 @@ def main() -> int:
         }
     results["shares"] = _shares(dirs, str(tok), weights, args)
     log()
-    log(fmt_table(["mode", "timed", "one source (M tok/s)", "mixture of 3 (M tok/s)", "mixture / one"], rows))
-    log("(medians of runs alternating in one process; weights by source size; concat)")
+    log(fmt_table(["mode", "timed", "one source (M tok/s)", "mixture of 3 (M tok/s)", "mixture / one",
+                   "per repeat: median (range)"], rows))
+    log("(medians of runs alternating in one process; per repeat: the mixture's run over the one-source run beside it;"
+        " weights by source size; concat)")
     try:
         for mode, worst in results.get("worst_share_error_rows", {}).items():
             # weights by size are not exact fractions: the schedule rounds them to its period

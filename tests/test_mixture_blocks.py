@@ -52,7 +52,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("weights", "seq_len", "batch_size", "world", "workers", "num_tokens"), CASES)
-@pytest.mark.parametrize("block", [1, 3, 8])
+@pytest.mark.parametrize("block", [1, 3, 8, 32])
 def test_blocks_give_the_batches_states_and_counts_of_one_batch_at_a_time(
     sources: dict[str, Path], weights: Any, seq_len: int, batch_size: int, world: int, workers: int,
     num_tokens: int | None, block: int,
@@ -86,6 +86,47 @@ def test_blocks_are_made_where_sources_have_full_rows(sources: dict[str, Path]) 
         for _ in range(30):
             next(it)
     assert made[:4] == [1, 2, 4, 8], made
+
+
+def test_states_and_source_counters_asked_now_and_then_equal_one_batch_at_a_time(sources: dict[str, Path]) -> None:
+    """Sources move past the batches handed out when next looked at: asked after many batches, the same as after each."""
+    def build() -> Any:
+        return _mixture(sources, {"web": 0.6, "code": 0.3, "books": 0.1}, seq_len=8, batch_size=3, seed=5)
+
+    seen = {}
+    for block in (32, 0):
+        with mock.patch.object(mixture_iterator, "_BLOCK_BATCHES", block):
+            it = build().iter()
+            got = []
+            for k in range(1, 121):
+                next(it)
+                if k % 17 == 0:  # several batches of a block handed out since the last look
+                    got.append((json.dumps(it.state_dict(), sort_keys=True), it.source_stats()))
+            got.append((json.dumps(it.state_dict(), sort_keys=True), it.source_stats(), it.report().rows()))
+            it.close()
+            seen[block] = got
+    assert len(seen[32]) == 8
+    assert seen[32] == seen[0]
+
+
+def test_a_block_shrinks_near_a_source_epoch_end_instead_of_falling_back(sources: dict[str, Path]) -> None:
+    """Near a source's epoch end the block is halved until the sources hold its rows: few batches go one at a time."""
+    slow: list[int] = []
+    real = mixture_iterator.place_rows
+
+    def spy(taken, ids, **kw):
+        slow.append(1)
+        return real(taken, ids, **kw)
+
+    mixture = _mixture(sources, {"web": 0.6, "code": 0.3, "books": 0.1}, seq_len=16, batch_size=4, seed=3)
+    with mock.patch.object(mixture_iterator, "place_rows", spy):
+        it = mixture.iter()
+        for _ in range(200):
+            next(it)
+        ends = sum(it.report()["epoch"].to_list())  # source epoch ends crossed
+        it.close()
+    assert ends >= 8
+    assert len(slow) <= ends, (len(slow), ends)  # at most the batch that straddles each (23 without halving)
 
 
 def test_blocks_resume_exactly_at_every_step(sources: dict[str, Path]) -> None:

@@ -45,7 +45,7 @@ def assemble_mixture_block(
     ----------
     steps
         Per batch, the source of each of its slots (the same number of slots
-        in every batch).
+        in every batch): one row per batch.
     rows
         Per source, the tokens of the full rows it gives the whole block
         (``rows * seq_len`` of them, each source's rows in the order they fill
@@ -70,7 +70,7 @@ def assemble_mixture_block(
     ...  assemble_mixture_block([np.array([1, 0]), np.array([0, 0])], {0: web, 1: code}, seq_len=2)]
     [([[20, 21], [10, 11]], [1, 0], [(0, 1), (1, 1)]), ([[12, 13], [14, 15]], [0, 0], [(0, 2)])]
     """
-    ids = np.concatenate([np.asarray(s, dtype=np.int32) for s in steps])
+    ids = np.asarray(steps, dtype=np.int32).reshape(-1)
     count, slots = len(steps), ids.size // len(steps)
     tokens = np.empty((ids.size, seq_len), dtype=np.int32)
     starts, ends = [], []

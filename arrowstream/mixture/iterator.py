@@ -26,7 +26,7 @@ from arrowstream.mixture.blocks import Block, assemble_mixture_block
 from arrowstream.mixture.merge import GLOBAL_KIND, KIND
 from arrowstream.mixture.reweight import fixed_changes, reweighted, row_reached
 from arrowstream.mixture.rows import Taken, place_rows
-from arrowstream.mixture.schedule import Schedule, Stage, step_rows
+from arrowstream.mixture.schedule import Schedule, Stage, step_rows, steps_rows
 from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 
@@ -41,7 +41,7 @@ __all__ = ["MixtureIterator"]
 _ROW_COUNTS = ("rows", "tokens", "padding_tokens", "segments")
 
 #: Most batches of a ``concat`` mixture laid out together (see :mod:`arrowstream.mixture.blocks`).
-_BLOCK_BATCHES = 8
+_BLOCK_BATCHES = 32
 
 
 class MixtureIterator:
@@ -78,6 +78,7 @@ class MixtureIterator:
         self._batches = self._origin = 0
         self._ahead: deque[Block] = deque()  # the next batches, laid out together (see _make_ahead)
         self._blocks = 0
+        self._owed: dict[int, list[int]] = {}  # per source: rows and layouts handed out of blocks, not yet skipped
         self._stats = self._zero_stats()
         self.load_state_dict(state)
 
@@ -105,6 +106,7 @@ class MixtureIterator:
             it.close()
         self._ahead.clear()
         self._blocks = 0
+        self._owed = {}
         saved = {} if own is None else own["sources"]
         topology = {"rank": self.rank, "world_size": self.world_size, "worker": self.worker, "num_workers": self.num_workers}
         self._sources = {
@@ -116,6 +118,7 @@ class MixtureIterator:
         self._origin = 0 if own is None else own["origin"]
         self._dormant = {} if own is None else own["dormant"]  # sources left out by a re-weighting
         self._stats = self._zero_stats()
+        self._stat_keys = [[(key, f"{name}.{key}") for key in _ROW_COUNTS] for name in self.mixture.names]
         if own is not None:
             self._stats.update({k: int(v) for k, v in own["stats"].items() if k in self._stats})
 
@@ -208,6 +211,7 @@ class MixtureIterator:
 
     def state_dict(self) -> dict[str, Any]:
         """Return this consumer's position after the last batch: a small JSON-able dict."""
+        self._settle()
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -248,12 +252,14 @@ class MixtureIterator:
         """
         from arrowstream.mixture.progress import progress_report
 
+        self._settle()
         end = self._origin + self._step() * self.world_size * self.mixture.slots
         states = {name: it.state_dict() for name, it in self._sources.items()}
         return progress_report(self.mixture.names, self._stats, states, self.schedule.stages, (self._origin, end))
 
     def source_stats(self) -> dict[str, dict[str, int]]:
         """Each source's own pipeline counters (rows read, documents, skips, epochs begun...)."""
+        self._settle()
         return {name: it.stats for name, it in self._sources.items()}
 
     def _step(self) -> int:
@@ -274,9 +280,12 @@ class MixtureIterator:
                 self._make_ahead()
             if self._ahead:
                 batch, counts, pulls = self._ahead.popleft()
-                for source, n in pulls:
-                    self._sources[self.mixture.names[source]].skip_rows(n)
+                for source, n in pulls:  # the source moves past them when next looked at (_settle)
+                    owed = self._owed.setdefault(source, [0, 0])
+                    owed[0] += n
+                    owed[1] += 1
                 return self._counted(batch, counts)
+        self._settle()
         rows = self._rows(step)
         ids = self.schedule.sources_of(rows)
         if self.mixture.strategy == "bucket":  # one slot: the whole batch is one source's
@@ -300,42 +309,68 @@ class MixtureIterator:
         """The global rows of this consumer's batch of global step ``step``."""
         return self._origin + step_rows(step, self.rank, self.world_size, self.mixture.slots)
 
+    def _settle(self) -> None:
+        """Move each source past the rows of the block batches handed out since it was last looked at.
+
+        As if each batch had moved them when handed out: one layout per batch
+        (:meth:`~arrowstream.pipeline.iterator.DatasetIterator.skip_rows`), so
+        states and counters are the same; doing it when a source is next read
+        or its state asked for saves a call per source per batch.
+        """
+        for source, (rows, layouts) in self._owed.items():
+            self._sources[self.mixture.names[source]].skip_rows(rows, layouts=layouts)
+        self._owed.clear()
+
     def _make_ahead(self) -> None:
         """Lay out the next batches together where every source has their rows in full in its epoch.
 
         Blocks grow 1, 2, 4, then ``_BLOCK_BATCHES`` batches (the first batch
         waits for no more data than before). Where a source cannot give its
-        rows in full (its epoch's end, a loss mask), nothing is made and the
+        rows in full (near its epoch's end, a loss mask), the block is halved
+        until it can; where not even one batch can, nothing is made and the
         batch goes the one-at-a-time way. A read error in data a source pulled
         ahead is raised up to a block's batches early; the state still names
         the last batch emitted, so a resume loses nothing.
         """
+        self._settle()
         want = min(_BLOCK_BATCHES, 1 << min(self._blocks, 8))
         step0, stride = self._step(), self.num_workers
         count = sum(1 for k in range(want) if self._in_run(step0 + k * stride))
         if not count:
             return
-        ids = self.schedule.sources_of(np.concatenate([self._rows(step0 + k * stride) for k in range(count)]))
-        steps = np.split(ids, count)
-        need = np.bincount(ids, minlength=len(self.mixture.names)).tolist()
+        ids = self.schedule.sources_of(self._origin + steps_rows(
+            range(step0, step0 + count * stride, stride), self.rank, self.world_size, self.mixture.slots
+        )).reshape(count, -1)
+        while count:
+            rows = self._rows_ahead(ids[:count])
+            if rows is not None:
+                self._ahead.extend(assemble_mixture_block(ids[:count], rows, seq_len=self.mixture.unit))
+                self._blocks += 1
+                return
+            count //= 2
+
+    def _rows_ahead(self, ids: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+        """Each source's full rows for the batches whose slots' sources are ``ids``, or ``None`` where one lacks them."""
+        need = np.bincount(ids.reshape(-1), minlength=len(self.mixture.names)).tolist()
         rows = {}
         for source, n in enumerate(need):  # in source order: the same pulls on every resume
             if n:
                 got = self._sources[self.mixture.names[source]].rows_ahead(n)
                 if got is None:
-                    return
+                    return None
                 rows[source] = got
-        self._ahead.extend(assemble_mixture_block(steps, rows, seq_len=self.mixture.unit))
-        self._blocks += 1
+        return rows
 
     def _counted(self, batch: dict[str, Any], counts: dict[int, dict[str, int]]) -> dict[str, Any]:
         """Count ``batch`` (with its per-source ``counts``) as emitted, and return it."""
         self._batches += 1
-        self._stats["batches"] += 1
+        stats = self._stats
+        stats["batches"] += 1
         for source, mine in counts.items():
-            for key, n in mine.items():
-                self._stats[key] += n
-                self._stats[f"{self.mixture.names[source]}.{key}"] += n
+            for key, named in self._stat_keys[source]:
+                n = mine[key]
+                stats[key] += n
+                stats[named] += n
         return batch
 
     def _pull(self, name: str, row: int, rows: int | None = None) -> Any:

@@ -42,7 +42,7 @@ import numpy as np
 
 from arrowstream.errors import ConfigError
 
-__all__ = ["MAX_PERIOD", "Schedule", "Stage", "exact_weights", "step_rows"]
+__all__ = ["MAX_PERIOD", "Schedule", "Stage", "exact_weights", "step_rows", "steps_rows"]
 
 #: The longest period (rows) of a stage's schedule; weights needing more are approximated.
 MAX_PERIOD = 1 << 16
@@ -278,3 +278,18 @@ def step_rows(step: int, slot: int, slots: int, rows_per_slot: int) -> np.ndarra
     offset = int(math.modf((step + 1) * _STEP)[0] * n)
     positions = (slot * rows_per_slot + offset + np.arange(rows_per_slot)) % n
     return step * n + positions
+
+
+def steps_rows(steps: Sequence[int], slot: int, slots: int, rows_per_slot: int) -> np.ndarray:
+    """Return :func:`step_rows` of each of ``steps``, one after the other, in one array.
+
+    Examples
+    --------
+    >>> steps_rows([0, 1], 1, 2, 2).tolist() == step_rows(0, 1, 2, 2).tolist() + step_rows(1, 1, 2, 2).tolist()
+    True
+    """
+    n = slots * rows_per_slot
+    steps = np.asarray(steps, dtype=np.int64)
+    offsets = np.array([int(math.modf((int(k) + 1) * _STEP)[0] * n) for k in steps], dtype=np.int64)
+    positions = (slot * rows_per_slot + offsets[:, None] + np.arange(rows_per_slot)) % n
+    return (steps[:, None] * n + positions).reshape(-1)

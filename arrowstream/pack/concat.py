@@ -192,8 +192,8 @@ class _ConcatRun(PackRun):
         self._advance(chunks, self.p.seq_len * self.p.batch_size)
         return self.ahead.popleft()
 
-    def _advance(self, chunks: Iterator[Chunk], need: int) -> None:
-        """Move past ``need`` tokens known to be queued, and count one full batch (or layout) of them."""
+    def _advance(self, chunks: Iterator[Chunk], need: int, layouts: int = 1) -> None:
+        """Move past ``need`` tokens known to be queued, and count them as ``layouts`` full batches (or layouts)."""
         got = 0
         while got < need:
             head = self._head(chunks)
@@ -201,10 +201,10 @@ class _ConcatRun(PackRun):
             take = min(need - got, int(head.offsets[-1]) - self.cursor)
             self.cursor += take
             got += take
-        self.emitted += 1
+        self.emitted += layouts
         self.ledger.add("tokens", need)
         self.ledger.add("padding_tokens", 0)
-        self.ledger.add("batches", 1)
+        self.ledger.add("batches", layouts)
 
     def rows_ahead(
         self, chunks: Iterator[Chunk], rows: int
@@ -229,10 +229,10 @@ class _ConcatRun(PackRun):
         tokens, starts, ends, _ = _gather(pieces, need, fresh=False)
         return tokens, starts, ends
 
-    def skip_rows(self, chunks: Iterator[Chunk], rows: int) -> None:
-        """Count the next ``rows`` full rows out, as :meth:`next_layout` would lay them out (after :meth:`rows_ahead`)."""
+    def skip_rows(self, chunks: Iterator[Chunk], rows: int, layouts: int = 1) -> None:
+        """Count the next ``rows`` full rows out, as ``layouts`` calls of :meth:`next_layout` would lay them out (after :meth:`rows_ahead`)."""
         self.ahead.clear()  # as next_layout does
-        self._advance(chunks, rows * self.p.seq_len)
+        self._advance(chunks, rows * self.p.seq_len, layouts)
 
     def next_layout(self, chunks: Iterator[Chunk], rows: int | None = None) -> Layout:
         """Return the next batch's layout: ``batch_size`` rows, or ``rows`` (a mixture asks for its rows of a source)."""

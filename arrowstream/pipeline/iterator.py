@@ -405,9 +405,9 @@ class DatasetIterator:
         rows_ahead = getattr(self._started_run(), "rows_ahead", None)
         return None if rows_ahead is None else rows_ahead(self._chunks, rows)
 
-    def skip_rows(self, rows: int) -> None:
-        """Move past the next ``rows`` rows seen by :meth:`rows_ahead`, as one :meth:`next_layout` of them would."""
-        self._started_run().skip_rows(self._chunks, rows)
+    def skip_rows(self, rows: int, layouts: int = 1) -> None:
+        """Move past the next ``rows`` rows seen by :meth:`rows_ahead`, as ``layouts`` calls of :meth:`next_layout` would."""
+        self._started_run().skip_rows(self._chunks, rows, layouts)
 
     def _started_run(self) -> Any:
         if not self._started:
