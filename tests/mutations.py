@@ -760,11 +760,19 @@ MUTANTS = [
         ("tests/test_mixture_blocks.py",),
     ),
     Mutant(
-        "mixture-block-not-halved",
+        "mixture-block-not-shrunk",
         "near a source's epoch end a mixture block falls back to one batch at a time instead of shrinking",
         "arrowstream/mixture/iterator.py",
-        "            count //= 2\n",
+        "            count = self._batches_held(ids)\n",
         "            count = 0\n",
+        ("tests/test_mixture_blocks.py",),
+    ),
+    Mutant(
+        "mixture-block-cut-row-lost",
+        "a row cut between two chunks of a source's stream keeps only its first part in a mixture block",
+        "arrowstream/mixture/blocks.py",
+        "                tokens[dest[row], col : col + k] = piece[p : p + k]\n",
+        "                tokens[dest[row], col : col + k] = piece[p : p + k] if not col else 0\n",
         ("tests/test_mixture_blocks.py",),
     ),
     Mutant(

@@ -110,7 +110,7 @@ def test_states_and_source_counters_asked_now_and_then_equal_one_batch_at_a_time
 
 
 def test_a_block_shrinks_near_a_source_epoch_end_instead_of_falling_back(sources: dict[str, Path]) -> None:
-    """Near a source's epoch end the block is halved until the sources hold its rows: few batches go one at a time."""
+    """Near a source's epoch end the block holds the batches whose rows the sources have: few go one at a time."""
     slow: list[int] = []
     real = mixture_iterator.place_rows
 
@@ -126,7 +126,7 @@ def test_a_block_shrinks_near_a_source_epoch_end_instead_of_falling_back(sources
         ends = sum(it.report()["epoch"].to_list())  # source epoch ends crossed
         it.close()
     assert ends >= 8
-    assert len(slow) <= ends, (len(slow), ends)  # at most the batch that straddles each (23 without halving)
+    assert len(slow) <= ends, (len(slow), ends)  # at most the batch that straddles each (23 without shrinking)
 
 
 def test_blocks_resume_exactly_at_every_step(sources: dict[str, Path]) -> None:
@@ -138,7 +138,7 @@ def test_blocks_resume_exactly_at_every_step(sources: dict[str, Path]) -> None:
 
 
 def test_a_block_equals_the_placed_layouts_of_its_rows() -> None:
-    """``assemble_mixture_block`` against ``place_rows`` on random rows, documents and slot orders."""
+    """``assemble_mixture_block`` against ``place_rows`` on random rows, documents, slot orders and pieces."""
     rng = np.random.default_rng(7)
     for trial in range(60):
         seq_len, slots, count = int(rng.integers(1, 9)), int(rng.integers(1, 6)), int(rng.integers(1, 5))
@@ -153,7 +153,11 @@ def test_a_block_equals_the_placed_layouts_of_its_rows() -> None:
             starts = cuts if rng.random() < 0.5 else cuts[cuts > 0]  # a document continued from before, or not
             ends = np.unique(np.append(cuts[cuts > 0], size)) if rng.random() < 0.5 else cuts[cuts > 0]
             data[s] = (np.arange(size, dtype=np.int32) + 1000 * (s + 1), starts.astype(np.int64), ends.astype(np.int64))
-        got = assemble_mixture_block(steps, data, seq_len=seq_len)
+        given = {  # the tokens in one array, or in pieces laid end to end (rows cut between pieces too)
+            s: (np.split(t, np.sort(rng.integers(0, t.size + 1, int(rng.integers(1, 5))))) if trial % 2 else t, a, b)
+            for s, (t, a, b) in data.items()
+        }
+        got = assemble_mixture_block(steps, given, seq_len=seq_len)
         used = dict.fromkeys(data, 0)
         for j, ids in enumerate(steps):
             taken = {}

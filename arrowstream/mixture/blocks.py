@@ -35,7 +35,7 @@ Block = tuple[dict[str, Any], dict[int, dict[str, int]], list[tuple[int, int]]]
 
 def assemble_mixture_block(
     steps: Sequence[np.ndarray],
-    rows: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]],
+    rows: dict[int, tuple[np.ndarray | list[np.ndarray], np.ndarray, np.ndarray]],
     *,
     seq_len: int,
 ) -> list[Block]:
@@ -49,7 +49,8 @@ def assemble_mixture_block(
     rows
         Per source, the tokens of the full rows it gives the whole block
         (``rows * seq_len`` of them, each source's rows in the order they fill
-        its slots, batch after batch) with its document starts and ends, as
+        its slots, batch after batch; one array, or pieces laid end to end)
+        with its document starts and ends, as
         :func:`~arrowstream.pack.blocks.assemble_full_batches` takes them.
     seq_len
         Tokens per row.
@@ -76,7 +77,7 @@ def assemble_mixture_block(
     starts, ends = [], []
     for source, (flat, first, last) in rows.items():
         dest = np.flatnonzero(ids == source)  # the source's rows fill its slots in order
-        tokens[dest] = flat.reshape(dest.size, seq_len)
+        _scatter(tokens, dest, [flat] if isinstance(flat, np.ndarray) else flat)
         first, last = np.asarray(first, dtype=np.int64), np.asarray(last, dtype=np.int64) - 1
         starts.append(dest[first // seq_len] * seq_len + first % seq_len)
         ends.append(dest[last // seq_len] * seq_len + last % seq_len + 1)
@@ -101,3 +102,33 @@ def assemble_mixture_block(
         }
         out.append((batch, counts, [(s, n) for s, n in enumerate(per_rows[j]) if n]))
     return out
+
+
+def _scatter(tokens: np.ndarray, dest: np.ndarray, pieces: Sequence[np.ndarray]) -> None:
+    """Copy a source's rows, given as ``pieces`` of its token stream laid end to end, into rows ``dest`` of ``tokens``.
+
+    Whole rows inside a piece go in one copy; a row cut between two pieces
+    goes in two.
+
+    Examples
+    --------
+    >>> out = np.zeros((3, 2), dtype=np.int32)
+    >>> _scatter(out, np.array([2, 0]), [np.array([1, 2, 3]), np.array([4])])
+    >>> out.tolist()
+    [[3, 4], [0, 0], [1, 2]]
+    """
+    seq_len = tokens.shape[1]
+    at = 0  # where the piece starts in the source's stream
+    for piece in pieces:
+        p, n = 0, piece.size
+        while p < n:
+            row, col = divmod(at + p, seq_len)
+            if col or n - p < seq_len:  # a row cut between pieces
+                k = min(seq_len - col, n - p)
+                tokens[dest[row], col : col + k] = piece[p : p + k]
+            else:
+                whole = (n - p) // seq_len
+                k = whole * seq_len
+                tokens[dest[row : row + whole]] = piece[p : p + k].reshape(whole, seq_len)
+            p += k
+        at += n

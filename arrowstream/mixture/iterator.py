@@ -326,9 +326,9 @@ class MixtureIterator:
 
         Blocks grow 1, 2, 4, then ``_BLOCK_BATCHES`` batches (the first batch
         waits for no more data than before). Where a source cannot give its
-        rows in full (near its epoch's end, a loss mask), the block is halved
-        until it can; where not even one batch can, nothing is made and the
-        batch goes the one-at-a-time way. A read error in data a source pulled
+        rows in full (near its epoch's end, a loss mask), the block holds
+        the first batches whose rows every source has; where not even one
+        batch's, nothing is made and the batch goes the one-at-a-time way. A read error in data a source pulled
         ahead is raised up to a block's batches early; the state still names
         the last batch emitted, so a resume loses nothing.
         """
@@ -341,15 +341,24 @@ class MixtureIterator:
         ids = self.schedule.sources_of(self._origin + steps_rows(
             range(step0, step0 + count * stride, stride), self.rank, self.world_size, self.mixture.slots
         )).reshape(count, -1)
-        while count:
-            rows = self._rows_ahead(ids[:count])
-            if rows is not None:
-                self._ahead.extend(assemble_mixture_block(ids[:count], rows, seq_len=self.mixture.unit))
-                self._blocks += 1
-                return
-            count //= 2
+        rows = self._rows_ahead(ids)
+        if rows is None:  # near a source's epoch end: the batches whose rows every source holds
+            count = self._batches_held(ids)
+            rows = self._rows_ahead(ids[:count]) if count else None
+        if rows is not None:
+            self._ahead.extend(assemble_mixture_block(ids[:count], rows, seq_len=self.mixture.unit))
+            self._blocks += 1
 
-    def _rows_ahead(self, ids: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+    def _batches_held(self, ids: np.ndarray) -> int:
+        """How many of the batches whose slots' sources are ``ids`` (one row per batch) the sources hold the rows of."""
+        names = self.mixture.names
+        need = np.stack([np.bincount(row, minlength=len(names)) for row in ids]).cumsum(axis=0)  # by batch, source
+        held = np.array([
+            self._sources[name].rows_held(int(need[-1, s])) if need[-1, s] else 0 for s, name in enumerate(names)
+        ])
+        return int(np.all(need <= held, axis=1).sum())  # need grows batch by batch: the first ones fit
+
+    def _rows_ahead(self, ids: np.ndarray) -> dict[int, tuple[list[np.ndarray], np.ndarray, np.ndarray]] | None:
         """Each source's full rows for the batches whose slots' sources are ``ids``, or ``None`` where one lacks them."""
         need = np.bincount(ids.reshape(-1), minlength=len(self.mixture.names)).tolist()
         rows = {}

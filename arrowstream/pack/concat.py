@@ -208,13 +208,14 @@ class _ConcatRun(PackRun):
 
     def rows_ahead(
         self, chunks: Iterator[Chunk], rows: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray] | None:
         """Return the tokens of the next ``rows`` full rows, with document starts and ends, if this epoch has them.
 
         For a mixture that lays out several of its batches at once: the
-        tokens are ``rows * seq_len`` long (a view into the chunk where they
-        lie in one, to be copied, not written to); starts and ends are
-        as :func:`~arrowstream.pack.blocks.assemble_full_batches` takes them.
+        tokens are ``rows * seq_len`` of them in pieces laid end to end
+        (views into the chunks, to be copied, not written to); starts and
+        ends count from the first piece's first token, as
+        :func:`~arrowstream.pack.blocks.assemble_full_batches` takes them.
         ``None`` where the rows are not all full in this epoch, where a target
         counts the batches, or where a loss mask comes: the caller lays out
         one batch at a time then. Nothing moves: :meth:`skip_rows` does, one
@@ -226,8 +227,16 @@ class _ConcatRun(PackRun):
         pieces, have = self._pieces_ahead(chunks, need)
         if have < need or pieces[0][0].mask is not None:
             return None
-        tokens, starts, ends, _ = _gather(pieces, need, fresh=False)
-        return tokens, starts, ends
+        cut = _cut(pieces, need)
+        starts, ends = _doc_edges(cut)
+        return [c.tokens[a:b] for c, a, b in cut], starts, ends
+
+    def rows_held(self, chunks: Iterator[Chunk], rows: int) -> int:
+        """Return how many of the next ``rows`` full rows :meth:`rows_ahead` can give (0 where it gives none)."""
+        if self.target is not None:
+            return 0
+        pieces, have = self._pieces_ahead(chunks, rows * self.p.seq_len)
+        return 0 if not pieces or pieces[0][0].mask is not None else have // self.p.seq_len
 
     def skip_rows(self, chunks: Iterator[Chunk], rows: int, layouts: int = 1) -> None:
         """Count the next ``rows`` full rows out, as ``layouts`` calls of :meth:`next_layout` would lay them out (after :meth:`rows_ahead`)."""
@@ -388,14 +397,8 @@ def _doc_edges(pieces: list[tuple[Chunk, int, int]]) -> tuple[np.ndarray, np.nda
     return starts, ends
 
 
-def _gather(
-    pieces: list[tuple[Chunk, int, int]], size: int, *, fresh: bool = True
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-    """Return the first ``size`` tokens of ``pieces`` as one array, with document starts, ends and loss mask.
-
-    The tokens are a fresh array, or with ``fresh=False`` a view into the
-    chunk where they lie in one.
-    """
+def _cut(pieces: list[tuple[Chunk, int, int]], size: int) -> list[tuple[Chunk, int, int]]:
+    """Return the pieces ``(chunk, a, b)`` that hold the first ``size`` tokens of ``pieces``, the last cut to fit."""
     cut, left = [], size
     for chunk, a, b in pieces:
         b = min(b, a + left)
@@ -403,10 +406,15 @@ def _gather(
         left -= b - a
         if not left:
             break
+    return cut
+
+
+def _gather(
+    pieces: list[tuple[Chunk, int, int]], size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Return the first ``size`` tokens of ``pieces`` as one fresh array, with document starts, ends and loss mask."""
+    cut = _cut(pieces, size)
     starts, ends = _doc_edges(cut)
-    if not fresh and len(cut) == 1:
-        chunk, a, b = cut[0]
-        return chunk.tokens[a:b], starts, ends, None if chunk.mask is None else chunk.mask[a:b]
     tokens = np.concatenate([c.tokens[a:b] for c, a, b in cut])
     masked = cut[0][0].mask is not None
     mask = np.concatenate([c.mask[a:b] for c, a, b in cut]) if masked else None  # type: ignore[index]

@@ -396,14 +396,19 @@ class DatasetIterator:
             raise ConfigError("`next_layout` needs a pipeline packed with strategy='concat' or 'best_fit'")
         return next_layout(self._chunks, rows)
 
-    def rows_ahead(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """The tokens, document starts and ends of the next ``rows`` full rows, if ``concat`` has them in this epoch; else ``None``.
+    def rows_ahead(self, rows: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray] | None:
+        """The tokens (in pieces), document starts and ends of the next ``rows`` full rows, if ``concat`` has them in this epoch; else ``None``.
 
         For a mixture that lays out several batches at once; nothing moves
         until :meth:`skip_rows` (see :meth:`arrowstream.pack.concat._ConcatRun.rows_ahead`).
         """
         rows_ahead = getattr(self._started_run(), "rows_ahead", None)
         return None if rows_ahead is None else rows_ahead(self._chunks, rows)
+
+    def rows_held(self, rows: int) -> int:
+        """How many of the next ``rows`` full rows :meth:`rows_ahead` can give (``concat``; 0 otherwise)."""
+        rows_held = getattr(self._started_run(), "rows_held", None)
+        return 0 if rows_held is None else rows_held(self._chunks, rows)
 
     def skip_rows(self, rows: int, layouts: int = 1) -> None:
         """Move past the next ``rows`` rows seen by :meth:`rows_ahead`, as ``layouts`` calls of :meth:`next_layout` would."""
