@@ -454,6 +454,16 @@ def test_probe_set_covers_every_byte_utf8_can_hold() -> None:
     assert seen == set(range(256)) - {0xC0, 0xC1, *range(0xF5, 0x100)}
 
 
+def test_probe_set_is_the_one_stored_verdicts_were_proven_on() -> None:
+    """The probe texts are part of every stored verdict's proof: they change only with ``_CHECKS_VERSION``."""
+    import hashlib
+
+    digest = hashlib.sha256("\x00".join(probe_texts()).encode("utf-8")).hexdigest()
+    assert (verdicts_module._CHECKS_VERSION, len(probe_texts()), digest) == (
+        2, 3515, "18f12d91abb654bf8ec643aced5dce6b44e4ce23c3b4f32e071e018a61cd0fbf"
+    ), "the probe set changed: raise _CHECKS_VERSION in arrowstream/tokenize/verdicts.py and update this digest"
+
+
 def test_building_a_pipeline_leaves_tokenizers_thread_pool_unstarted(tmp_path: Path, tok_small: Tokenizer) -> None:
     """Regression: the checks used the batch encoder, and forked DataLoader workers hung."""
     path = tmp_path / "tokenizer.json"

@@ -16,6 +16,7 @@ from arrowstream.errors import EncoderFallbackWarning
 from arrowstream.testing import assert_resumes_identically
 from arrowstream.testing.data import sample_tokenizer, write_dataset
 from arrowstream.tokenize import tokie_backend
+from arrowstream.tokenize import verdicts as verdicts_module
 from arrowstream.tokenize.encoders import Encoder
 from arrowstream.tokenize.fast import _Deferred, _Fast
 
@@ -143,6 +144,83 @@ def test_a_tokie_mismatch_on_the_first_documents_keeps_tiktoken(
     again = Encoder(fresh, sample_bytes=10_000, cache_dir=tmp_path)
     again.verify()  # the failure is in the stored verdict: no tokie in a later encoder either
     assert again.backend == "tiktoken"
+
+
+def _fresh(tok: Tokenizer, name: str) -> Tokenizer:
+    fresh = Tokenizer.from_str(tok.to_str())
+    fresh.add_special_tokens([f"<|{name}|>"])  # no verdict for it in this process
+    return fresh
+
+
+def _tiktoken_texts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every text tiktoken is asked to encode from now on."""
+    seen: list[str] = []
+    real = _Fast.encode
+
+    def spy(self, texts, ref):
+        seen.extend(texts)
+        return real(self, texts, ref)
+
+    monkeypatch.setattr(_Fast, "encode", spy)
+    return seen
+
+
+def test_during_the_first_sample_tiktoken_encodes_only_the_texts_tokie_routes(
+    tok: Tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first process's proof costs reference + tokie per document, not reference + tokie + tiktoken."""
+    fresh = _fresh(tok, "tokie-routed-sample")
+    plain = mixed_texts(60, seed=9)
+    texts = plain[:30] + ROUTED + plain[30:]
+    sample = 2 * sum(len(t.encode()) for t in texts)
+    enc = Encoder(fresh, sample_bytes=sample, cache_dir=tmp_path)
+    seen = _tiktoken_texts(monkeypatch)
+    assert split(*enc.encode(texts)) == reference(fresh, texts)  # the reference's ids, during the sample
+    assert seen == ROUTED and enc.describe()["sample_bytes_left"] == sample // 2
+    while enc.describe()["sample_bytes_left"]:  # the built-in checks run at its end
+        assert split(*enc.encode(plain)) == reference(fresh, plain)
+    assert enc.backend == "tokie"
+    stored = verdicts_module._cached_verdict(enc._key(), tmp_path)
+    assert stored["documents"] >= sample and stored["documents_by"] == "tokie"
+    assert verdicts_module.documents_vouched(stored, tokie=False) == 0  # vouches for tiktoken alone on no document
+
+
+def test_when_tokie_fails_on_a_document_tiktoken_is_sampled_on_documents_of_its_own(
+    tok: Tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tokie_backend, "ROUTED_PAIRS", ())  # no routing: tokie differs on "\t's"
+    fresh = _fresh(tok, "tokie-own-sample")
+    plain = mixed_texts(6, seed=4)
+    size = sum(len(t.encode()) for t in plain)
+    enc = Encoder(fresh, sample_bytes=3 * size, cache_dir=tmp_path)
+    enc.encode(plain)
+    assert enc.describe()["sample_bytes_left"] == 2 * size
+    with pytest.warns(EncoderFallbackWarning, match="tokie gave other ids"):
+        assert split(*enc.encode(["a\t's b"])) == reference(fresh, ["a\t's b"])
+    assert enc.backend == "tiktoken"
+    assert enc.describe()["sample_bytes_left"] == 3 * size  # tiktoken saw none of the earlier documents: a new sample
+    seen = _tiktoken_texts(monkeypatch)
+    while enc.describe()["sample_bytes_left"]:
+        assert split(*enc.encode(plain)) == reference(fresh, plain)
+    assert seen[: 3 * len(plain)] == plain * 3  # every document goes through tiktoken (then the built-in checks)
+    assert verdicts_module._cached_verdict(enc._key(), tmp_path)["documents_by"] == "tiktoken"
+
+
+def test_when_tokie_fails_the_checks_at_the_sample_end_tiktoken_is_sampled_on_its_own(
+    tok_large: Tokenizer, tmp_path: Path
+) -> None:
+    fresh = _fresh(tok_large, "tokie-checks-sample")
+    plain = mixed_texts(6, seed=6)
+    size = sum(len(t.encode()) for t in plain)
+    enc = Encoder(fresh, sample_bytes=2 * size, cache_dir=tmp_path)
+    assert enc.backend == "tokie" and enc.describe()["checks_pending"]
+    while enc.backend == "tokie":
+        assert split(*enc.encode(plain)) == reference(fresh, plain)
+    assert "tokie not used" in enc.reason
+    assert enc.describe()["sample_bytes_left"] == 2 * size  # tiktoken's own sample begins
+    while enc.describe()["sample_bytes_left"]:
+        assert split(*enc.encode(plain)) == reference(fresh, plain)
+    assert verdicts_module._cached_verdict(enc._key(), tmp_path)["documents_by"] == "tiktoken"
 
 
 def test_a_proven_tokie_converts_tiktoken_only_when_a_routed_text_comes(tok: Tokenizer, tmp_path: Path) -> None:

@@ -33,7 +33,9 @@ not route); a failure of tokie keeps tiktoken, one of tiktoken ``tokenizers``:
 3. **your documents**: the first ``sample_bytes`` of text the encoder sees are
    encoded by both backends and the reference's ids are the ones returned, so
    a mismatch is caught before any id from tiktoken leaves; after the sample
-   passes, tiktoken alone encodes.
+   passes, tiktoken alone encodes. With tokie, the sample has tiktoken encode
+   only the texts tokie routes to it; should tokie be dropped, tiktoken gets
+   a sample of its own (:mod:`arrowstream.tokenize.sampling`).
 
 ``backend="tiktoken"`` forces tiktoken (a refused conversion or a failed
 built-in check raises :class:`~arrowstream.errors.ConfigError`; there is no
@@ -75,10 +77,18 @@ from arrowstream.tokenize.fast import (
     _flatten,
 )
 from arrowstream.tokenize.probes import probe_texts
-from arrowstream.tokenize.proof import check_backends
+from arrowstream.tokenize.proof import check_backends, sample_differences
+from arrowstream.tokenize.sampling import DocumentSample
 from arrowstream.tokenize.tokie_backend import ROUTED_TEXTS, TokieBackend, tokie_version
-from arrowstream.tokenize.tokenizer import _load_tokenizer, tokenizer_hash
-from arrowstream.tokenize.verdicts import _CHECKS_VERSION, _cached_verdict, _forget_verdict, _store_verdict, default_verdict_dir
+from arrowstream.tokenize.tokenizer import load_tokenizer, tokenizer_hash
+from arrowstream.tokenize.verdicts import (
+    _CHECKS_VERSION,
+    _cached_verdict,
+    _forget_verdict,
+    _store_verdict,
+    default_verdict_dir,
+    documents_vouched,
+)
 
 __all__ = ["BACKENDS", "Encoder", "load_tokenizer", "probe_texts", "tokenizer_hash"]
 
@@ -86,33 +96,7 @@ __all__ = ["BACKENDS", "Encoder", "load_tokenizer", "probe_texts", "tokenizer_ha
 BACKENDS = ("auto", "tiktoken", "tokenizers", "tokie")
 
 
-def load_tokenizer(tokenizer: Tokenizer | Encoder | str | os.PathLike[str] | Any, *, shared: bool = False) -> Tokenizer:
-    """Return ``tokenizer`` itself (an encoder's tokenizer, a transformers fast tokenizer's backend), or load it from a ``tokenizer.json`` path.
-
-    A transformers ``PreTrainedTokenizerFast`` is used through its
-    ``backend_tokenizer``, which holds its special-token settings (the
-    post-processor that adds BOS, for example); a directory it was saved to
-    (``save_pretrained``) through the ``tokenizer.json`` in it. ``shared``
-    (pipelines): one object per file per process, not to be changed.
-
-    Raises
-    ------
-    ConfigError
-        The path does not exist or is not a tokenizers JSON file.
-
-    Examples
-    --------
-    >>> from arrowstream.testing.data import sample_tokenizer
-    >>> tok = sample_tokenizer(300)
-    >>> load_tokenizer(tok) is tok
-    True
-    """
-    if isinstance(tokenizer, Encoder):
-        return tokenizer.tokenizer
-    return _load_tokenizer(tokenizer, shared=shared)
-
-
-class Encoder:
+class Encoder(DocumentSample):
     """Encode texts with the tokenizer's ids, through tokie or tiktoken when that is proven identical.
 
     Parameters
@@ -191,6 +175,7 @@ class Encoder:
         self._sampled = 0
         self._pending = False  # built-in checks deferred to the end of the document sample
         self._earlier = False  # the document sample was done by an earlier process
+        self._sampled_by = "tiktoken"  # "tokie": tiktoken saw only the sample's texts tokie routed to it
         self._pool_started = False  # this process used the tokenizer's batch encoder (its thread pool runs)
         self.checked: dict[str, int] = {}
         self._reason = "backend='tokenizers' was asked for"
@@ -223,9 +208,10 @@ class Encoder:
             raise ConfigError("`backend='tokie'` cannot be used: tokie is not installed; `pip install arrowstream[fast]`")
         if self.requested != "tiktoken" and tokie_version() is not None:
             self._tokie = TokieBackend(self.tokenizer, add_special_tokens=self.add_special_tokens, key=key)
+            self._sampled_by = "tokie"
         self._sample_left = 0 if forced else self.sample_bytes
         verdict = _cached_verdict(key, self.cache_dir, documents=self._sample_left)
-        if verdict is not None and verdict["ok"] and verdict.get("documents", 0) >= self._sample_left:
+        if verdict is not None and verdict["ok"] and documents_vouched(verdict, tokie=self._tokie is not None) >= self._sample_left:
             self._sample_left = 0  # an earlier process checked as many documents: trust tiktoken from the start
             self._sampled = int(verdict.get("documents", 0))
             self._earlier = True
@@ -268,6 +254,7 @@ class Encoder:
         refused = f"; tokie not used: {self._tokie_failed}" if self._tokie_failed else ""
         if self._tokie is not None and not tokie_ok["ok"]:
             self._tokie = None
+            self._restart_sample()
             refused = f"; tokie not used, it gave other ids on {tokie_ok['reason']}"
             if self.requested == "tokie":
                 raise ConfigError(f"`backend='tokie'` cannot be used: {tokie_ok['reason']}; use `backend='auto'`")
@@ -362,16 +349,16 @@ class Encoder:
             if tok is None:
                 return fast.encode(texts, self._reference)  # type: ignore[union-attr]
             return tok.encode(texts, self._reference if fast is None else lambda sub: fast.encode(sub, self._reference))
-        # Still checking: every candidate encodes, and the reference's ids are returned.
+        # Still checking: the reference's ids are returned, and the backends that would encode are compared with them.
         ref = self._reference(texts)
-        bad = None if fast is None else _first_difference(texts, ref, fast.encode(texts, self._reference))
-        bad_tokie = None if tok is None else _first_difference(texts, ref, tok.encode(texts, self._reference), "tokie")
+        bad, bad_tokie = sample_differences(texts, ref, fast, tok, self._reference)
         with self._lock:
             if bad_tokie is not None and self._tokie is not None:
-                self._tokie = None  # tiktoken, checked on the same documents, takes over
+                self._tokie = None
                 self._reason = self._tokie_failed = f"tokie gave other ids than `tokenizers` on a document: {bad_tokie}"
                 _forget_verdict(self._key(), self._reason, self.cache_dir, tokie=True)
                 _warn(f"the tokenizer falls back from tokie: {self._reason}")
+                self._restart_sample()  # tiktoken takes over, once shown equal on documents of its own
             if bad is not None and self._fast is not None:
                 self._fast = self._spec = self._tokie = None
                 self._pending = False
@@ -383,42 +370,9 @@ class Encoder:
                 self._sampled += size
                 left = max(0, self._sample_left - size)
                 if not left and self._pending:
-                    # Other threads keep encoding with both backends until this is settled.
-                    self._settle(_cached_verdict(self._key(), self.cache_dir))
-                if not left and self._alive():
-                    self._remember_sample()
-                if self._alive():
-                    self._sample_left = left
+                    left = self._end_sample()
+                self._close_sample(left)
         return ref
-
-    def _proven_elsewhere(self) -> bool:
-        """During the sample: whether another process (a DataLoader worker, say) has since stored a full proof.
-
-        If so, the sample ends here and tiktoken encodes (True); a failure
-        stored there switches to ``tokenizers`` (False, the sample goes on
-        returning the reference's ids until :meth:`encode` sees the backend gone).
-        """
-        verdict = _cached_verdict(self._key(), self.cache_dir, documents=self.sample_bytes)
-        if verdict is None or (verdict["ok"] and verdict.get("documents", 0) < self.sample_bytes):
-            return False
-        with self._lock:
-            if not self._alive() or not self._sample_left:
-                return self._alive()
-            if self._pending or not verdict["ok"] or (self._tokie is not None and not verdict.get("tokie", {}).get("ok")):
-                self._settle(verdict)
-            if not self._alive():
-                return False
-            self._sample_left, self._earlier = 0, True
-            self._sampled = int(verdict.get("documents", 0))
-            return True
-
-    def _remember_sample(self) -> None:
-        """Store that the sample passed, with its size, so later processes skip it (under the lock)."""
-        key = self._key()
-        verdict = _cached_verdict(key, self.cache_dir)
-        if verdict is not None and verdict["ok"]:
-            documents = max(int(verdict.get("documents", 0)), self._sampled)
-            _store_verdict(key, {**verdict, "documents": documents}, self.cache_dir)
 
     def _reference(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         self._pool_started = True

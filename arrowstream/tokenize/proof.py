@@ -24,7 +24,7 @@ from arrowstream.tokenize.fast import _Fast, _first_difference
 from arrowstream.tokenize.probes import added_token_probes, probe_texts, token_texts
 from arrowstream.tokenize.tokie_backend import TokieBackend, routing_probes
 
-__all__ = ["check_backends"]
+__all__ = ["check_backends", "sample_differences"]
 
 Encode = Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]
 
@@ -79,3 +79,31 @@ def check_backends(
     if tokie is not None or tokie_failed:
         verdict["tokie"] = {"ok": found["tokie"] is None, "reason": found["tokie"] or ""}
     return verdict
+
+
+def sample_differences(
+    texts: Sequence[str],
+    ref: tuple[np.ndarray, np.ndarray],
+    fast: Any,
+    tokie: TokieBackend | None,
+    reference: Encode,
+) -> tuple[str | None, str | None]:
+    """During the document sample: where tiktoken (``fast``) and ``tokie`` first differ from the reference's ids ``ref``.
+
+    While tokie is in use, tiktoken encodes only the texts tokie routes to
+    it, as they would encode after the sample, so the sample costs the
+    reference and tokie per document; only if that differs are the two told
+    apart. Without tokie, tiktoken encodes every text.
+
+    Returns
+    -------
+    tuple of (str or None, str or None)
+        tiktoken's first difference and tokie's (``None``: none, or not checked).
+    """
+    if tokie is None:
+        return None if fast is None else _first_difference(texts, ref, fast.encode(texts, reference)), None
+    routed = reference if fast is None else lambda sub: fast.encode(sub, reference)
+    if _first_difference(texts, ref, tokie.encode(texts, routed), "tokie") is None:
+        return None, None
+    bad = None if fast is None else _first_difference(texts, ref, fast.encode(texts, reference))
+    return bad, _first_difference(texts, ref, tokie.encode(texts, reference), "tokie")

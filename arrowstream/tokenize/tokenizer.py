@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from arrowstream.errors import ConfigError
 
-__all__ = ["check_tokenizer", "find_eos_id", "tokenizer_hash"]
+__all__ = ["check_tokenizer", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
 
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
 
@@ -123,8 +123,36 @@ def _from_file(path: str, *, shared: bool) -> Tokenizer:
     return loaded
 
 
+def load_tokenizer(tokenizer: Tokenizer | Any | str | os.PathLike[str], *, shared: bool = False) -> Tokenizer:
+    """Return ``tokenizer`` itself (an :class:`~arrowstream.tokenize.encoders.Encoder`'s tokenizer, a transformers fast tokenizer's backend), or load it from a ``tokenizer.json`` path.
+
+    A transformers ``PreTrainedTokenizerFast`` is used through its
+    ``backend_tokenizer``, which holds its special-token settings (the
+    post-processor that adds BOS, for example); a directory it was saved to
+    (``save_pretrained``) through the ``tokenizer.json`` in it. ``shared``
+    (pipelines): one object per file per process, not to be changed.
+
+    Raises
+    ------
+    ConfigError
+        The path does not exist or is not a tokenizers JSON file.
+
+    Examples
+    --------
+    >>> from arrowstream.testing.data import sample_tokenizer
+    >>> tok = sample_tokenizer(300)
+    >>> load_tokenizer(tok) is tok
+    True
+    """
+    from arrowstream.tokenize.encoders import Encoder  # which imports this module
+
+    if isinstance(tokenizer, Encoder):
+        return tokenizer.tokenizer
+    return _load_tokenizer(tokenizer, shared=shared)
+
+
 def _load_tokenizer(tokenizer: Tokenizer | str | os.PathLike[str] | Any, *, shared: bool = False) -> Tokenizer:
-    """Return ``tokenizer`` (or its ``tokenizers`` core), or load it from a path; see ``encoders.load_tokenizer``."""
+    """Return ``tokenizer`` (or its ``tokenizers`` core), or load it from a path; see :func:`load_tokenizer`."""
     if isinstance(tokenizer, Tokenizer):
         return tokenizer
     backend = getattr(tokenizer, "backend_tokenizer", None)
