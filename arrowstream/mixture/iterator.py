@@ -324,13 +324,14 @@ class MixtureIterator:
     def _make_ahead(self) -> None:
         """Lay out the next batches together where every source has their rows in full in its epoch.
 
-        Blocks grow 1, 2, 4, then ``_BLOCK_BATCHES`` batches (the first batch
-        waits for no more data than before). Where a source cannot give its
-        rows in full (near its epoch's end, a loss mask), the block holds
+        Blocks grow 1, 2, 4, ... up to ``_BLOCK_BATCHES`` batches (the first
+        batch waits for no more data than before). Where a source cannot give
+        its rows in full (near its epoch's end, a loss mask), the block holds
         the first batches whose rows every source has; where not even one
-        batch's, nothing is made and the batch goes the one-at-a-time way. A read error in data a source pulled
-        ahead is raised up to a block's batches early; the state still names
-        the last batch emitted, so a resume loses nothing.
+        batch's, nothing is made and the batch goes the one-at-a-time way. A
+        read error in data a source pulled ahead is raised up to a block's
+        batches early; the state still names the last batch emitted, so a
+        resume loses nothing.
         """
         self._settle()
         want = min(_BLOCK_BATCHES, 1 << min(self._blocks, 8))
