@@ -800,6 +800,14 @@ MUTANTS = [
         ("tests/test_tokie.py",),
     ),
     Mutant(
+        "look-ahead-states-taken-per-batch",
+        "to_torch makes best_fit and bucket batches ahead by default, taking their window-long state after every batch",
+        "arrowstream/pytorch.py",
+        '    return 0 if strategy in ("best_fit", "bucket") else 4\n',
+        "    return 4\n",
+        ("tests/test_torch_prefetch.py",),
+    ),
+    Mutant(
         "mixture-block-document-end-misplaced",
         "a document that ends at a row's last token is taken to go on (num_cut_docs and whole segments wrong)",
         "arrowstream/mixture/blocks.py",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from pathlib import Path
@@ -117,3 +118,29 @@ def test_prefetch_must_be_a_count(tmp_path: Path) -> None:
     packed = _ds(tmp_path).pack(seq_len=8, batch_size=2)
     with pytest.raises(ValueError, match="prefetch"):
         packed.to_torch(prefetch=-1)
+
+
+@pytest.mark.parametrize("strategy", ["best_fit", "bucket"])
+def test_look_ahead_strategies_take_no_state_per_batch_by_default(
+    tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A best_fit or bucket state lists the window's documents: made ahead, it was taken after every batch (3 x slower)."""
+    from arrowstream.pipeline.iterator import DatasetIterator
+
+    ds = _ds(tmp_path)
+    packed = ds.bucket(max_tokens=24, max_len=12) if strategy == "bucket" else ds.pack(seq_len=12, batch_size=2, strategy=strategy)
+    taken: list[int] = []
+    real = DatasetIterator.state_dict
+    monkeypatch.setattr(DatasetIterator, "state_dict", lambda self: taken.append(1) or real(self))
+    torch_ds = packed.to_torch()
+    assert torch_ds.prefetch == 0
+    got = list(itertools.islice(iter(torch_ds), 10))
+    assert len(got) == 10 and not taken  # made when asked for: no state until one is asked
+    saved = torch_ds.state_dict()
+    assert len(taken) == 1
+    assert [b["input_ids"].tolist() for b in itertools.islice(iter(packed.to_torch(prefetch=2)), 10)] == [
+        b["input_ids"].tolist() for b in got
+    ]
+    assert len(taken) > 10  # made ahead: a state after every batch
+    assert saved == json.loads(json.dumps(saved))
+    assert packed.to_torch(prefetch=3).prefetch == 3 and ds.pack(seq_len=12, batch_size=2).to_torch().prefetch == 4

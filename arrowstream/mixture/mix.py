@@ -331,7 +331,7 @@ class PackedMixture:
         rank: int | None = None,
         world_size: int | None = None,
         columns: Sequence[str] | None = None,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         sharing: str | None = "file_system",
     ) -> TorchDataset:
         """Return a ``torch.utils.data.IterableDataset`` of tensor batches (see :meth:`Dataset.to_torch <arrowstream.Dataset.to_torch>`)."""

@@ -480,7 +480,7 @@ class Dataset:
         rank: int | None = None,
         world_size: int | None = None,
         columns: Sequence[str] | None = None,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         sharing: str | None = "file_system",
     ) -> TorchDataset:
         """Return a ``torch.utils.data.IterableDataset`` of tensor batches (needs ``torch``).
@@ -488,7 +488,8 @@ class Dataset:
         Rank and world size come from ``torch.distributed`` when it is
         initialised; DataLoader workers each become a consumer. ``columns``
         keeps only the named arrays of each batch. ``prefetch`` batches are
-        made ahead in a background thread while the step runs (0: none);
+        made ahead in a background thread while the step runs (0: none;
+        ``None``: 4, 0 for ``best_fit`` and ``bucket``, whose states are larger);
         ``sharing`` is how workers hand batches over. See
         :class:`~arrowstream.pytorch.TorchDataset` and ``docs/training.md``.
         """
