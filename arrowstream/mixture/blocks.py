@@ -11,10 +11,12 @@ assembly, which cost tens of microseconds each whatever their size.
 
 The batches, their ``source_ids`` and the per-source counts are those of the
 one-batch-at-a-time path (:func:`~arrowstream.mixture.rows.place_rows`), byte
-for byte. Nothing of the sources moves while a block is made: handing out a
-batch moves each source past its rows in it, as one layout of them would
+for byte. Nothing of the sources moves while a block is made: the batches
+handed out move each source past their rows in it, one layout counted per
+batch, when the source is next read or its state asked for
 (:meth:`~arrowstream.pipeline.iterator.DatasetIterator.skip_rows`), so a state
-saved between two batches of a block is the same.
+saved between two batches of a block is the same. Its rows may lie in several
+chunks of a source: they are copied into their slots piece by piece.
 """
 
 from __future__ import annotations
