@@ -73,7 +73,6 @@ from arrowstream.tokenize.fast import (
     _encoding,
     _Deferred,
     _Fast,
-    _first_difference,
     _flatten,
 )
 from arrowstream.tokenize.probes import probe_texts
