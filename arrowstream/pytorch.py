@@ -55,12 +55,13 @@ from arrowstream.errors import ConfigError, StateError
 from arrowstream.handover import check_sharing, one_storage, use_sharing
 from arrowstream.io.prefetch import Prefetcher
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
+from arrowstream.state.snapshot import Snapshot, Taken, take_snapshot
 
 if TYPE_CHECKING:
     from arrowstream.pipeline.dataset import Dataset
     from arrowstream.pipeline.iterator import DatasetIterator
 
-__all__ = ["STATE_KEY", "Batch", "StatefulLoader", "TorchDataset", "default_prefetch", "one_storage"]
+__all__ = ["DEFAULT_PREFETCH", "STATE_KEY", "Batch", "StatefulLoader", "TorchDataset", "one_storage"]
 
 #: Key under which a batch carries its worker's state (``attach_state=True``).
 STATE_KEY = "arrowstream_state"
@@ -90,27 +91,8 @@ def _refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
 default_collate_fn_map[Batch] = _refuse_collate
 
 
-def default_prefetch(dataset: Any) -> int:
-    """Batches ``to_torch`` makes ahead unless told: 4, or 0 where a state lists a look-ahead window's documents.
-
-    Made ahead, each batch's state is taken in the producer thread, so that
-    ``state_dict()`` names the batches handed out. A ``best_fit`` or
-    ``bucket`` state holds every document of the window by reference: taken
-    after every batch, it made such a pipeline about 3 times slower (85 MB
-    corpus, tiktoken, ``best_fit`` 8 x 2,048: 33 against 9-11 s for the
-    stream), while made when asked for, the state is taken only when a
-    checkpoint asks. Pass ``prefetch`` to choose.
-
-    Examples
-    --------
-    >>> from arrowstream import read_parquet
-    >>> from arrowstream.testing import example_dir
-    >>> ids = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0)
-    >>> default_prefetch(ids.pack(seq_len=8, batch_size=2)), default_prefetch(ids.pack(seq_len=8, batch_size=2, strategy="best_fit"))
-    (4, 0)
-    """
-    strategy = getattr(dataset, "strategy", None) or dataset.packer.name
-    return 0 if strategy in ("best_fit", "bucket") else 4
+#: Batches ``to_torch()`` makes ahead unless told (``prefetch=None``).
+DEFAULT_PREFETCH = 4
 
 
 class TorchDataset(IterableDataset):  # type: ignore[type-arg]
@@ -139,8 +121,10 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         batch is being made while the training step runs; ``0`` makes each
         batch when it is asked for. The batches, their order and the states
         are the same either way: a state describes the batches handed out,
-        not the ones made ahead. ``None`` (the default):
-        :func:`default_prefetch`, 4, or 0 for ``best_fit`` and ``bucket``.
+        not the ones made ahead: the producer keeps a snapshot after each
+        batch (:mod:`arrowstream.state.snapshot`), built into a state only
+        when one is asked for. ``None`` (the default):
+        :data:`DEFAULT_PREFETCH`, 4.
     sharing
         The torch sharing strategy a DataLoader worker iterating this dataset
         sends its batches with (set in the worker process only; the main
@@ -189,9 +173,9 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
                     f"got {list(columns)!r}"
                 )
         self.columns = None if columns is None else tuple(columns)
-        self.prefetch = default_prefetch(dataset) if prefetch is None else check_int("prefetch", prefetch, low=0)
+        self.prefetch = DEFAULT_PREFETCH if prefetch is None else check_int("prefetch", prefetch, low=0)
         self.sharing = check_sharing(sharing)
-        self._handed: dict[str, Any] | None = None  # with prefetch: the state after the last batch handed out
+        self._handed: Snapshot | None = None  # with prefetch: the state after the last batch handed out
         self.dataset = dataset
         self.rank = rank
         self.world_size = world_size
@@ -254,7 +238,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         if not self.prefetch:
             yield from self._batches(it)
             return
-        self._handed = it.state_dict()  # before the producer thread owns the iterator
+        self._handed = take_snapshot(it)  # before the producer thread owns the iterator
         ahead = Prefetcher(lambda: self._batches(it, with_state=True), depth=self.prefetch)
         try:
             for out, state in ahead:
@@ -269,7 +253,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         if not self.attach_state:
             for batch in it:
                 out = self._tensors(batch)
-                yield (out, it.state_dict()) if with_state else out
+                yield (out, take_snapshot(it)) if with_state else out
             return
         # one batch of look-ahead, so the last batch can say it is the last
         held: dict[str, Any] | None = None
@@ -277,12 +261,12 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             out: dict[str, Any] = self._tensors(batch)
             out[STATE_KEY] = {"state": it.state_dict(), "last": False}
             if held is not None:
-                yield (held, held[STATE_KEY]["state"]) if with_state else held
+                yield (held, Taken(held[STATE_KEY]["state"])) if with_state else held
             held = out
         if held is not None:
             # the state after the end: what an estimated target made the consumer drop is in it
             held[STATE_KEY] = {"state": it.state_dict(), "last": True}
-            yield (held, held[STATE_KEY]["state"]) if with_state else held
+            yield (held, Taken(held[STATE_KEY]["state"])) if with_state else held
 
     def state_dict(self) -> dict[str, Any]:
         """Return the state of this process's consumer after the last batch it produced.
@@ -304,7 +288,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
                 "and its `state_dict()`"
             )
         if self._handed is not None:  # batches are made ahead: the state of those handed out
-            return copy.deepcopy(self._handed)
+            return self._handed.to_dict()
         if self._it is not None:
             return self._it.state_dict()
         return self.iterator().state_dict()

@@ -24,6 +24,7 @@ themselves, which no loader behind them can remove.
 Usage::
 
     python benchmarks/bench_stall.py                   # 85 MB corpus, concat 8 x 2048
+    python benchmarks/bench_stall.py --strategy best_fit --prefetch 0   # best_fit, batches made when asked for
     python benchmarks/bench_stall.py --smoke           # seconds: runs once, checks only
 """
 
@@ -49,13 +50,20 @@ from harness import (
 )
 
 
+def _packed(ds: Any, args: argparse.Namespace) -> Any:
+    """Pack or bucket ``ds`` as ``--strategy`` says (``bucket``: a token budget of ``batch_size x seq_len``)."""
+    if args.strategy == "bucket":
+        return ds.bucket(max_tokens=args.batch_size * args.seq_len, max_len=args.seq_len)
+    return ds.pack(seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy)
+
+
 def _loader(args: argparse.Namespace, workers: int) -> Any:
     import torch
     from torch.utils.data import DataLoader
 
     from arrowstream import read_parquet
 
-    ds = read_parquet(args.corpus).tokenize(args.tokenizer).pack(seq_len=args.seq_len, batch_size=args.batch_size)
+    ds = _packed(read_parquet(args.corpus).tokenize(args.tokenizer), args)
     pin = torch.cuda.is_available()
     options: dict[str, Any] = {"batch_size": None, "num_workers": workers, "pin_memory": pin}
     if workers:
@@ -73,7 +81,7 @@ def _ready_loader(args: argparse.Namespace, workers: int) -> Any:
     from arrowstream.handover import one_storage, use_sharing
 
     if not hasattr(args, "ready_batch"):
-        it = read_parquet(args.corpus).tokenize(args.tokenizer).pack(seq_len=args.seq_len, batch_size=args.batch_size).iter()
+        it = _packed(read_parquet(args.corpus).tokenize(args.tokenizer), args).iter()
         args.ready_batch = next(it)
         it.close()
     arrays = {k: v for k, v in args.ready_batch.items() if isinstance(v, np.ndarray)}
@@ -141,6 +149,7 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--strategy", default="concat", choices=["concat", "best_fit", "bucket"])
     p.add_argument("--workers", default="0,1,2", help="comma-separated DataLoader worker counts")
     p.add_argument("--headroom", default="1.25,2", help="comma-separated: loader rate / consumer rate")
     p.add_argument("--batches", type=int, default=300, help="batches measured per run (after the warm-up)")
@@ -192,7 +201,7 @@ def main() -> int:
     log()
     log(fmt_table(["workers", "loader batches/s", "headroom", "step ms", "wait % of wall", "p50 wait ms",
                    "p99 wait ms", "first batch s", "ready: wait %", "ready: p50 ms"], rows))
-    log(f"(concat {args.batch_size} x {args.seq_len}, medians of {args.repeats}; waits over {args.batches} steps "
+    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, medians of {args.repeats}; waits over {args.batches} steps "
         f"after {args.warmup} warm-up batches)")
     checks = Checks()
     try:

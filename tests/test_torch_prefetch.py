@@ -54,9 +54,10 @@ class TorchIterator:
         self._gen = None
 
 
-@pytest.mark.parametrize("prefetch", [1, 3])
-def test_prefetched_batches_resume_exactly_at_every_step(tmp_path: Path, prefetch: int) -> None:
-    packed = _ds(tmp_path).pack(seq_len=8, batch_size=2)
+@pytest.mark.parametrize(("prefetch", "strategy"), [(1, "concat"), (3, "concat"), (3, "best_fit"), (2, "bucket")])
+def test_prefetched_batches_resume_exactly_at_every_step(tmp_path: Path, prefetch: int, strategy: str) -> None:
+    ds = _ds(tmp_path)
+    packed = ds.bucket(max_tokens=16, max_len=8) if strategy == "bucket" else ds.pack(seq_len=8, batch_size=2, strategy=strategy)
     steps = assert_resumes_identically(lambda: TorchIterator(packed.to_torch(prefetch=prefetch)), min_epochs=2)
     assert steps > 20
 
@@ -121,26 +122,23 @@ def test_prefetch_must_be_a_count(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["best_fit", "bucket"])
-def test_look_ahead_strategies_take_no_state_per_batch_by_default(
+def test_batches_made_ahead_keep_snapshots_and_build_a_state_only_when_asked(
     tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A best_fit or bucket state lists the window's documents: made ahead, it was taken after every batch (3 x slower)."""
-    from arrowstream.pipeline.iterator import DatasetIterator
+    """A best_fit or bucket state lists the window's documents: built after every batch made ahead, it made the stream 3-10 x slower."""
+    from arrowstream.pipeline.snapshot import IteratorSnapshot
 
     ds = _ds(tmp_path)
     packed = ds.bucket(max_tokens=24, max_len=12) if strategy == "bucket" else ds.pack(seq_len=12, batch_size=2, strategy=strategy)
-    taken: list[int] = []
-    real = DatasetIterator.state_dict
-    monkeypatch.setattr(DatasetIterator, "state_dict", lambda self: taken.append(1) or real(self))
+    built: list[int] = []
+    real = IteratorSnapshot.to_dict
+    monkeypatch.setattr(IteratorSnapshot, "to_dict", lambda self: built.append(1) or real(self))
     torch_ds = packed.to_torch()
-    assert torch_ds.prefetch == 0
+    assert torch_ds.prefetch == 4  # made ahead by default, as for concat
     got = list(itertools.islice(iter(torch_ds), 10))
-    assert len(got) == 10 and not taken  # made when asked for: no state until one is asked
+    assert len(got) == 10 and not built  # a snapshot after each batch made ahead; no state built
     saved = torch_ds.state_dict()
-    assert len(taken) == 1
-    assert [b["input_ids"].tolist() for b in itertools.islice(iter(packed.to_torch(prefetch=2)), 10)] == [
-        b["input_ids"].tolist() for b in got
-    ]
-    assert len(taken) > 10  # made ahead: a state after every batch
-    assert saved == json.loads(json.dumps(saved))
-    assert packed.to_torch(prefetch=3).prefetch == 3 and ds.pack(seq_len=12, batch_size=2).to_torch().prefetch == 4
+    assert len(built) == 1
+    reference = TorchIterator(packed.to_torch(prefetch=0))
+    assert [b["input_ids"].tolist() for b in itertools.islice(reference, 10)] == [b["input_ids"].tolist() for b in got]
+    assert reference.state_dict() == saved == json.loads(json.dumps(saved))

@@ -15,7 +15,9 @@ own state (coordinates, as for any pipeline): resuming replays nothing.
 
 from __future__ import annotations
 
+import copy
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,6 +31,7 @@ from arrowstream.mixture.rows import Taken, place_rows
 from arrowstream.mixture.schedule import Schedule, Stage, step_rows, steps_rows
 from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
+from arrowstream.state.snapshot import Snapshot
 
 if TYPE_CHECKING:
     import polars as pl
@@ -211,20 +214,23 @@ class MixtureIterator:
 
     def state_dict(self) -> dict[str, Any]:
         """Return this consumer's position after the last batch: a small JSON-able dict."""
+        return self.snapshot().to_dict()
+
+    def snapshot(self) -> _MixtureSnapshot:
+        """Capture the position after the last batch; ``.to_dict()`` builds its state (see :mod:`arrowstream.state.snapshot`)."""
         self._settle()
-        return {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "kind": KIND,
-            "mixture": self.mixture.options(),
-            "consumer": {"index": self.consumer.index, "count": self.consumer.count},
-            "topology": {"world_size": self.world_size, "num_workers": self.num_workers},
-            "stages": [[s.start, list(s.counts)] for s in self.schedule.stages],
-            "position": {"batches": self._batches, "origin": self._origin},
-            "stats": dict(self._stats),
-            "sources": {name: it.state_dict() for name, it in self._sources.items()},
-            "dormant": dict(self._dormant),
-        }
+        return _MixtureSnapshot(
+            self.mixture,
+            {
+                "consumer": {"index": self.consumer.index, "count": self.consumer.count},
+                "topology": {"world_size": self.world_size, "num_workers": self.num_workers},
+                "stages": [[s.start, list(s.counts)] for s in self.schedule.stages],
+                "position": {"batches": self._batches, "origin": self._origin},
+                "stats": dict(self._stats),
+            },
+            {name: it.snapshot() for name, it in self._sources.items()},
+            dict(self._dormant),
+        )
 
     @property
     def stats(self) -> dict[str, int]:
@@ -447,3 +453,29 @@ def _diff(saved: Any, current: Any, prefix: str = "") -> list[str]:
         return [f"`{prefix.rstrip('.')}` was {saved!r}, now {current!r}"]
     return []
 
+
+
+@dataclass(frozen=True, slots=True)
+class _MixtureSnapshot:
+    """A mixture consumer's state at one position: its own counters now, its sources' snapshots built later."""
+
+    mixture: Any
+    own: dict[str, Any]
+    sources: dict[str, Snapshot]
+    dormant: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        own = copy.deepcopy(self.own)
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "kind": KIND,
+            "mixture": self.mixture.options(),
+            "consumer": own["consumer"],
+            "topology": own["topology"],
+            "stages": own["stages"],
+            "position": own["position"],
+            "stats": own["stats"],
+            "sources": {name: snap.to_dict() for name, snap in self.sources.items()},
+            "dormant": copy.deepcopy(self.dormant),
+        }

@@ -25,6 +25,7 @@ from arrowstream.errors import ConfigError, DataLossWarning
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack.assemble import BATCH_KEYS
 from arrowstream.state import Position
+from arrowstream.state.snapshot import Snapshot, Taken
 
 __all__ = ["EVEN_BATCHES", "PackRun", "Packer", "check_even_batches", "drop_at_target"]
 
@@ -92,6 +93,10 @@ class PackRun(ABC):
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """Return ``{"position": {...}, "stats": {...}, "packer": {...}}``, JSON-able."""
+
+    def snapshot(self) -> Snapshot:
+        """Capture :meth:`state_dict` now; built at once unless the run defers it (look-ahead runs do)."""
+        return Taken(self.state_dict())
 
 
 class Packer(ABC):

@@ -244,6 +244,11 @@ class _BestFitRun(LookaheadRun):
                 first[key] = min(start, first.get(key, start))
         return first
 
+    def _copy_rows(self, frozen: Any) -> None:
+        frozen.open = [_Row(list(row.pieces), row.fill, row.age) for row in self.open]
+        frozen.ready = [list(p) for p in self.ready]
+        frozen.out = [list(p) for p in self.out]
+
     def _packer_state(self, progress: Progress, read: tuple[int, int, int]) -> BestFitState:
         return BestFitState(
             progress,

@@ -80,6 +80,10 @@ class BucketRun(LookaheadRun):
         # documents are never cut: a held document's tokens are all still to come
         return dict.fromkeys(self._held_keys(), 0)
 
+    def _copy_rows(self, frozen: Any) -> None:
+        frozen.carry = list(self.carry)
+        frozen.out = [list(batch) for batch in self.out]
+
     def _packer_state(self, progress: Progress, read: tuple[int, int, int]) -> BucketState:
         return BucketState(
             progress, read, self.windows, self.flushed, tuple(self.carry), tuple(map(tuple, self.out)), self.ramp

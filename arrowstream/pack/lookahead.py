@@ -38,6 +38,7 @@ from arrowstream.errors import StateError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import PackRun
 from arrowstream.pack.base import drop_at_target
+from arrowstream.pack.frozen import freeze
 from arrowstream.state import (
     BestFitState,
     BucketState,
@@ -47,6 +48,7 @@ from arrowstream.state import (
     Progress,
     State,
 )
+from arrowstream.state.snapshot import Snapshot
 
 __all__ = [
     "RAMP_FIRST",
@@ -326,6 +328,14 @@ class LookaheadRun(PackRun):
     @abstractmethod
     def _held_docs(self) -> dict[Key, int]:
         """Return every held document and the first of its tokens not emitted yet."""
+
+    @abstractmethod
+    def _copy_rows(self, frozen: Any) -> None:
+        """Give ``frozen`` (a shallow copy of this run) copies of the rows or batches later batches change."""
+
+    def snapshot(self) -> Snapshot:
+        """Capture the state after the last batch in microseconds; it is built when asked (:mod:`~arrowstream.pack.frozen`)."""
+        return freeze(self)
 
     @abstractmethod
     def _packer_state(self, progress: Progress, read: tuple[int, int, int]) -> BestFitState | BucketState:

@@ -29,7 +29,8 @@ from arrowstream.pack.layout import Layout
 from arrowstream.pipeline.growth import resume_plan
 from arrowstream.pipeline.plan import Plan
 from arrowstream.pipeline.reading import iter_chunks
-from arrowstream.state import Held, Position, State, Work, check_identity, check_state
+from arrowstream.pipeline.snapshot import IteratorSnapshot, where_of, work_of
+from arrowstream.state import Position, State, Work, check_identity, check_state
 
 __all__ = ["DatasetIterator"]
 
@@ -222,41 +223,28 @@ class DatasetIterator:
 
     def state_dict(self) -> dict[str, Any]:
         """Return the position after the last item yielded, as a small JSON-able dict."""
+        return self.snapshot().to_dict()
+
+    def snapshot(self) -> IteratorSnapshot:
+        """Capture the position after the last item yielded; ``.to_dict()`` builds its state when asked.
+
+        Cheap where building the state is not (a look-ahead window's
+        references): what a producer of batches ahead takes after each batch.
+        See :mod:`arrowstream.state.snapshot`.
+        """
         if not self._started:
             self._start()
-        epochs: list[dict[str, int]] = []
-        if self._run is not None:
-            inner = self._run.state_dict()
-            position = Position.from_dict(inner["position"])
-            stats, extra = inner["stats"], inner.get("packer", {})
-            epochs = inner.get("epoch_stats", [])
-        else:
-            position, stats, extra = self._pos, self._ledger.snapshot(), {}
-        stats = {**dict.fromkeys(self._counters, 0), **stats}  # every counter, from the first state on
-        if "pruned_rows" in stats:  # derived, so it is exact at any position: epochs begun times rows pruned
-            stats["pruned_rows"] = self.plan.num_pruned_rows * (position.epoch + 1)
-        share = self._work(position.epoch)
-        ahead = []  # the shares of the epochs after this one that a merge dealt
-        nxt = position.epoch + 1
-        while nxt in self._deals:
-            deal = self._deals[nxt]
-            ahead.append(Work(deal.num_streams, deal.segments, self._known_targets.get(nxt), deal.by))
-            nxt += 1
-        return State(
-            dataset=self.plan.describe(position.epoch),
-            options_hash=self.plan.options_hash,
-            options=self.plan.options(),
-            position=position,
-            where=self._where(position),
-            work=Work(share.num_streams, share.segments, by=share.by),
-            consumer=(self.consumer.index, self.consumer.count),
-            stats=stats,
-            packer=extra,
-            held=Held.from_dict(inner["held"]) if self._run is not None and inner.get("held") else None,
-            next_work=ahead[0] if ahead else None,
-            epoch_stats=tuple(epochs),
-            later_work=tuple(ahead[1:]),
-        ).to_dict()
+        run = self._run
+        return IteratorSnapshot(
+            self.plan,
+            self.consumer,
+            self._counters,
+            None if run is None else run.snapshot(),
+            self._pos if run is None else None,
+            self._ledger.snapshot() if run is None else None,
+            dict(self._deals),
+            dict(self._known_targets),
+        )
 
     @property
     def stats(self) -> dict[str, int]:
@@ -284,27 +272,10 @@ class DatasetIterator:
 
     def _work(self, epoch: int) -> Work:
         """Return the layout's stream count and this consumer's segments for ``epoch``."""
-        if epoch in self._deals:
-            return self._deals[epoch]
-        return self.plan.fresh_deal(epoch, self.consumer)
+        return work_of(self.plan, self.consumer, self._deals, epoch)
 
     def _where(self, pos: Position) -> dict[str, Any]:
-        share = self._work(pos.epoch)
-        work = share.segments
-        none = {"stream": None, "file": None, "row_group": None, "row": None}
-        if pos.segment >= len(work):
-            return none
-        stream, _, end, _, _ = work[pos.segment]
-        if pos.seq >= end:
-            return {**none, "stream": stream}
-        shard, row = self.plan.layout(pos.epoch, share.num_streams, share.by).locate(stream, pos.seq)
-        manifest = self.plan.at(pos.epoch).manifest
-        return {
-            "stream": stream,
-            "file": manifest.relpaths[int(manifest.shard_file[shard])],
-            "row_group": int(manifest.shard_row_group[shard]),
-            "row": row,
-        }
+        return where_of(self.plan, self._work(pos.epoch), pos)
 
     def _check_consumer(self, saved: tuple[int, int]) -> None:
         mine = (self.consumer.index, self.consumer.count)

@@ -1,0 +1,125 @@
+"""Snapshots: a state captured after a batch and built later equals the state ``state_dict()`` gave at that moment."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from arrowstream import mix, read_parquet
+from arrowstream.state.snapshot import Taken, take_snapshot
+
+from .conftest import named_docs, write_parts
+
+KINDS = ["unpacked", "concat", "best_fit", "bucket", "mixture-concat", "mixture-best_fit"]
+
+
+def _ids(tmp_path: Path, seed: int = 7, epochs: int = 2):
+    rng = np.random.default_rng(seed)
+    docs = named_docs([int(n) for n in rng.integers(1, 14, size=120)])
+    parts = [{"input_ids": pa.array(docs[a : a + 40], pa.list_(pa.int32()))} for a in range(0, 120, 40)]
+    write_parts(tmp_path, parts, row_group_size=9)
+    ds = read_parquet(tmp_path, batch_rows=6, num_epochs=epochs).shuffle(seed=seed, window=2)
+    return ds.tokenize(None, column="input_ids", eos_id=0)
+
+
+def _pipeline(tmp_path: Path, kind: str) -> Any:
+    if kind == "unpacked":
+        return _ids(tmp_path)
+    if kind == "bucket":
+        return _ids(tmp_path).bucket(max_tokens=30, max_len=10, window=40)
+    if kind in ("concat", "best_fit"):
+        return _ids(tmp_path).pack(seq_len=10, batch_size=2, strategy=kind, **({"window": 40} if kind == "best_fit" else {}))
+    strategy = kind.split("-")[1]
+    sources = {"a": _ids(tmp_path / "a", seed=1), "b": _ids(tmp_path / "b", seed=2)}
+    return mix(sources, {"a": 2, "b": 1}).pack(seq_len=10, batch_size=3, strategy=strategy)
+
+
+def _text(state: dict[str, Any]) -> str:
+    return json.dumps(state, sort_keys=True)
+
+
+def _walk(it: Any, steps: int) -> tuple[list[Any], list[str]]:
+    """Take a snapshot and a state before each of ``steps`` steps (fewer at the stream's end)."""
+    snaps, states = [], []
+    for _ in range(steps):
+        snaps.append(it.snapshot())
+        states.append(_text(it.state_dict()))
+        try:
+            next(it)
+        except StopIteration:
+            break
+    return snaps, states
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_snapshot_built_later_is_the_state_of_its_moment(tmp_path: Path, kind: str) -> None:
+    ds = _pipeline(tmp_path, kind)
+    snaps, states = _walk(ds.iter(), 400)  # both epochs of a finite pipeline; a mixture is endless
+    assert len(states) > 30
+    assert len(set(states)) == len(states)  # every step moved the state
+    # built only now, long after the iterator moved on (and past the epoch end)
+    assert [_text(s.to_dict()) for s in snaps] == states
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_snapshots_after_a_resume_and_on_a_second_consumer(tmp_path: Path, kind: str) -> None:
+    ds = _pipeline(tmp_path, kind)
+    _, states = _walk(ds.iter(), 25)
+    # right after a load, a look-ahead run echoes the loaded position until it re-reads its held documents
+    resumed = ds.iter(json.loads(states[-1]))
+    snaps, again = _walk(resumed, 40)
+    assert again[0] == states[-1]
+    assert [_text(s.to_dict()) for s in snaps] == again
+    second = ds.iter(rank=1, world_size=2)
+    snaps, states = _walk(second, 60)
+    assert len(states) > 10
+    assert [_text(s.to_dict()) for s in snaps] == states
+
+
+@pytest.mark.parametrize("kind", ["concat", "best_fit", "bucket", "mixture-best_fit"])
+def test_each_build_is_a_new_dict(tmp_path: Path, kind: str) -> None:
+    it = _pipeline(tmp_path, kind).iter()
+    for _ in range(5):
+        next(it)
+    snap, want = it.snapshot(), _text(it.state_dict())
+    first = snap.to_dict()
+    first["stats"]["batches"] = -1
+    if "packer" in first and first["packer"]:
+        first["packer"]["epoch_batches"] = -1
+    assert _text(snap.to_dict()) == want
+
+
+def test_an_iterator_without_snapshots_is_taken_at_once() -> None:
+    class Counter:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"n": self.n}
+
+    c = Counter()
+    snap = take_snapshot(c)
+    c.n = 3
+    assert isinstance(snap, Taken) and snap.to_dict() == {"n": 0}
+
+
+def test_a_look_ahead_snapshot_does_not_build_the_window_references(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The point of a snapshot: a best_fit window's references are listed only when the state is built."""
+    from arrowstream.pack.lookahead import LookaheadRun
+
+    built: list[int] = []
+    real = LookaheadRun.state_dict
+    monkeypatch.setattr(LookaheadRun, "state_dict", lambda self: built.append(1) or real(self))
+    it = _pipeline(tmp_path, "best_fit").iter()
+    snaps = [it.snapshot() for _ in itertools.islice(it, 12)]
+    assert len(snaps) == 12 and not built
+    snaps[3].to_dict()
+    assert len(built) == 1
