@@ -55,6 +55,7 @@ from arrowstream.errors import ConfigError, StateError
 from arrowstream.handover import check_sharing, one_storage, use_sharing
 from arrowstream.io.prefetch import Prefetcher
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
+from arrowstream.pipeline.snapshot import IteratorSnapshot
 from arrowstream.state.snapshot import Snapshot, Taken, take_snapshot
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_PREFETCH", "STATE_KEY", "Batch", "StatefulLoader", "TorchDataset", "one_storage"]
 
-#: Key under which a batch carries its worker's state (``attach_state=True``).
+#: Key under which a batch carries a snapshot of its worker's state (``attach_state=True``; see :func:`_tag`).
 STATE_KEY = "arrowstream_state"
 
 
@@ -108,8 +109,9 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         This process's rank; ``None`` takes them from ``torch.distributed``
         when it is initialised, else 0 and 1.
     attach_state
-        Add each batch's state under :data:`STATE_KEY` (used by
-        :class:`StatefulLoader`).
+        Add to each batch, under :data:`STATE_KEY`, a snapshot of the state
+        after it (used by :class:`StatefulLoader`, which builds the state
+        of the last batch handed over only when asked).
     columns
         The keys to keep in each batch (``None``: all of
         :data:`~arrowstream.pack.assemble.BATCH_KEYS`, or of
@@ -259,14 +261,14 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         held: dict[str, Any] | None = None
         for batch in it:
             out: dict[str, Any] = self._tensors(batch)
-            out[STATE_KEY] = {"state": it.state_dict(), "last": False}
+            out[STATE_KEY] = _tag(it, last=False)
             if held is not None:
-                yield (held, Taken(held[STATE_KEY]["state"])) if with_state else held
+                yield (held, held[STATE_KEY]["snapshot"]) if with_state else held
             held = out
         if held is not None:
             # the state after the end: what an estimated target made the consumer drop is in it
-            held[STATE_KEY] = {"state": it.state_dict(), "last": True}
-            yield (held, Taken(held[STATE_KEY]["state"])) if with_state else held
+            held[STATE_KEY] = _tag(it, last=True)
+            yield (held, held[STATE_KEY]["snapshot"]) if with_state else held
 
     def state_dict(self) -> dict[str, Any]:
         """Return the state of this process's consumer after the last batch it produced.
@@ -328,7 +330,7 @@ class StatefulLoader:
         dataloader_kwargs["batch_size"] = None
         self.dataset = dataset
         self.kwargs = dataloader_kwargs
-        self._latest: dict[int, dict[str, Any]] = {}
+        self._latest: dict[int, Snapshot] = {}  # the snapshot of each worker's last batch handed over
         self._loaded: dict[str, Any] | None = None
         self._next = 0  # the worker whose batch comes next
 
@@ -361,7 +363,7 @@ class StatefulLoader:
                     f"({type(exc).__name__}: {exc}); resume from the last saved state"
                 ) from exc
             tag = batch.pop(STATE_KEY)
-            worker = tag["state"]["consumer"]["index"] - consumers[0]
+            worker = tag["consumer"] - consumers[0]
             waiting[worker].append((batch, tag))
             yield from self._release(waiting, done, flush=False)
         yield from self._release(waiting, done, flush=True)
@@ -387,7 +389,7 @@ class StatefulLoader:
                 done[self._next] = True  # the loader ended: that worker has nothing more
                 continue
             batch, tag = queue.popleft()
-            self._latest[tag["state"]["consumer"]["index"]] = tag["state"]
+            self._latest[tag["consumer"]] = tag["snapshot"]
             if tag["last"]:
                 done[self._next] = True
             self._next = (self._next + 1) % n
@@ -415,15 +417,17 @@ class StatefulLoader:
         rank, world, _, _ = self.dataset.topology()
         states = []
         for index in consumers:
-            if index in self._latest:
-                states.append(self._latest[index])
+            snap = self._latest.get(index)
+            if snap is not None and getattr(snap, "plan", True) is not None:
+                states.append(snap.to_dict())
                 continue
+            # no batch from that worker yet, or a snapshot that crossed from a worker without its plan
             worker = index - consumers[0]
             start = _whole(self._loaded, _pick(self._loaded, index, count))
             it = self.dataset.dataset.iter(
                 start, rank=rank, world_size=world, worker=worker, num_workers=len(consumers)
             )
-            states.append(it.state_dict())
+            states.append(it.state_dict() if snap is None else snap.with_plan(it.plan).to_dict())
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -456,6 +460,18 @@ class StatefulLoader:
         self._latest = {}
         same = state.get("kind") == "rank" and len(state.get("states", [])) == len(self._consumers()[0])
         self._next = int(state.get("next_worker", 0)) if same else 0
+
+
+def _tag(it: Any, *, last: bool) -> dict[str, Any]:
+    """What a batch carries for :class:`StatefulLoader`: a snapshot of the state after it, the consumer, whether it is the last.
+
+    A pipeline's snapshot travels without its plan (the loader puts it back
+    when a state is asked for); a mixture's state is built here.
+    """
+    snap = take_snapshot(it)
+    if not isinstance(snap, IteratorSnapshot):
+        snap = Taken(snap.to_dict())
+    return {"snapshot": snap, "consumer": it.consumer.index, "last": last}
 
 
 def _whole(state: dict[str, Any] | None, own: dict[str, Any] | None) -> dict[str, Any] | None:

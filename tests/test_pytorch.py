@@ -326,3 +326,30 @@ def test_a_loader_state_is_checked_where_it_is_loaded(tmp_path: Path) -> None:
     assert [b["input_ids"].tolist() for b in own] == [b["input_ids"].tolist() for b in direct]
     with pytest.raises(StateError, match=r"`StatefulLoader` state of one rank.*StatefulLoader.load_state_dict"):
         ds.iter(state)
+
+
+@pytest.mark.parametrize("strategy", ["best_fit", "bucket"])
+def test_the_loader_resumes_look_ahead_strategies_from_the_snapshots_its_workers_send(
+    tmp_path: Path, strategy: str
+) -> None:
+    """Workers send a snapshot with each batch, not the window-long state: the loader builds it when asked."""
+    from arrowstream.pipeline.snapshot import IteratorSnapshot
+
+    rng = np.random.default_rng(5)
+    docs = named_docs([int(n) for n in rng.integers(1, 12, size=NUM_DOCS)])
+    parts = [{"input_ids": pa.array(docs[a : a + 40], pa.list_(pa.int32()))} for a in range(0, NUM_DOCS, 40)]
+    write_parts(tmp_path, parts, row_group_size=9)
+    ids = read_parquet(tmp_path, batch_rows=5, num_epochs=2).tokenize(None, column="input_ids", eos_id=0)
+    ds = ids.bucket(max_tokens=16, max_len=8) if strategy == "bucket" else ids.pack(seq_len=8, batch_size=2, strategy=strategy)
+    full = [b["input_ids"].numpy().tobytes() for b in StatefulLoader(ds.to_torch(), num_workers=2)]
+    for stop in (3, 17, 40):
+        loader = StatefulLoader(ds.to_torch(), num_workers=2, prefetch_factor=4)
+        it = iter(loader)
+        first = [next(it)["input_ids"].numpy().tobytes() for _ in range(stop)]
+        sent = list(loader._latest.values())
+        assert len(sent) == 2 and all(isinstance(s, IteratorSnapshot) and s.plan is None for s in sent)
+        state = json.loads(json.dumps(loader.state_dict()))
+        del it
+        resumed = StatefulLoader(ds.to_torch(), num_workers=2)
+        resumed.load_state_dict(state)
+        assert first + [b["input_ids"].numpy().tobytes() for b in resumed] == full, stop

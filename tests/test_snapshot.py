@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from arrowstream import mix, read_parquet
+from arrowstream import ConfigError, mix, read_parquet
 from arrowstream.state.snapshot import Taken, take_snapshot
 
 from .conftest import named_docs, write_parts
@@ -123,3 +124,32 @@ def test_a_look_ahead_snapshot_does_not_build_the_window_references(
     assert len(snaps) == 12 and not built
     snaps[3].to_dict()
     assert len(built) == 1
+
+
+@pytest.mark.parametrize("kind", ["unpacked", "concat", "best_fit", "bucket"])
+def test_a_pickled_snapshot_leaves_its_plan_behind_and_builds_with_it_given_back(tmp_path: Path, kind: str) -> None:
+    it = _pipeline(tmp_path, kind).iter()
+    for _ in range(7):
+        next(it)
+    snap = it.snapshot()
+    want = _text(it.state_dict())
+    sent = pickle.loads(pickle.dumps(snap))
+    assert sent.plan is None
+    with pytest.raises(ConfigError, match="with_plan"):
+        sent.to_dict()
+    assert _text(sent.with_plan(it.plan).to_dict()) == want
+
+
+@pytest.mark.parametrize("strategy", ["best_fit", "bucket"])
+def test_a_look_ahead_snapshot_holds_no_tokens(tmp_path: Path, strategy: str) -> None:
+    """A worker pickles a snapshot with every batch: the window's documents go by reference, not by their tokens."""
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(1, 30_000, size=int(n)).astype(np.int32) for n in rng.integers(200, 900, size=60)]
+    write_parts(tmp_path, [{"input_ids": pa.array(docs, pa.list_(pa.int32()))}], row_group_size=20)
+    ids = read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0)
+    ds = ids.bucket(max_tokens=2048, max_len=1024) if strategy == "bucket" else ids.pack(seq_len=1024, batch_size=2, strategy=strategy)
+    it = ds.iter()
+    next(it)
+    held = sum(d.tokens.nbytes for d in it._run.store.values())
+    assert held > 40_000  # the run holds tens of documents of hundreds of tokens ...
+    assert len(pickle.dumps(it.snapshot())) < held / 10  # ... and its snapshot names them

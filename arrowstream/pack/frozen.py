@@ -2,10 +2,10 @@
 
 A ``best_fit`` or ``bucket`` state names every document of the look-ahead
 window by reference (a thousand by default): built after every batch, it
-cost about 15 ms a batch on the 85 MB benchmark corpus, three times the
+cost 3-6.5 ms a batch on the 85 MB benchmark corpus, more than the
 batch itself. :func:`freeze` takes a shallow copy of the run with its own
-copies of what later batches change (the rows and batches formed, the store
-of held documents, the counters, the read mark), a few dozen microseconds;
+copies of what later batches change (the rows and batches formed, the held
+documents' skipped heads, the counters, the read mark), 0.1-0.4 ms;
 :meth:`FrozenRun.to_dict` runs the run's own ``state_dict()`` on that copy,
 so the state is the one the run would have given then.
 """
@@ -33,6 +33,35 @@ class _Counts:
         return [dict(e) for e in self._epochs]
 
 
+class _Skip:
+    """What ``state_dict()`` reads of a held document: the tokens removed from its front upstream."""
+
+    __slots__ = ("skip",)
+
+    def __init__(self, skip: int) -> None:
+        self.skip = skip
+
+
+_NO_SKIP = _Skip(0)
+
+
+class _Skips:
+    """A run's store of held documents as ``state_dict()`` reads it: each key's ``skip`` (most are 0).
+
+    The tokens are left behind, so a frozen run is small and can be pickled
+    (a DataLoader worker sends it with each batch).
+    """
+
+    __slots__ = ("_nonzero",)
+
+    def __init__(self, nonzero: dict[Any, int]) -> None:
+        self._nonzero = nonzero
+
+    def __getitem__(self, key: Any) -> _Skip:
+        skip = self._nonzero.get(key)
+        return _NO_SKIP if skip is None else _Skip(skip)
+
+
 class _ReadMark:
     """A document source's read mark as it was: what ``state_dict()`` reads of it."""
 
@@ -55,7 +84,10 @@ class FrozenRun:
 
 
 def freeze(run: Any) -> FrozenRun:
-    """Return ``run`` frozen: a shallow copy whose counters, read mark, store and rows are its own.
+    """Return ``run`` frozen: a shallow copy whose counters, read mark, skips and rows are its own.
+
+    The copy keeps no tokens and no plan: it pickles in a few hundred
+    microseconds for a window of a thousand documents.
 
     ``run._copy_rows(frozen)`` gives ``frozen`` copies of the strategy's own
     containers that later batches change (``best_fit``'s open, ready and
@@ -77,6 +109,8 @@ def freeze(run: Any) -> FrozenRun:
     frozen = copy.copy(run)
     frozen.ledger = _Counts(run.ledger.snapshot(), run.ledger.epoch_snapshot())
     frozen.src = _ReadMark(tuple(run.src.read))
-    frozen.store = dict(run.store)
+    frozen.store = _Skips({key: doc.skip for key, doc in run.store.items() if doc.skip})
+    frozen.targets = None  # (holds the plan) not read by state_dict(); nor is best_fit's count of pieces
+    frozen.__dict__.pop("refs", None)
     run._copy_rows(frozen)
     return FrozenRun(frozen)

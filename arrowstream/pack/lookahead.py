@@ -43,7 +43,6 @@ from arrowstream.state import (
     BestFitState,
     BucketState,
     DocKey,
-    Held,
     Position,
     Progress,
     State,
@@ -375,28 +374,32 @@ class LookaheadRun(PackRun):
         return self.loaded
 
     def upstream_position(self) -> Position:
-        return self._position()
+        return self._position(sorted(self._held_docs().items()) if self.loaded is None else [])
 
-    def _position(self) -> Position:
+    def _position(self, held: list[tuple[Key, int]]) -> Position:
+        """Where a resume starts reading: the loaded position, the first held document (``held`` sorted), or the read mark."""
         if self.loaded is not None:
             return self.loaded
-        held = self._held_docs()
         if held:
-            key = min(held)
+            key = held[0][0]
             return Position(self.epoch, key[0], key[1], self.store[key].skip)
         epoch, segment, seq = self.src.read
         return Position(epoch, segment, seq, 0)
 
     def state_dict(self) -> dict[str, Any]:
-        pos = self._position()
-        held = self._loaded_held if self.loaded is not None else None
-        if self.loaded is None:
-            docs = self._held_docs()
+        held: dict[str, Any] | None = None
+        if self.loaded is not None:
+            pos, loaded = self.loaded, self._loaded_held
+            if loaded:
+                held = {"read": list(loaded["read"]), "docs": [list(d) for d in loaded["docs"]]}
+        else:
+            docs = sorted(self._held_docs().items())  # one pass over the held pieces, in key order
+            pos = self._position(docs)
             if docs:
-                rows = tuple((k[0], k[1], self.store[k].skip + first) for k, first in sorted(docs.items()))
-                held = Held((self.src.read[1], self.src.read[2]), rows).to_dict()
+                store, read = self.store, self.src.read
+                held = {"read": [read[1], read[2]], "docs": [[k[0], k[1], store[k].skip + first] for k, first in docs]}
         return {
-            "held": held or None,
+            "held": held,
             "position": pos.to_dict(),
             "stats": self.ledger.snapshot(),
             "epoch_stats": self.ledger.epoch_snapshot(),

@@ -11,11 +11,12 @@ snapshot built at once, so both give the same dict for the same position (see
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from arrowstream.distributed.topology import Consumer
-from arrowstream.state import Held, Position, State, Work
+from arrowstream.errors import ConfigError
+from arrowstream.state import Position, State, Work
 from arrowstream.state.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -56,10 +57,11 @@ class IteratorSnapshot:
 
     ``inner`` is the packer run's snapshot; without a packer, ``position`` and
     ``stats`` are the iterator's own. ``deals`` and ``known_targets`` are
-    copies: a later load does not change them.
+    copies: a later load does not change them. Pickled, it leaves the plan
+    behind (``plan`` is ``None`` once unpickled; see :meth:`with_plan`).
     """
 
-    plan: Plan
+    plan: Plan | None
     consumer: Consumer
     counters: dict[str, None]
     inner: Snapshot | None
@@ -68,8 +70,24 @@ class IteratorSnapshot:
     deals: dict[int, Work]
     known_targets: dict[int, int | None]
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle without the plan (a DataLoader worker sends its snapshots): :meth:`with_plan` puts it back."""
+        return (
+            IteratorSnapshot,
+            (None, self.consumer, self.counters, self.inner, self.position, self.stats, self.deals, self.known_targets),
+        )
+
+    def with_plan(self, plan: Plan) -> IteratorSnapshot:
+        """Return this snapshot with ``plan``: the plan of an iterator over the same data, state and consumer."""
+        return replace(self, plan=plan)
+
     def to_dict(self) -> dict[str, Any]:
         """Return the state at the position captured (the dict ``state_dict()`` returned there)."""
+        if self.plan is None:
+            raise ConfigError(
+                "this snapshot was pickled without its plan: give it back the plan of an iterator over the "
+                "same dataset, state and consumer with `snapshot.with_plan(iterator.plan)` before `to_dict()`"
+            )
         epochs: list[dict[str, int]] = []
         held = None
         if self.inner is not None:
@@ -77,7 +95,7 @@ class IteratorSnapshot:
             position = Position.from_dict(inner["position"])
             stats, extra = inner["stats"], inner.get("packer", {})
             epochs = inner.get("epoch_stats", [])
-            held = Held.from_dict(inner["held"]) if inner.get("held") else None
+            held = inner.get("held") or None  # the run's own, built for this state: no need to check or copy it
         else:
             assert self.position is not None and self.stats is not None
             position, stats, extra = self.position, self.stats, {}
@@ -91,7 +109,7 @@ class IteratorSnapshot:
             deal = self.deals[nxt]
             ahead.append(Work(deal.num_streams, deal.segments, self.known_targets.get(nxt), deal.by))
             nxt += 1
-        return State(
+        state = State(
             dataset=self.plan.describe(position.epoch),
             options_hash=self.plan.options_hash,
             options=self.plan.options(),
@@ -101,8 +119,9 @@ class IteratorSnapshot:
             consumer=(self.consumer.index, self.consumer.count),
             stats=stats,
             packer=extra,
-            held=held,
             next_work=ahead[0] if ahead else None,
             epoch_stats=tuple(epochs),
             later_work=tuple(ahead[1:]),
         ).to_dict()
+        state["held"] = held
+        return state
