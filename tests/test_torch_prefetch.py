@@ -142,3 +142,29 @@ def test_batches_made_ahead_keep_snapshots_and_build_a_state_only_when_asked(
     reference = TorchIterator(packed.to_torch(prefetch=0))
     assert [b["input_ids"].tolist() for b in itertools.islice(reference, 10)] == [b["input_ids"].tolist() for b in got]
     assert reference.state_dict() == saved == json.loads(json.dumps(saved))
+
+
+EXIT_SCRIPT = """
+import sys
+import torch  # loaded first, as in training: it changes the order modules are torn down at exit
+import arrowstream
+from arrowstream.testing.data import sample_tokenizer
+ds = arrowstream.read_parquet(sys.argv[1]).tokenize(sample_tokenizer(1024)).pack(seq_len=64, batch_size=2)
+it = iter(ds.to_torch())
+next(it)  # leave the generator, its encode threads and its prefetch thread mid-stream, and exit
+"""
+
+
+def test_a_script_that_exits_mid_stream_prints_nothing_at_exit(tmp_path: Path) -> None:
+    """Regression: closing the encode pool while the interpreter tore down printed 'Exception ignored ... Empty'."""
+    import subprocess
+    import sys
+
+    from arrowstream.testing.data import make_texts
+
+    write_parts(tmp_path / "d", [{"text": make_texts(400, seed=1)}], row_group_size=50)
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path / "d")], capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stderr == "", proc.stderr[-2000:]

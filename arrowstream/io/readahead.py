@@ -18,6 +18,7 @@ default 4; 0 turns it off); local disks read fast enough without it.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -124,7 +125,8 @@ class ReadAhead:
         if self._pool is not None:
             for future in self._pending.values():
                 future.cancel()
-            self._pool.shutdown(wait=True)
+            if not sys.is_finalizing():  # at exit its threads are joined and its module torn down
+                self._pool.shutdown(wait=True)
             self._pool = None
         self._pending.clear()
         with self._lock:

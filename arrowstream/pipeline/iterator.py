@@ -11,6 +11,7 @@ Not thread-safe: one iterator belongs to one consumer.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -397,7 +398,8 @@ class DatasetIterator:
             self._chunks.close()
             self._chunks = None
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            if not sys.is_finalizing():  # at exit its threads are joined and its module torn down
+                self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._reader.close()
 
