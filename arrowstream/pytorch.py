@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import multiprocessing
 import sys
+import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 from multiprocessing.context import get_spawning_popen  # type: ignore[attr-defined]
@@ -53,7 +54,7 @@ from arrowstream.checks import check_int
 from arrowstream.distributed.topology import WHOLE_RUN_COUNTERS
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.handover import check_sharing, one_storage, use_sharing
-from arrowstream.io.prefetch import Prefetcher
+from arrowstream.io.prefetch import Prefetcher, close_all
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 from arrowstream.pipeline.snapshot import IteratorSnapshot
 from arrowstream.state.snapshot import Snapshot, Taken, take_snapshot
@@ -242,13 +243,14 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             return
         self._handed = take_snapshot(it)  # before the producer thread owns the iterator
         ahead = Prefetcher(lambda: self._batches(it, with_state=True), depth=self.prefetch)
+        ident, closing = threading.get_ident, close_all  # still bound while the interpreter exits
+        consumer = ident()
         try:
             for out, state in ahead:
                 self._handed = state
                 yield out
-        finally:
-            ahead.close()
-            it.close()  # its files and threads: the state to go on from is `_handed`
+        finally:  # then its files and threads (the state to go on from is `_handed`), never blocking another thread
+            closing(ahead.close, it.close, wait=ident() == consumer)
 
     def _batches(self, it: Any, *, with_state: bool = False) -> Iterator[Any]:
         """Yield tensor batches (``with_state``: with the state after each), the state attached if asked."""

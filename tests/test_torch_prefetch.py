@@ -168,3 +168,50 @@ def test_a_script_that_exits_mid_stream_prints_nothing_at_exit(tmp_path: Path) -
                               text=True, timeout=120, check=False)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stderr == "", proc.stderr[-2000:]
+
+
+def test_a_stream_closed_from_a_thread_its_producer_waits_on_does_not_deadlock(tmp_path: Path) -> None:
+    """Regression: a garbage collection in an encoder thread finalized an abandoned ``to_torch()`` stream.
+
+    Its ``finally`` waited for the producer thread, which waited for that
+    encoder thread: a hang (seen at exit in ``bench_stall.py --prefetch 64``).
+    Here a stage's piece, run in the pipeline's pool, waits until the stream
+    is closed from another thread: the close must return without waiting for
+    the producer, and the stream's threads must end once the piece is let go.
+    """
+    from arrowstream import Stage
+
+    release, holding = threading.Event(), threading.Event()
+
+    class Hold(Stage):
+        name, expensive = "hold", True
+
+        def spec(self) -> dict[str, Any]:
+            return {}
+
+        def columns(self) -> set[str]:
+            return {"input_ids"}
+
+        def run(self, piece: Any) -> Any:
+            if hold_now.is_set():
+                holding.set()
+                release.wait(timeout=60)
+            return piece
+
+    hold_now = threading.Event()
+    existing = set(threading.enumerate())
+    gen = iter(_ds(tmp_path, epochs=20).pipe(Hold()).pack(seq_len=8, batch_size=2).to_torch(prefetch=2))
+    next(gen)
+    hold_now.set()
+    assert holding.wait(timeout=30), "the producer never asked for another piece"
+    closer = threading.Thread(target=gen.close)  # as a garbage collection in another thread would
+    closer.start()
+    closer.join(timeout=10)
+    returned = not closer.is_alive()
+    release.set()
+    closer.join(timeout=30)
+    assert returned, "closing the stream from another thread waited for the producer that waits on it"
+    deadline = time.monotonic() + 30
+    while (started := set(threading.enumerate()) - existing) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not started, sorted(t.name for t in started)

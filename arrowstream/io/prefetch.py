@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import atexit
 import queue
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-__all__ = ["Prefetcher"]
+__all__ = ["Prefetcher", "close_all"]
 
 T = TypeVar("T")
 
@@ -114,6 +115,7 @@ class Prefetcher(Generic[T]):
         )
         weakref.finalize(self, self._stop.set)
         self._started = False  # started on first use: a reset before that reads nothing
+        self._finalizing = sys.is_finalizing  # still bound while the interpreter exits
 
     def __iter__(self) -> Prefetcher[T]:
         return self
@@ -142,9 +144,10 @@ class Prefetcher(Generic[T]):
         """Stop the producer and wait for its thread to end (at most the item in progress)."""
         self._stop.set()
         self._finished = True
-        if not self._started or threading.current_thread() is self._thread:
-            # (the second: a garbage collection that ran in the producer thread finalized the
-            # consumer; the producer sees the stop flag at its next item)
+        if not self._started or self._finalizing() or threading.current_thread() is self._thread:
+            # (the second: the exit hook has joined the producer already; the third: a garbage
+            # collection that ran in the producer thread finalized the consumer, and the producer
+            # sees the stop flag at its next item)
             return
         while self._thread.is_alive():
             try:
@@ -153,3 +156,37 @@ class Prefetcher(Generic[T]):
             except queue.Empty:
                 pass
             self._thread.join(timeout=0.005)
+
+
+def close_all(
+    *closers: Callable[[], None],
+    wait: bool,
+    _finalizing: Callable[[], bool] = sys.is_finalizing,  # bound now: module globals are gone at exit
+    _thread: type[threading.Thread] = threading.Thread,
+) -> None:
+    """Call ``closers`` in order: here when ``wait``, else in a thread of their own.
+
+    A generator's ``finally`` runs in whatever thread lets go of it last, a
+    garbage collection in an encoder thread for one. Closing a prefetcher
+    there waits for its producer, which may be waiting for that very thread:
+    pass ``wait=False`` from any thread but the consumer's, so the thread that
+    finalizes never blocks. While the interpreter exits the closers run here
+    (the exit hook has already stopped every producer).
+
+    Examples
+    --------
+    >>> closed = []
+    >>> close_all(lambda: closed.append("producer"), lambda: closed.append("files"), wait=True)
+    >>> closed
+    ['producer', 'files']
+    """
+    if wait or _finalizing():
+        for close in closers:
+            close()
+        return
+
+    def run() -> None:
+        for close in closers:
+            close()
+
+    _thread(target=run, name="arrowstream-close", daemon=True).start()
