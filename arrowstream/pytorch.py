@@ -9,12 +9,10 @@ from ``torch.distributed`` when it is initialised. It implements
 checkpoint it per worker.
 
 Without torchdata, :class:`StatefulLoader` wraps a plain ``DataLoader``: each
-batch carries its worker's state, popped and recorded when the trainer
-receives the batch, so ``state_dict()`` describes exactly the batches
-consumed, however many workers prefetch ahead. It also records which worker's
-batch comes next and, after a resume, restores that round-robin order (a
-``DataLoader`` always starts with worker 0), so the trainer sees the same
-sequence of batches as without the interruption.
+batch carries its worker's state, recorded when the trainer receives the
+batch, so ``state_dict()`` describes exactly the batches consumed; after a
+resume it restores the workers' round-robin order (a ``DataLoader`` always
+starts with worker 0), so the trainer sees the batches of no interruption.
 
 Forked workers: the main process never tokenizes, so each worker's tokenizer
 keeps its own thread pool and no fork warning is printed. In a worker, a
@@ -54,7 +52,7 @@ from arrowstream.checks import check_int
 from arrowstream.distributed.topology import WHOLE_RUN_COUNTERS
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.handover import check_sharing, one_storage, use_sharing
-from arrowstream.io.prefetch import Prefetcher, close_all
+from arrowstream.io.prefetch import AHEAD_MOST, Prefetcher, close_all, depth_for
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 from arrowstream.pipeline.snapshot import IteratorSnapshot
 from arrowstream.state.snapshot import Snapshot, Taken, take_snapshot
@@ -93,8 +91,8 @@ def _refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
 default_collate_fn_map[Batch] = _refuse_collate
 
 
-#: Batches ``to_torch()`` makes ahead unless told (``prefetch=None``).
-DEFAULT_PREFETCH = 4
+#: Batches ``to_torch()`` makes ahead at most unless told (``prefetch=None``; fewer past 64 MiB).
+DEFAULT_PREFETCH = AHEAD_MOST
 
 
 class TorchDataset(IterableDataset):  # type: ignore[type-arg]
@@ -126,8 +124,9 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         are the same either way: a state describes the batches handed out,
         not the ones made ahead: the producer keeps a snapshot after each
         batch (:mod:`arrowstream.state.snapshot`), built into a state only
-        when one is asked for. ``None`` (the default):
-        :data:`DEFAULT_PREFETCH`, 4.
+        when one is asked for. ``None`` (the default): 2 until the first
+        batch is made, then as many as 64 MiB holds, at most 16
+        (:data:`DEFAULT_PREFETCH`; :func:`~arrowstream.io.prefetch.depth_for`).
     sharing
         The torch sharing strategy a DataLoader worker iterating this dataset
         sends its batches with (set in the worker process only; the main
@@ -176,7 +175,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
                     f"got {list(columns)!r}"
                 )
         self.columns = None if columns is None else tuple(columns)
-        self.prefetch = DEFAULT_PREFETCH if prefetch is None else check_int("prefetch", prefetch, low=0)
+        self.prefetch = None if prefetch is None else check_int("prefetch", prefetch, low=0)
         self.sharing = check_sharing(sharing)
         self._handed: Snapshot | None = None  # with prefetch: the state after the last batch handed out
         self.dataset = dataset
@@ -227,8 +226,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         return out
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        # a DataLoader's fetcher pulls the first batch; with a batch size it would stack ours
-        # (whatever its collate_fn: the Hugging Face Trainer's default collator does)
+        # a DataLoader with a batch size would stack our batches, whatever its collate_fn (HF Trainer's too)
         fetcher = sys._getframe(1).f_locals.get("self")
         if getattr(fetcher, "auto_collation", False) is True and hasattr(fetcher, "dataset_iter"):
             raise ConfigError(_COLLATING)
@@ -238,15 +236,18 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             use_sharing(self.sharing)
         self._it = it = self.iterator()
         self._handed = None
-        if not self.prefetch:
+        if self.prefetch == 0:
             yield from self._batches(it)
             return
         self._handed = take_snapshot(it)  # before the producer thread owns the iterator
-        ahead = Prefetcher(lambda: self._batches(it, with_state=True), depth=self.prefetch)
+        ahead = Prefetcher(lambda: self._batches(it, with_state=True), depth=self.prefetch or 2)
         ident, closing = threading.get_ident, close_all  # still bound while the interpreter exits
-        consumer = ident()
+        consumer, sized = ident(), self.prefetch is not None
         try:
             for out, state in ahead:
+                if not sized:  # the first batch says how many fit in the budget
+                    ahead.resize(depth_for(sum(v.nbytes for v in out.values() if hasattr(v, "nbytes"))))
+                    sized = True
                 self._handed = state
                 yield out
         finally:  # then its files and threads (the state to go on from is `_handed`), never blocking another thread

@@ -11,7 +11,9 @@ For each worker count, the loader's own rate is measured first (batches/s
 with no step time, after ``--warmup`` batches), then the consumer runs with a
 step time giving the loader ``--headroom`` times that rate (1.25: the loader
 is 25 % faster than the step). Reported per run, after the warm-up batches:
-the share of wall time spent waiting, and the p50/p99 wait per step. The
+the share of wall time spent waiting, the part of it the consumer's thread
+spent runnable but without a CPU (where Linux reports it: other threads held
+every core), and the p50/p99 wait per step. The
 first batch is start-up, not a stall, and is reported apart. Medians of
 ``--repeats`` runs; every run is a fresh loader.
 
@@ -115,8 +117,24 @@ def _rate(args: argparse.Namespace, workers: int) -> float:
     return rate
 
 
+def _cpu_wait_clock() -> Any:
+    """A clock of the seconds this thread has spent runnable but off a CPU (Linux schedstat), or ``None``."""
+    import threading
+
+    path = Path(f"/proc/self/task/{threading.get_native_id()}/schedstat")
+    if not path.is_file():
+        return None
+    return lambda: int(path.read_text().split()[1]) / 1e9
+
+
 def _consume(args: argparse.Namespace, workers: int, step_s: float, *, ready: bool = False) -> dict[str, Any]:
-    """Run the consumer with ``step_s`` per step (``ready``: against batches made in advance); return its waits."""
+    """Run the consumer with ``step_s`` per step (``ready``: against batches made in advance); return its waits.
+
+    Beside the wait inside ``next()``, the part of it this thread spent
+    runnable but without a CPU (the machine's other threads, the encoder's
+    among them, held both cores), where the kernel reports it: the rest is
+    waiting for the batch or for the interpreter lock.
+    """
     t0 = time.perf_counter()
     it = iter((_ready_loader if ready else _loader)(args, workers))
     next(it)
@@ -124,18 +142,23 @@ def _consume(args: argparse.Namespace, workers: int, step_s: float, *, ready: bo
     for _ in range(args.warmup - 1):
         next(it)
         time.sleep(step_s)
-    waits = np.empty(args.batches)
+    waits, off_cpu = np.empty(args.batches), np.zeros(args.batches)
+    cpu_wait = _cpu_wait_clock()
     start = time.perf_counter()
     for i in range(args.batches):
+        before = cpu_wait() if cpu_wait else 0.0
         a = time.perf_counter()
         next(it)
         waits[i] = time.perf_counter() - a
+        if cpu_wait:
+            off_cpu[i] = cpu_wait() - before
         time.sleep(step_s)  # the step: the GIL is released, as while a GPU computes
     wall = time.perf_counter() - start
     del it
     return {
         "first_batch_s": first,
         "wait_share": float(waits.sum() / wall),
+        "cpu_wait_share": float(off_cpu.sum() / wall) if cpu_wait else float("nan"),
         "p50_ms": float(np.percentile(waits, 50) * 1e3),
         "p99_ms": float(np.percentile(waits, 99) * 1e3),
         "step_ms": step_s * 1e3,
@@ -155,7 +178,8 @@ def main() -> int:
     p.add_argument("--batches", type=int, default=300, help="batches measured per run (after the warm-up)")
     p.add_argument("--warmup", type=int, default=20, help="batches before measuring")
     p.add_argument("--prefetch-factor", type=int, default=2, help="DataLoader prefetch_factor with workers")
-    p.add_argument("--prefetch", type=int, default=4, help="to_torch(prefetch=...): batches made ahead in a thread")
+    p.add_argument("--prefetch", type=int, default=None,
+                   help="to_torch(prefetch=...): batches made ahead in a thread [the library's default: up to 16, within 64 MiB]")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
         "--switch-interval", type=float, default=None,
@@ -193,13 +217,15 @@ def main() -> int:
                 "rate": rate, "rates": rates, "runs": runs, **summary, "ready": {"runs": floors, **floor},
             }
             rows.append([k, f"{rate:.0f}", h, f"{step * 1e3:.2f}", f"{100 * summary['wait_share']:.1f}",
+                         f"{100 * summary['cpu_wait_share']:.1f}",
                          f"{summary['p50_ms']:.2f}", f"{summary['p99_ms']:.2f}", f"{summary['first_batch_s']:.2f}",
                          f"{100 * floor['wait_share']:.1f}", f"{floor['p50_ms']:.2f}"])
-            log(f"  headroom {h}: step {step * 1e3:.2f} ms, waited {100 * summary['wait_share']:.1f} % of wall time, "
+            log(f"  headroom {h}: step {step * 1e3:.2f} ms, waited {100 * summary['wait_share']:.1f} % of wall time "
+                f"({100 * summary['cpu_wait_share']:.1f} points of it runnable without a CPU), "
                 f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms; batches ready: waited "
                 f"{100 * floor['wait_share']:.1f} %, p50 {floor['p50_ms']:.2f} ms")
     log()
-    log(fmt_table(["workers", "loader batches/s", "headroom", "step ms", "wait % of wall", "p50 wait ms",
+    log(fmt_table(["workers", "loader batches/s", "headroom", "step ms", "wait % of wall", "of it off a CPU %", "p50 wait ms",
                    "p99 wait ms", "first batch s", "ready: wait %", "ready: p50 ms"], rows))
     log(f"({args.strategy} {args.batch_size} x {args.seq_len}, medians of {args.repeats}; waits over {args.batches} steps "
         f"after {args.warmup} warm-up batches)")

@@ -911,6 +911,22 @@ MUTANTS = [
         "def _no_cache(f):\n    f.cache_clear = lambda: None\n    return f\n\n\n@_no_cache\ndef _installed_version",
         ("tests/test_tokie.py",),
     ),
+    Mutant(
+        "default-depth-not-sized",
+        "to_torch(prefetch=None) stays at 2 batches ahead instead of what 64 MiB holds (up to 16)",
+        "arrowstream/pytorch.py",
+        "                    ahead.resize(depth_for(",
+        "                    (depth_for(",
+        ("tests/test_torch_prefetch.py::test_the_default_depth_is_sized_from_the_first_batch",),
+    ),
+    Mutant(
+        "stream-closed-elsewhere-blocks",
+        "a to_torch() stream finalized in another thread (an encoder thread its producer waits on) closes in place and hangs",
+        "arrowstream/pytorch.py",
+        "closing(ahead.close, it.close, wait=ident() == consumer)",
+        "closing(ahead.close, it.close, wait=True)",
+        ("tests/test_torch_prefetch.py::test_a_stream_closed_from_a_thread_its_producer_waits_on_does_not_deadlock",),
+    ),
 ]
 
 

@@ -134,7 +134,7 @@ def test_batches_made_ahead_keep_snapshots_and_build_a_state_only_when_asked(
     real = IteratorSnapshot.to_dict
     monkeypatch.setattr(IteratorSnapshot, "to_dict", lambda self: built.append(1) or real(self))
     torch_ds = packed.to_torch()
-    assert torch_ds.prefetch == 4  # made ahead by default, as for concat
+    assert torch_ds.prefetch is None  # made ahead by default (up to 16, within 64 MiB), as for concat
     got = list(itertools.islice(iter(torch_ds), 10))
     assert len(got) == 10 and not built  # a snapshot after each batch made ahead; no state built
     saved = torch_ds.state_dict()
@@ -215,3 +215,28 @@ def test_a_stream_closed_from_a_thread_its_producer_waits_on_does_not_deadlock(t
     while (started := set(threading.enumerate()) - existing) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not started, sorted(t.name for t in started)
+
+
+@pytest.mark.parametrize(("prefetch", "ahead"), [(None, 5), (3, 3)])
+def test_the_default_depth_is_sized_from_the_first_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefetch: int | None, ahead: int
+) -> None:
+    """``prefetch=None``: 2 batches ahead until the first is made, then what ``depth_for`` says of its bytes."""
+    import arrowstream.pytorch as adapter
+
+    asked: list[int] = []
+    monkeypatch.setattr(adapter, "depth_for", lambda nbytes: asked.append(nbytes) or 5)
+    made: list[int] = []
+    real = TorchDataset._tensors
+    monkeypatch.setattr(TorchDataset, "_tensors", lambda self, batch: made.append(1) or real(self, batch))
+    gen = iter(_ds(tmp_path, epochs=20).pack(seq_len=8, batch_size=2).to_torch(prefetch=prefetch))
+    first = next(gen)
+    deadline, seen = time.monotonic() + 30, -1
+    while seen != len(made) and time.monotonic() < deadline:  # until the producer waits for room
+        seen = len(made)
+        time.sleep(0.3)
+    gen.close()
+    # the batch handed out, the batches held ahead, and one more made, waiting for room
+    assert seen == 1 + ahead + 1
+    expected = sum(v.nbytes for v in first.values() if hasattr(v, "nbytes"))
+    assert asked == ([expected] if prefetch is None else [])

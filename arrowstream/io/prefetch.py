@@ -25,9 +25,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-__all__ = ["Prefetcher", "close_all"]
+__all__ = ["AHEAD_BYTES", "AHEAD_MOST", "Prefetcher", "close_all", "depth_for"]
 
 T = TypeVar("T")
+
+#: Items held ahead by default (``to_torch(prefetch=None)``): at most this many ...
+AHEAD_MOST = 16
+#: ... and no more than this many bytes of them, at least 2 (see :func:`depth_for`).
+AHEAD_BYTES = 64 << 20
 
 _DONE = object()
 _POLL_SECONDS = 0.1
@@ -140,6 +145,20 @@ class Prefetcher(Generic[T]):
             raise item.exc
         return item  # type: ignore[return-value]
 
+    def resize(self, depth: int) -> None:
+        """Hold up to ``depth`` items ahead from now on (a producer waiting for room sees it at once).
+
+        Examples
+        --------
+        >>> p = Prefetcher(lambda: iter(range(10)), depth=1)
+        >>> p.resize(4)
+        >>> list(p)
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+        """
+        with self._queue.mutex:
+            self._queue.maxsize = max(1, depth)
+            self._queue.not_full.notify_all()
+
     def close(self) -> None:
         """Stop the producer and wait for its thread to end (at most the item in progress)."""
         self._stop.set()
@@ -190,3 +209,18 @@ def close_all(
             close()
 
     _thread(target=run, name="arrowstream-close", daemon=True).start()
+
+
+def depth_for(item_bytes: int, *, budget: int = AHEAD_BYTES, most: int = AHEAD_MOST, least: int = 2) -> int:
+    """Return how many items of ``item_bytes`` bytes to hold ahead: what ``budget`` holds, within ``[least, most]``.
+
+    Examples
+    --------
+    >>> depth_for(8 * 2048 * 20)  # a packed 8 x 2,048 batch, every array: 320 KiB
+    16
+    >>> depth_for(64 * 8192 * 20)  # 64 x 8,192: 10 MiB
+    6
+    >>> depth_for(1 << 30)
+    2
+    """
+    return max(least, min(most, budget // max(1, item_bytes)))

@@ -489,7 +489,7 @@ class Dataset:
         initialised; DataLoader workers each become a consumer. ``columns``
         keeps only the named arrays of each batch. ``prefetch`` batches are
         made ahead in a background thread while the step runs (0: none;
-        ``None``: 4);
+        ``None``: up to 16, within 64 MiB);
         ``sharing`` is how workers hand batches over. See
         :class:`~arrowstream.pytorch.TorchDataset` and ``docs/training.md``.
         """
