@@ -55,6 +55,7 @@ from arrowstream.handover import check_sharing, one_storage, use_sharing
 from arrowstream.io.prefetch import AHEAD_MOST, Prefetcher, close_all, depth_for
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 from arrowstream.pipeline.snapshot import IteratorSnapshot
+from arrowstream.state.ranks import pick_consumer, whole_rank
 from arrowstream.state.snapshot import Snapshot, Taken, take_snapshot
 
 if TYPE_CHECKING:
@@ -210,7 +211,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
     def iterator(self) -> DatasetIterator:
         """Return a new arrowstream iterator for the calling consumer, from the loaded state."""
         rank, world, worker, num_workers = self.topology()
-        state = _whole(self._pending, _pick(self._pending, rank * num_workers + worker, world * num_workers))
+        state = whole_rank(self._pending, pick_consumer(self._pending, rank * num_workers + worker, world * num_workers))
         return self.dataset.iter(
             state, rank=rank, world_size=world, worker=worker, num_workers=num_workers
         )
@@ -334,6 +335,7 @@ class StatefulLoader:
         self.dataset = dataset
         self.kwargs = dataloader_kwargs
         self._latest: dict[int, Snapshot] = {}  # the snapshot of each worker's last batch handed over
+        self._plans: dict[int, Any] = {}  # each worker's plan, made here for its snapshots' states
         self._loaded: dict[str, Any] | None = None
         self._next = 0  # the worker whose batch comes next
 
@@ -424,12 +426,17 @@ class StatefulLoader:
             if snap is not None and getattr(snap, "plan", True) is not None:
                 states.append(snap.to_dict())
                 continue
-            # no batch from that worker yet, or a snapshot that crossed from a worker without its plan
+            if snap is not None and index in self._plans:  # it crossed from a worker without its plan
+                states.append(snap.with_plan(self._plans[index]).to_dict())
+                continue
+            # no batch from that worker yet, or its plan not made here yet (made once per load)
             worker = index - consumers[0]
-            start = _whole(self._loaded, _pick(self._loaded, index, count))
+            start = whole_rank(self._loaded, pick_consumer(self._loaded, index, count))
             it = self.dataset.dataset.iter(
                 start, rank=rank, world_size=world, worker=worker, num_workers=len(consumers)
             )
+            if snap is not None:
+                self._plans[index] = it.plan
             states.append(it.state_dict() if snap is None else snap.with_plan(it.plan).to_dict())
         return {
             "format": STATE_FORMAT,
@@ -460,7 +467,7 @@ class StatefulLoader:
                     "state with `arrowstream.merge_states` to resume on any topology"
                 )
         self._loaded = copy.deepcopy(state)
-        self._latest = {}
+        self._latest, self._plans = {}, {}
         same = state.get("kind") == "rank" and len(state.get("states", [])) == len(self._consumers()[0])
         self._next = int(state.get("next_worker", 0)) if same else 0
 
@@ -475,26 +482,3 @@ def _tag(it: Any, *, last: bool) -> dict[str, Any]:
     if not isinstance(snap, IteratorSnapshot):
         snap = Taken(snap.to_dict())
     return {"snapshot": snap, "consumer": it.consumer.index, "last": last}
-
-
-def _whole(state: dict[str, Any] | None, own: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Return the rank state ``own`` was picked from, whole: the iterator picks its own again.
-
-    Its siblings say when files added since it was saved join (see
-    :mod:`arrowstream.pipeline.growth`), which every worker must agree on.
-    """
-    return state if own is not None and state is not None and state.get("kind") == "rank" else own
-
-
-def _pick(state: dict[str, Any] | None, index: int, count: int) -> dict[str, Any] | None:
-    """Return what consumer ``index`` of ``count`` should load from ``state``."""
-    if state is None or state.get("kind") != "rank":
-        return state
-    for own in state.get("states", []):
-        if own.get("consumer") == {"index": index, "count": count}:
-            return own
-    raise StateError(
-        f"this rank state has no state for consumer {index} of {count} (rank x DataLoader "
-        "worker): the topology changed; merge every rank's state with "
-        "`arrowstream.merge_states` and load the result"
-    )

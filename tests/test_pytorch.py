@@ -328,6 +328,32 @@ def test_a_loader_state_is_checked_where_it_is_loaded(tmp_path: Path) -> None:
         ds.iter(state)
 
 
+def test_the_loader_makes_each_workers_plan_once_between_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's snapshot crosses without its plan; the loader makes that plan once (0.3 s a state_dict() on 85 MB), not per state."""
+    from arrowstream.pipeline.dataset import Dataset
+
+    rng = np.random.default_rng(6)
+    docs = named_docs([int(n) for n in rng.integers(1, 12, size=NUM_DOCS)])
+    write_parts(tmp_path, [{"input_ids": pa.array(docs, pa.list_(pa.int32()))}], row_group_size=9)
+    ds = read_parquet(tmp_path, batch_rows=5).tokenize(None, column="input_ids", eos_id=0).pack(seq_len=8, batch_size=2)
+    full = [b["input_ids"].numpy().tobytes() for b in StatefulLoader(ds.to_torch(), num_workers=2)]
+    loader = StatefulLoader(ds.to_torch(), num_workers=2)
+    it = iter(loader)
+    first = [next(it)["input_ids"].numpy().tobytes() for _ in range(4)]
+    made: list[int] = []
+    real = Dataset.iter
+    monkeypatch.setattr(Dataset, "iter", lambda self, *a, **k: made.append(1) or real(self, *a, **k))
+    states = []
+    for _ in range(3):
+        states.append(json.loads(json.dumps(loader.state_dict())))
+        first.append(next(it)["input_ids"].numpy().tobytes())
+    assert len(made) == 2  # one plan per worker, for the first state only
+    del it
+    resumed = StatefulLoader(ds.to_torch(), num_workers=2)
+    resumed.load_state_dict(states[-1])
+    assert first[:-1] + [b["input_ids"].numpy().tobytes() for b in resumed] == full
+
+
 @pytest.mark.parametrize("strategy", ["best_fit", "bucket"])
 def test_the_loader_resumes_look_ahead_strategies_from_the_snapshots_its_workers_send(
     tmp_path: Path, strategy: str

@@ -1,0 +1,52 @@
+"""A rank state's parts: which one a consumer (rank x DataLoader worker) loads.
+
+A rank state (``kind: "rank"``, from :class:`~arrowstream.pytorch.StatefulLoader`
+or torchdata's ``StatefulDataLoader``) holds one state per consumer of one
+rank. A consumer loads its own, but is given the whole rank state: its
+siblings say when files added since it was saved join (see
+:mod:`arrowstream.pipeline.growth`), which every worker must agree on.
+
+Examples
+--------
+>>> rank = {"kind": "rank", "states": [{"consumer": {"index": 0, "count": 2}},
+...                                    {"consumer": {"index": 1, "count": 2}}]}
+>>> pick_consumer(rank, 1, 2)
+{'consumer': {'index': 1, 'count': 2}}
+>>> whole_rank(rank, pick_consumer(rank, 1, 2)) is rank
+True
+>>> pick_consumer({"kind": "global"}, 1, 2)  # any other state is everyone's
+{'kind': 'global'}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from arrowstream.errors import StateError
+
+__all__ = ["pick_consumer", "whole_rank"]
+
+
+def whole_rank(state: dict[str, Any] | None, own: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Return the rank state ``own`` was picked from, whole (the iterator picks its own again), else ``own``."""
+    return state if own is not None and state is not None and state.get("kind") == "rank" else own
+
+
+def pick_consumer(state: dict[str, Any] | None, index: int, count: int) -> dict[str, Any] | None:
+    """Return what consumer ``index`` of ``count`` should load from ``state``.
+
+    Raises
+    ------
+    StateError
+        A rank state with no state for that consumer: the topology changed.
+    """
+    if state is None or state.get("kind") != "rank":
+        return state
+    for own in state.get("states", []):
+        if own.get("consumer") == {"index": index, "count": count}:
+            return own
+    raise StateError(
+        f"this rank state has no state for consumer {index} of {count} (rank x DataLoader "
+        "worker): the topology changed; merge every rank's state with "
+        "`arrowstream.merge_states` and load the result"
+    )
