@@ -935,6 +935,14 @@ MUTANTS = [
         "            if False:",
         ("tests/test_pytorch.py::test_the_loader_makes_each_workers_plan_once_between_loads",),
     ),
+    Mutant(
+        "reference-in-one-call",
+        "tokenizers encodes a whole slice in one call (a 2 MiB call keeps 50 MB of the C heap for good)",
+        "arrowstream/tokenize/encoders.py",
+        "        for part in reference_calls(texts):",
+        "        for part in [list(texts)]:",
+        ("tests/test_encoders.py::test_the_reference_encodes_in_bounded_calls_with_the_same_ids",),
+    ),
 ]
 
 

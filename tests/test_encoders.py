@@ -575,3 +575,31 @@ def test_a_slow_transformers_tokenizer_is_refused_with_the_fast_way(tmp_path: Pa
     write_parts(tmp_path, [{"text": ["aa"]}])
     with pytest.raises(ConfigError, match=r"CharTokenizer is a slow transformers tokenizer.*use_fast=True"):
         read_parquet(tmp_path).tokenize(CharTokenizer())
+
+
+def test_the_reference_encodes_in_bounded_calls_with_the_same_ids(
+    tok_small: Tokenizer, corpus: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tokenizers`` gets at most REFERENCE_CALL_BYTES of text a call: a 2 MiB call kept 50 MB of the C heap for good."""
+    import arrowstream.tokenize.encoders as encoders
+
+    monkeypatch.setattr(encoders, "REFERENCE_CALL_BYTES", 2_000)
+    enc = Encoder(tok_small, backend="tokenizers")
+    sizes: list[int] = []
+    real = enc.tokenizer.encode_batch_fast
+
+    class Spy:  # a tokenizers.Tokenizer's attributes cannot be set: wrap it
+        def __getattr__(self, name: str) -> object:
+            return getattr(real.__self__, name)
+
+        def encode_batch_fast(self, texts: list[str], **kw: object) -> object:
+            sizes.append(sum(map(len, texts)) if len(texts) > 1 else 0)
+            return real(texts, **kw)
+
+    enc.tokenizer = Spy()
+    texts = corpus[:300]
+    flat, lens = enc.encode(texts)
+    assert len(sizes) > 5 and max(sizes) <= 2_000
+    want = reference(tok_small, texts)
+    assert lens.tolist() == [len(w) for w in want]
+    assert flat.tolist() == [i for w in want for i in w]
