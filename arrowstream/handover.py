@@ -14,17 +14,32 @@ shared-memory segment. Two costs per batch are ours to choose:
   by processes that died). :func:`use_sharing` sets the strategy in the worker
   process only, where it decides how that worker's batches are sent.
 
-``benchmarks/bench_transfer.py`` measures both.
+- **or no shared memory at all**: with ``"pipe"`` the batch crosses the
+  DataLoader's result pipe as bytes (:class:`ByValue`): one copy more on
+  each side, but no segment to create or open, and no ``torch_shm_manager``
+  process per worker (``file_system`` starts one in each worker, about
+  56 MB of private memory each, since it loads ``libtorch_cpu``).
+
+``benchmarks/bench_transfer.py`` measures all three.
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from arrowstream.errors import ConfigError
 
-__all__ = ["check_sharing", "one_storage", "use_sharing"]
+__all__ = ["AUTO", "PIPE", "ByValue", "check_sharing", "one_storage", "by_value_limit", "use_sharing", "widen_result_pipe"]
+
+#: The ``sharing`` that sends each batch through the DataLoader's pipe as bytes (:class:`ByValue`).
+PIPE = "pipe"
+#: The default ``sharing``: through the pipe when the batch fits in it, else by name (``file_system``).
+AUTO = "auto"
 
 _ALIGN = 64
 
@@ -61,24 +76,138 @@ def one_storage(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 
 def check_sharing(sharing: str | None) -> str | None:
-    """Return ``sharing`` if it is one of torch's sharing strategies or ``None``.
+    """Return ``sharing`` if it is :data:`AUTO`, :data:`PIPE`, one of torch's sharing strategies, or ``None``.
 
     Examples
     --------
-    >>> check_sharing("file_system"), check_sharing(None)
-    ('file_system', None)
+    >>> check_sharing("auto"), check_sharing("pipe"), check_sharing("file_system"), check_sharing(None)
+    ('auto', 'pipe', 'file_system', None)
     >>> check_sharing("pipes")
     Traceback (most recent call last):
     ...
-    arrowstream.errors.ConfigError: `sharing` must be one of ['file_descriptor', 'file_system'] or None (leave torch's setting), got 'pipes'
+    arrowstream.errors.ConfigError: `sharing` must be one of ['auto', 'file_descriptor', 'file_system', 'pipe'] or None (leave torch's setting), got 'pipes'
     """
-    strategies = sorted(torch.multiprocessing.get_all_sharing_strategies())
-    if sharing is not None and sharing not in strategies:
-        raise ConfigError(f"`sharing` must be one of {strategies} or None (leave torch's setting), got {sharing!r}")
+    choices = sorted({*torch.multiprocessing.get_all_sharing_strategies(), PIPE, AUTO})
+    if sharing is not None and sharing not in choices:
+        raise ConfigError(f"`sharing` must be one of {choices} or None (leave torch's setting), got {sharing!r}")
     return sharing
 
 
 def use_sharing(sharing: str | None) -> None:
-    """Make this process send tensors by ``sharing`` (``None``: leave it); call it in a worker only."""
-    if sharing is not None and torch.multiprocessing.get_sharing_strategy() != sharing:
+    """Make this process send tensors by ``sharing`` (:data:`AUTO`: ``file_system``; ``None`` or :data:`PIPE`: leave it).
+
+    Call it in a worker only.
+    """
+    if sharing == AUTO:
+        sharing = "file_system"
+    if sharing not in (None, PIPE) and torch.multiprocessing.get_sharing_strategy() != sharing:
         torch.multiprocessing.set_sharing_strategy(sharing)
+
+
+class ByValue(dict):  # type: ignore[type-arg]
+    """A dict whose tensors that view one buffer pickle as that buffer's bytes, once.
+
+    What a DataLoader worker sends with ``sharing="pipe"``: the batch is
+    pickled into the worker's result pipe and rebuilt in the main process as
+    a :attr:`received_as` (a plain ``dict`` here) of tensors viewing one
+    writable buffer. Values that do not view the buffer pickle as usual.
+
+    Examples
+    --------
+    >>> import pickle
+    >>> import numpy as np
+    >>> batch = ByValue(one_storage({"a": np.arange(4, dtype=np.int32).reshape(2, 2), "b": np.array([True])}), n=3)
+    >>> back = pickle.loads(pickle.dumps(batch))
+    >>> type(back).__name__, list(back), back["a"].tolist(), back["b"].tolist(), back["n"]
+    ('dict', ['a', 'b', 'n'], [[0, 1], [2, 3]], [True], 3)
+    >>> back["a"].untyped_storage().data_ptr() == back["b"].untyped_storage().data_ptr()
+    True
+    """
+
+    #: The type the main process receives (a subclass may name its own).
+    received_as: type = dict
+
+    def __copy__(self) -> ByValue:
+        return type(self)(self)
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        storage = next((v.untyped_storage() for v in self.values() if isinstance(v, torch.Tensor)), None)
+        items: list[tuple[str, bool, Any]] = []
+        for key, value in self.items():
+            if storage is not None and isinstance(value, torch.Tensor) and value.is_contiguous() \
+                    and value.untyped_storage().data_ptr() == storage.data_ptr():
+                start, size = value.storage_offset() * value.element_size(), value.numel() * value.element_size()
+                items.append((key, True, (value.dtype, tuple(value.shape), start, size)))
+            else:
+                items.append((key, False, value))
+        payload = b"" if storage is None else torch.empty(0, dtype=torch.uint8).set_(storage).numpy().tobytes()
+        return _rebuild, (self.received_as, items, payload)
+
+
+def _rebuild(cls: type, items: list[tuple[str, bool, Any]], payload: bytes) -> Any:
+    """Return ``cls`` of the values :meth:`ByValue.__reduce__` listed, the views over one writable copy of ``payload``."""
+    buffer = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(0, dtype=torch.uint8)
+    out = cls()
+    for key, is_view, value in items:
+        if is_view:
+            dtype, shape, start, size = value
+            value = buffer[start : start + size].view(dtype).view(shape)
+        out[key] = value
+    return out
+
+
+def widen_result_pipe(frame: Any, *, depth: int = 4) -> int | None:
+    """Let the DataLoader's result pipe hold a whole batch; return its new capacity (``None``: not found or not Linux).
+
+    A pipe holds 64 KiB by default, so a batch of 300 KB crossing by value
+    goes over in five turns of the worker writing and the main process
+    reading. Called from a worker's ``__iter__`` with its frame:
+    the ``data_queue`` of torch's worker loop, a few frames up, is the pipe
+    every worker writes to; its capacity is raised to the most an
+    unprivileged process may ask for (``/proc/sys/fs/pipe-max-size``, 1 MiB
+    by default). Kernel memory is taken only as bytes wait in it.
+    """
+    import fcntl
+
+    setter = getattr(fcntl, "F_SETPIPE_SZ", None)
+    for _ in range(depth):
+        frame = frame.f_back if frame is not None else None
+        if frame is None or setter is None:
+            return None
+        writer = getattr(frame.f_locals.get("data_queue"), "_writer", None)
+        if writer is None:
+            continue
+        try:
+            with open("/proc/sys/fs/pipe-max-size") as f:
+                most = int(f.read())
+            return int(fcntl.fcntl(writer.fileno(), setter, most))
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+#: Bytes of a pickled batch beside its arrays (keys, dtypes, shapes, counts), kept free in the pipe.
+PICKLE_SLACK = 4096
+
+
+def by_value_limit(sharing: str | None, frame: Any) -> float:
+    """Return the bytes of arrays up to which a worker sends a batch through the pipe (0: never).
+
+    :data:`PIPE`: always; :data:`AUTO`: when it fits in the result pipe,
+    widened by :func:`widen_result_pipe` (never if the pipe is not found);
+    anything else: never. Called once in a worker, with its ``__iter__``'s frame.
+
+    Examples
+    --------
+    >>> import sys
+    >>> by_value_limit("file_system", sys._getframe()), by_value_limit("pipe", sys._getframe())
+    (0, inf)
+    >>> by_value_limit("auto", sys._getframe())  # not in a DataLoader worker: no result pipe
+    0
+    """
+    if sharing not in (AUTO, PIPE):
+        return 0
+    capacity = widen_result_pipe(frame)
+    if sharing == PIPE:
+        return float("inf")
+    return 0 if capacity is None else capacity - PICKLE_SLACK

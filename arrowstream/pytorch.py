@@ -16,11 +16,11 @@ starts with worker 0), so the trainer sees the batches of no interruption.
 
 Forked workers: the main process never tokenizes, so each worker's tokenizer
 keeps its own thread pool and no fork warning is printed. In a worker, a
-batch's arrays are copied into one buffer (the tensors are views of it), so
-the batch crosses to the main process as one shared-memory segment rather
-than one per tensor, and the worker shares it by file name (torch's
-``file_system`` strategy, set in the worker only): the main process opens it
-without a round trip to the busy worker (see ``sharing``).
+batch's arrays are copied into one buffer (the tensors are views of it).
+By default a batch that fits in the DataLoader's result pipe (widened to
+1 MiB) crosses it as bytes, and a larger one as one shared-memory segment
+opened by name (torch's ``file_system`` strategy, set in the worker only):
+no round trip to the busy worker either way (see ``sharing``).
 
 Requires ``pip install arrowstream[torch]``.
 """
@@ -51,7 +51,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from arrowstream.checks import check_int
 from arrowstream.distributed.topology import WHOLE_RUN_COUNTERS
 from arrowstream.errors import ConfigError, StateError
-from arrowstream.handover import check_sharing, one_storage, use_sharing
+from arrowstream.handover import AUTO, ByValue, by_value_limit, check_sharing, one_storage, use_sharing
 from arrowstream.io.prefetch import AHEAD_MOST, Prefetcher, close_all, depth_for
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 from arrowstream.pipeline.snapshot import IteratorSnapshot
@@ -87,6 +87,12 @@ _COLLATING = (
 
 def _refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
     raise ConfigError(_COLLATING)
+
+
+class _PipedBatch(ByValue, Batch):
+    """A :class:`Batch` a worker sends through the DataLoader's pipe (:class:`~arrowstream.handover.ByValue`)."""
+
+    received_as = Batch
 
 
 default_collate_fn_map[Batch] = _refuse_collate
@@ -129,14 +135,19 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         batch is made, then as many as 64 MiB holds, at most 16
         (:data:`DEFAULT_PREFETCH`; :func:`~arrowstream.io.prefetch.depth_for`).
     sharing
-        The torch sharing strategy a DataLoader worker iterating this dataset
-        sends its batches with (set in the worker process only; the main
-        process keeps its own). ``"file_system"`` (the default): the main
-        process opens each batch's shared memory by name. torch's default
-        on Linux, ``"file_descriptor"``, instead makes the main process fetch
-        a file descriptor from the worker for every batch, waiting on the
-        worker's busy threads. ``None`` leaves the worker's strategy as it
-        is. See ``docs/training.md``.
+        How a DataLoader worker iterating this dataset hands its batches to
+        the main process. ``"auto"`` (the default): a batch that fits in the
+        DataLoader's result pipe (whose capacity the worker raises to
+        ``/proc/sys/fs/pipe-max-size``, 1 MiB by default) is pickled into it
+        as bytes; a larger one goes as one shared-memory segment that the
+        main process opens by name (torch's ``file_system`` strategy, set in
+        the worker only; torch starts a ``torch_shm_manager`` process per
+        worker for it, about 56 MB each, the first time). ``"pipe"``: every
+        batch through the pipe. ``"file_system"``: every batch by name.
+        torch's default on Linux, ``"file_descriptor"``, makes the main
+        process fetch a file descriptor from the worker for every batch,
+        waiting on the worker's busy threads. ``None`` leaves the worker's
+        strategy as it is. See ``docs/training.md``.
 
     Examples
     --------
@@ -159,7 +170,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         attach_state: bool = False,
         columns: Sequence[str] | None = None,
         prefetch: int | None = None,
-        sharing: str | None = "file_system",
+        sharing: str | None = AUTO,
     ) -> None:
         if dataset.packer is None:
             raise ConfigError(
@@ -178,6 +189,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         self.columns = None if columns is None else tuple(columns)
         self.prefetch = None if prefetch is None else check_int("prefetch", prefetch, low=0)
         self.sharing = check_sharing(sharing)
+        self._by_value_at_most = 0  # in a worker: the largest batch sent through the pipe, in bytes
         self._handed: Snapshot | None = None  # with prefetch: the state after the last batch handed out
         self.dataset = dataset
         self.rank = rank
@@ -220,7 +232,9 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         keys = batch if self.columns is None else self.columns
         out = Batch((key, batch[key]) for key in keys)
         arrays = {key: value for key, value in out.items() if isinstance(value, np.ndarray)}
-        if len(arrays) > 1 and get_worker_info() is not None:
+        if get_worker_info() is not None and sum(a.nbytes for a in arrays.values()) <= self._by_value_at_most:
+            out = _PipedBatch(out, **one_storage(arrays))
+        elif len(arrays) > 1 and get_worker_info() is not None:
             out.update(one_storage(arrays))
         else:
             out.update((key, torch.from_numpy(value)) for key, value in arrays.items())
@@ -235,6 +249,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             if self._worker_ran is not None:
                 self._worker_ran.value = 1
             use_sharing(self.sharing)
+            self._by_value_at_most = by_value_limit(self.sharing, sys._getframe())
         self._it = it = self.iterator()
         self._handed = None
         if self.prefetch == 0:

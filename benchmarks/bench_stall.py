@@ -19,8 +19,8 @@ first batch is start-up, not a stall, and is reported apart. Medians of
 
 Beside each run, the same consumer at the same step time pulls from a
 dataset that has its batches ready (one real batch handed over again and
-again, the way ``to_torch`` hands batches over: one storage, shared by
-name from a worker): the wait that the DataLoader and the handover cost by
+again, the way ``to_torch`` hands batches over from a worker with the same
+``--sharing``): the wait that the DataLoader and the handover cost by
 themselves, which no loader behind them can remove.
 
 Usage::
@@ -71,7 +71,8 @@ def _loader(args: argparse.Namespace, workers: int) -> Any:
     if workers:
         options["prefetch_factor"] = args.prefetch_factor
         options["persistent_workers"] = False
-    return DataLoader(ds.to_torch(prefetch=args.prefetch), **options)
+    sharing = {} if args.sharing is None else {"sharing": args.sharing}
+    return DataLoader(ds.to_torch(prefetch=args.prefetch, **sharing), **options)
 
 
 def _ready_loader(args: argparse.Namespace, workers: int) -> Any:
@@ -80,7 +81,8 @@ def _ready_loader(args: argparse.Namespace, workers: int) -> Any:
     from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
     from arrowstream import read_parquet
-    from arrowstream.handover import one_storage, use_sharing
+    from arrowstream.handover import PIPE, ByValue, one_storage, use_sharing, widen_result_pipe
+    from arrowstream.pytorch import TorchDataset
 
     if not hasattr(args, "ready_batch"):
         it = _packed(read_parquet(args.corpus).tokenize(args.tokenizer), args).iter()
@@ -89,19 +91,33 @@ def _ready_loader(args: argparse.Namespace, workers: int) -> Any:
     arrays = {k: v for k, v in args.ready_batch.items() if isinstance(v, np.ndarray)}
     counts = {k: v for k, v in args.ready_batch.items() if not isinstance(v, np.ndarray)}
 
+    sharing = args.sharing if args.sharing is not None else _default_sharing(TorchDataset)
+    send = ByValue if sharing == PIPE else dict
+
     class Ready(IterableDataset):  # type: ignore[type-arg]
         def __iter__(self) -> Any:
             in_worker = get_worker_info() is not None
             if in_worker:
-                use_sharing("file_system")
+                use_sharing(sharing)
+                if sharing == PIPE:
+                    widen_result_pipe(sys._getframe())
             while True:
-                tensors = one_storage(arrays) if in_worker else {k: torch.from_numpy(v) for k, v in arrays.items()}
-                yield {**counts, **tensors}
+                if in_worker:
+                    yield send({**counts, **one_storage(arrays)})
+                else:
+                    yield {**counts, **{k: torch.from_numpy(v) for k, v in arrays.items()}}
 
     options: dict[str, Any] = {"batch_size": None, "num_workers": workers}
     if workers:
         options["prefetch_factor"] = args.prefetch_factor
     return DataLoader(Ready(), **options)
+
+
+def _default_sharing(cls: Any) -> str:
+    """The ``sharing`` that ``to_torch()`` takes by default."""
+    import inspect
+
+    return inspect.signature(cls).parameters["sharing"].default
 
 
 def _rate(args: argparse.Namespace, workers: int) -> float:
@@ -180,6 +196,8 @@ def main() -> int:
     p.add_argument("--prefetch-factor", type=int, default=2, help="DataLoader prefetch_factor with workers")
     p.add_argument("--prefetch", type=int, default=None,
                    help="to_torch(prefetch=...): batches made ahead in a thread [the library's default: up to 16, within 64 MiB]")
+    p.add_argument("--sharing", default=None, choices=["auto", "pipe", "file_system", "file_descriptor"],
+                   help="to_torch(sharing=...): how workers hand batches over [the library's default]")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
         "--switch-interval", type=float, default=None,
@@ -227,8 +245,11 @@ def main() -> int:
     log()
     log(fmt_table(["workers", "loader batches/s", "headroom", "step ms", "wait % of wall", "of it off a CPU %", "p50 wait ms",
                    "p99 wait ms", "first batch s", "ready: wait %", "ready: p50 ms"], rows))
-    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, medians of {args.repeats}; waits over {args.batches} steps "
-        f"after {args.warmup} warm-up batches)")
+    from arrowstream.pytorch import TorchDataset
+
+    sharing = args.sharing or f"{_default_sharing(TorchDataset)} (the default)"
+    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, sharing {sharing}, medians of {args.repeats}; waits over "
+        f"{args.batches} steps after {args.warmup} warm-up batches)")
     checks = Checks()
     try:
         for name, run in results["runs"].items():

@@ -1,17 +1,22 @@
 #!/usr/bin/env python
-"""Handing packed batches from DataLoader workers to the main process: how many segments, and how they are opened.
+"""Handing packed batches from DataLoader workers to the main process: through the pipe, or how many segments, opened how.
 
 A real packed batch (``seq_len`` x ``batch_size`` from the built-in sample
 corpus, every key of the batch) is made once; then a ``DataLoader`` with
 ``--workers`` workers hands ``--batches`` copies of it over, alternating, for
 ``--repeats`` rounds:
 
-- ``one storage, by name``: what ``TorchDataset`` does in a worker, the arrays
-  copied into one buffer that every tensor views
-  (``arrowstream.handover.one_storage``), sent with torch's ``file_system``
-  sharing strategy (the main process opens the segment by name);
+- ``one storage, by name``: the arrays copied into one buffer that every
+  tensor views (``arrowstream.handover.one_storage``), sent with torch's
+  ``file_system`` sharing strategy (the main process opens the segment by
+  name), what ``TorchDataset`` does in a worker for a batch larger than the
+  pipe;
 - ``one storage, by descriptor``: the same buffer with torch's Linux default,
   ``file_descriptor`` (the main process asks the worker for a descriptor);
+- ``one storage, through the pipe``: the same buffer pickled as bytes into the
+  DataLoader's result pipe (``arrowstream.handover.ByValue``, what
+  ``TorchDataset`` sends by default when the batch fits in the pipe, the
+  pipe widened to 1 MiB first): no shared memory;
 - ``tensor per array``: ``torch.from_numpy`` on each array, by descriptor, so
   each array crosses as its own segment.
 
@@ -38,7 +43,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from arrowstream.handover import one_storage, use_sharing
+from arrowstream.handover import ByValue, one_storage, use_sharing, widen_result_pipe
 from arrowstream.testing.data import sample_tokenizer, write_dataset
 from harness import Checks, fmt_table, log, machine_facts, median
 
@@ -51,6 +56,9 @@ class Copies(IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self):
         use_sharing("file_system" if self.how.endswith("by name") else "file_descriptor")
+        send = ByValue if self.how.endswith("through the pipe") else dict
+        if send is ByValue:
+            widen_result_pipe(sys._getframe())
         if self.busy:
             threading.Thread(target=_spin, daemon=True).start()
         info = get_worker_info()
@@ -59,7 +67,7 @@ class Copies(IterableDataset):  # type: ignore[type-arg]
         counts = {k: v for k, v in self.batch.items() if not isinstance(v, np.ndarray)}
         for _ in range(share):
             if self.how.startswith("one storage"):
-                yield {**counts, **one_storage(arrays)}
+                yield send({**counts, **one_storage(arrays)})
             else:
                 yield {**counts, **{k: torch.from_numpy(v.copy()) for k, v in arrays.items()}}
 
@@ -118,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     batch = packed_batch(args.seq_len, args.batch_size)
     arrays = sorted(k for k, v in batch.items() if isinstance(v, np.ndarray))
     log(f"batch: {args.batch_size} x {args.seq_len}, arrays {arrays}, {sum(batch[k].nbytes for k in arrays):,} bytes")
-    hows = ("one storage, by name", "one storage, by descriptor", "tensor per array")
+    hows = ("one storage, through the pipe", "one storage, by name", "one storage, by descriptor", "tensor per array")
     times: dict[str, list[float]] = {h: [] for h in hows}
     for r in range(repeats):
         for how in hows if r % 2 == 0 else hows[::-1]:

@@ -14,7 +14,8 @@ Spec keys: ``kind`` (``raw``, ``arrowstream``, ``datasets``, ``torchdata``,
 ``tokenizer``, ``tiktoken``, ``seq_len``, ``batch_size``, ``eos_id``,
 ``vocab_size``, and per kind ``method``, ``digest``, ``strategy``,
 ``backend``, ``even_batches``, ``encoder``, ``workers``, ``side``, ``state``,
-``skip``.
+``skip``, and optionally ``sharing`` (``to_torch(sharing=...)`` with workers;
+the library's default when absent).
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def build_loader(spec: dict[str, Any], torch: Any) -> tuple[Any, Any]:
     ds = arrowstream_dataset(corpus, tok, seq_len=L, batch_size=B, strategy=spec["strategy"],
                              backend=backend, even_batches=spec["even_batches"])
     if workers:
-        return ds, torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=workers)
+        return ds, torch.utils.data.DataLoader(ds.to_torch(**({"sharing": spec["sharing"]} if "sharing" in spec else {})), batch_size=None, num_workers=workers)
     return ds, ds.to_torch()  # tensors, as a training loop takes them
 
 

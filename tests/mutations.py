@@ -943,6 +943,30 @@ MUTANTS = [
         "        for part in [list(texts)]:",
         ("tests/test_encoders.py::test_the_reference_encodes_in_bounded_calls_with_the_same_ids",),
     ),
+    Mutant(
+        "small-batches-by-name",
+        "to_torch's default sends every batch from a worker by shared-memory name: a torch_shm_manager process per worker",
+        "arrowstream/handover.py",
+        "    return 0 if capacity is None else capacity - PICKLE_SLACK\n",
+        "    return 0\n",
+        ("tests/test_handover.py",),
+    ),
+    Mutant(
+        "big-batches-through-the-pipe",
+        "to_torch's default sends batches larger than the result pipe through it too (turns of writing and reading)",
+        "arrowstream/handover.py",
+        "    return 0 if capacity is None else capacity - PICKLE_SLACK\n",
+        "    return float('inf')\n",
+        ("tests/test_handover.py",),
+    ),
+    Mutant(
+        "result-pipe-not-widened",
+        "a worker finds the result pipe but leaves it at 64 KiB: a batch crosses in several turns",
+        "arrowstream/handover.py",
+        "            return int(fcntl.fcntl(writer.fileno(), setter, most))\n",
+        "            return most\n",
+        ("tests/test_handover.py",),
+    ),
 ]
 
 

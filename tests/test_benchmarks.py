@@ -108,7 +108,7 @@ def test_cache_benchmark_smoke_run_passes_its_check(tmp_path: Path) -> None:
 
 def test_transfer_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     result, _ = _bench(tmp_path, "bench_transfer.py", "--smoke", workdir=False, timeout=300)
-    hows = {"one storage, by name", "one storage, by descriptor", "tensor per array"}
+    hows = {"one storage, through the pipe", "one storage, by name", "one storage, by descriptor", "tensor per array"}
     assert result["checks_passed"] and set(result["us_per_batch"]) == hows and result["busy"]
 
 

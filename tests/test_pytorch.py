@@ -109,7 +109,7 @@ def _sender_pid(tensor: torch.Tensor) -> int:
 def test_a_worker_shares_its_batches_by_file_name_and_the_main_process_keeps_its_strategy(tmp_path: Path) -> None:
     ds, _ = _ds(tmp_path)
     before = torch.multiprocessing.get_sharing_strategy()
-    loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=1)
+    loader = torch.utils.data.DataLoader(ds.to_torch(sharing="file_system"), batch_size=None, num_workers=1)
     it = iter(loader)
     batch = next(it)
     worker_pid = next(iter(it._workers)).pid  # type: ignore[attr-defined]

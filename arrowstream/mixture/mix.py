@@ -332,7 +332,7 @@ class PackedMixture:
         world_size: int | None = None,
         columns: Sequence[str] | None = None,
         prefetch: int | None = None,
-        sharing: str | None = "file_system",
+        sharing: str | None = "auto",
     ) -> TorchDataset:
         """Return a ``torch.utils.data.IterableDataset`` of tensor batches (see :meth:`Dataset.to_torch <arrowstream.Dataset.to_torch>`)."""
         from arrowstream.pytorch import TorchDataset

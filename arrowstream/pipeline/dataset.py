@@ -481,7 +481,7 @@ class Dataset:
         world_size: int | None = None,
         columns: Sequence[str] | None = None,
         prefetch: int | None = None,
-        sharing: str | None = "file_system",
+        sharing: str | None = "auto",
     ) -> TorchDataset:
         """Return a ``torch.utils.data.IterableDataset`` of tensor batches (needs ``torch``).
 
@@ -490,7 +490,8 @@ class Dataset:
         keeps only the named arrays of each batch. ``prefetch`` batches are
         made ahead in a background thread while the step runs (0: none;
         ``None``: up to 16, within 64 MiB);
-        ``sharing`` is how workers hand batches over. See
+        ``sharing`` is how workers hand batches over (``"auto"``: through
+        the DataLoader's pipe when a batch fits in it, else by name). See
         :class:`~arrowstream.pytorch.TorchDataset` and ``docs/training.md``.
         """
         from arrowstream.pytorch import TorchDataset  # torch is optional: imported on use
