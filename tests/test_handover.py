@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import warnings
@@ -44,9 +45,12 @@ def _shm_managers(pid: int) -> list[int]:
     while todo:
         p = todo.pop()
         for task in Path(f"/proc/{p}/task").iterdir():
-            children = [int(c) for c in (task / "children").read_text().split()]
-            todo += children
-            found += [c for c in children if Path(f"/proc/{c}/comm").read_text().startswith("torch_shm_manag")]
+            try:  # a thread or a child may end while we look
+                children = [int(c) for c in (task / "children").read_text().split()]
+                todo += children
+                found += [c for c in children if Path(f"/proc/{c}/comm").read_text().startswith("torch_shm_manag")]
+            except OSError:
+                continue
     return found
 
 
@@ -59,7 +63,8 @@ def _receive(
     it = iter(loader)
     got = [next(it) for _ in range(n)]
     managers = _shm_managers(next(iter(it._workers)).pid)  # type: ignore[attr-defined]
-    del it
+    for _ in it:  # to the end: the worker exits on its own
+        pass
     return got, managers
 
 
@@ -125,8 +130,13 @@ def _pipe_capacity(it: Any) -> int:
 
 @pytest.mark.parametrize("loader", [DataLoader, StatefulDataLoader])
 def test_a_worker_widens_the_result_pipe_of_either_dataloader(tmp_path: Path, loader: Any) -> None:
+    import fcntl
+
+    read_end, write_end = os.pipe()  # a pipe as made: less than its widest
+    assert fcntl.fcntl(read_end, fcntl.F_GETPIPE_SZ) < PIPE_MAX
+    os.close(read_end), os.close(write_end)
     it = iter(loader(_Capacity(), batch_size=None, num_workers=1))
-    assert _pipe_capacity(it) == 64 * 1024 and next(it) == PIPE_MAX
+    assert next(it) == PIPE_MAX  # (the worker may widen it before the first next(): checked after)
     assert _pipe_capacity(it) == PIPE_MAX
     assert list(loader(_Capacity(), batch_size=None, num_workers=0)) == [None]  # no pipe without workers
     it = iter(loader(_packed(tmp_path, seq_len=64, batch_size=2).to_torch(), batch_size=None, num_workers=1))
