@@ -14,8 +14,9 @@ shared-memory segment. Two costs per batch are ours to choose:
   by processes that died). :func:`use_sharing` sets the strategy in the worker
   process only, where it decides how that worker's batches are sent.
 
-- **or no shared memory at all**: with ``"pipe"`` the batch crosses the
-  DataLoader's result pipe as bytes (:class:`ByValue`): one copy more on
+- **or no shared memory at all**: with ``"auto"`` (the default, for a batch
+  that fits in the pipe) or ``"pipe"`` the batch crosses the DataLoader's
+  result pipe as bytes (:class:`ByValue`): one copy more on
   each side, but no segment to create or open, and no ``torch_shm_manager``
   process per worker (``file_system`` starts one in each worker, about
   56 MB of private memory each, since it loads ``libtorch_cpu``).
@@ -25,7 +26,6 @@ shared-memory segment. Two costs per batch are ours to choose:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -107,7 +107,8 @@ def use_sharing(sharing: str | None) -> None:
 class ByValue(dict):  # type: ignore[type-arg]
     """A dict whose tensors that view one buffer pickle as that buffer's bytes, once.
 
-    What a DataLoader worker sends with ``sharing="pipe"``: the batch is
+    What a DataLoader worker sends through the pipe (``sharing="auto"`` or
+    ``"pipe"``, see :func:`by_value_limit`): the batch is
     pickled into the worker's result pipe and rebuilt in the main process as
     a :attr:`received_as` (a plain ``dict`` here) of tensors viewing one
     writable buffer. Values that do not view the buffer pickle as usual.

@@ -232,9 +232,10 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         keys = batch if self.columns is None else self.columns
         out = Batch((key, batch[key]) for key in keys)
         arrays = {key: value for key, value in out.items() if isinstance(value, np.ndarray)}
-        if get_worker_info() is not None and sum(a.nbytes for a in arrays.values()) <= self._by_value_at_most:
+        in_worker = get_worker_info() is not None
+        if in_worker and sum(a.nbytes for a in arrays.values()) <= self._by_value_at_most:
             out = _PipedBatch(out, **one_storage(arrays))
-        elif len(arrays) > 1 and get_worker_info() is not None:
+        elif in_worker and len(arrays) > 1:
             out.update(one_storage(arrays))
         else:
             out.update((key, torch.from_numpy(value)) for key, value in arrays.items())
