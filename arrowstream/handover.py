@@ -22,6 +22,11 @@ shared-memory segment. Two costs per batch are ours to choose:
   56 MB of private memory each, since it loads ``libtorch_cpu``).
 
 ``benchmarks/bench_transfer.py`` measures all three.
+
+Beside a batch, a worker of :class:`~arrowstream.pytorch.StatefulLoader`
+sends the snapshot of its state after it, sealed (:func:`state_tag`): the
+main process keeps it as bytes and unpickles only the one a checkpoint needs
+(``benchmarks/bench_loaders.py``).
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ import numpy as np
 import torch
 
 from arrowstream.errors import ConfigError
+from arrowstream.pipeline.snapshot import IteratorSnapshot
+from arrowstream.state.snapshot import Sealed, Taken, take_snapshot
 
-__all__ = ["AUTO", "PIPE", "ByValue", "check_sharing", "one_storage", "by_value_limit", "use_sharing", "widen_result_pipe"]
+__all__ = ["AUTO", "PIPE", "ByValue", "check_sharing", "one_storage", "by_value_limit", "state_tag", "use_sharing", "widen_result_pipe"]
 
 #: The ``sharing`` that sends each batch through the DataLoader's pipe as bytes (:class:`ByValue`).
 PIPE = "pipe"
@@ -212,3 +219,31 @@ def by_value_limit(sharing: str | None, frame: Any) -> float:
     if sharing == PIPE:
         return float("inf")
     return 0 if capacity is None else capacity - PICKLE_SLACK
+
+
+def state_tag(it: Any, *, last: bool) -> dict[str, Any]:
+    """What a batch carries for :class:`~arrowstream.pytorch.StatefulLoader`: its worker's state after it, sealed.
+
+    The snapshot of the state after the batch (:class:`~arrowstream.state.snapshot.Sealed`:
+    it crosses as bytes and is unpickled only if a checkpoint asks for it),
+    the consumer, and whether the batch is its worker's last. A pipeline's
+    snapshot travels without its plan (the loader puts it back when a state
+    is asked for); a mixture's state is built here.
+
+    Examples
+    --------
+    >>> import pickle
+    >>> from arrowstream import read_parquet
+    >>> from arrowstream.testing import example_dir
+    >>> it = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0).pack(seq_len=4, batch_size=2).iter()
+    >>> first = next(it)
+    >>> tag = pickle.loads(pickle.dumps(state_tag(it, last=False)))
+    >>> tag["consumer"], tag["last"], tag["snapshot"].is_open
+    (0, False, False)
+    >>> tag["snapshot"].open().with_plan(it.plan).to_dict() == it.state_dict()
+    True
+    """
+    snap = take_snapshot(it)
+    if not isinstance(snap, IteratorSnapshot):
+        snap = Taken(snap.to_dict())
+    return {"snapshot": Sealed(snap), "consumer": it.consumer.index, "last": last}

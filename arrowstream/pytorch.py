@@ -51,12 +51,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from arrowstream.checks import check_int
 from arrowstream.distributed.topology import WHOLE_RUN_COUNTERS
 from arrowstream.errors import ConfigError, StateError
-from arrowstream.handover import AUTO, ByValue, by_value_limit, check_sharing, one_storage, use_sharing
+from arrowstream.handover import AUTO, ByValue, by_value_limit, check_sharing, one_storage, state_tag, use_sharing
 from arrowstream.io.prefetch import AHEAD_MOST, Prefetcher, close_all, depth_for
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
-from arrowstream.pipeline.snapshot import IteratorSnapshot
 from arrowstream.state.ranks import pick_consumer, whole_rank
-from arrowstream.state.snapshot import Snapshot, Taken, take_snapshot
+from arrowstream.state.snapshot import Snapshot, opened, take_snapshot
 
 if TYPE_CHECKING:
     from arrowstream.pipeline.dataset import Dataset
@@ -64,7 +63,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_PREFETCH", "STATE_KEY", "Batch", "StatefulLoader", "TorchDataset", "one_storage"]
 
-#: Key under which a batch carries a snapshot of its worker's state (``attach_state=True``; see :func:`_tag`).
+#: Key under which a batch carries a snapshot of its worker's state (``attach_state=True``; see :func:`~arrowstream.handover.state_tag`).
 STATE_KEY = "arrowstream_state"
 
 
@@ -281,13 +280,13 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         held: dict[str, Any] | None = None
         for batch in it:
             out: dict[str, Any] = self._tensors(batch)
-            out[STATE_KEY] = _tag(it, last=False)
+            out[STATE_KEY] = state_tag(it, last=False)
             if held is not None:
                 yield (held, held[STATE_KEY]["snapshot"]) if with_state else held
             held = out
         if held is not None:
             # the state after the end: what an estimated target made the consumer drop is in it
-            held[STATE_KEY] = _tag(it, last=True)
+            held[STATE_KEY] = state_tag(it, last=True)
             yield (held, held[STATE_KEY]["snapshot"]) if with_state else held
 
     def state_dict(self) -> dict[str, Any]:
@@ -438,7 +437,7 @@ class StatefulLoader:
         rank, world, _, _ = self.dataset.topology()
         states = []
         for index in consumers:
-            snap = self._latest.get(index)
+            snap = opened(self._latest.get(index))  # a worker's snapshot crosses as bytes until now
             if snap is not None and getattr(snap, "plan", True) is not None:
                 states.append(snap.to_dict())
                 continue
@@ -486,15 +485,3 @@ class StatefulLoader:
         self._latest, self._plans = {}, {}
         same = state.get("kind") == "rank" and len(state.get("states", [])) == len(self._consumers()[0])
         self._next = int(state.get("next_worker", 0)) if same else 0
-
-
-def _tag(it: Any, *, last: bool) -> dict[str, Any]:
-    """What a batch carries for :class:`StatefulLoader`: a snapshot of the state after it, the consumer, whether it is the last.
-
-    A pipeline's snapshot travels without its plan (the loader puts it back
-    when a state is asked for); a mixture's state is built here.
-    """
-    snap = take_snapshot(it)
-    if not isinstance(snap, IteratorSnapshot):
-        snap = Taken(snap.to_dict())
-    return {"snapshot": snap, "consumer": it.consumer.index, "last": last}

@@ -506,7 +506,7 @@ MUTANTS = [
         "loader-state-before-the-last-drop",
         "a worker's last batch carries the state from before its end, so a drop at an estimated target never reaches the loader",
         "arrowstream/pytorch.py",
-        '            held[STATE_KEY] = _tag(it, last=True)\n',
+        '            held[STATE_KEY] = state_tag(it, last=True)\n',
         '            held[STATE_KEY]["last"] = True\n',
         ("tests/test_pytorch.py::test_the_loader_counts_what_its_workers_did_drops_included",),
     ),
@@ -850,7 +850,7 @@ MUTANTS = [
     Mutant(
         "worker-snapshot-built-in-the-worker",
         "StatefulLoader's workers build each batch's state instead of sending a snapshot",
-        "arrowstream/pytorch.py",
+        "arrowstream/handover.py",
         "    if not isinstance(snap, IteratorSnapshot):\n        snap = Taken(snap.to_dict())\n",
         "    snap = Taken(snap.to_dict())\n",
         ("tests/test_pytorch.py::test_the_loader_resumes_look_ahead_strategies_from_the_snapshots_its_workers_send",),
@@ -966,6 +966,22 @@ MUTANTS = [
         "            return int(fcntl.fcntl(writer.fileno(), setter, most))\n",
         "            return most\n",
         ("tests/test_handover.py",),
+    ),
+    Mutant(
+        "worker-snapshot-unpickled-per-batch",
+        "StatefulLoader's workers send their snapshots unsealed: the main process unpickles one with every batch",
+        "arrowstream/handover.py",
+        '    return {"snapshot": Sealed(snap), "consumer": it.consumer.index, "last": last}\n',
+        '    return {"snapshot": snap, "consumer": it.consumer.index, "last": last}\n',
+        ("tests/test_pytorch.py::test_the_loader_resumes_look_ahead_strategies_from_the_snapshots_its_workers_send",),
+    ),
+    Mutant(
+        "sealed-snapshot-opened-on-arrival",
+        "a sealed snapshot is unpickled as soon as it arrives rather than when a state is asked for",
+        "arrowstream/state/snapshot.py",
+        "    sealed._snapshot, sealed._pickled = None, pickled\n",
+        "    sealed._snapshot, sealed._pickled = pickle.loads(pickled), None\n",
+        ("tests/test_pytorch.py::test_the_loader_resumes_look_ahead_strategies_from_the_snapshots_its_workers_send",),
     ),
 ]
 

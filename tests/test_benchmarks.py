@@ -154,3 +154,12 @@ def test_stall_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     assert set(result["runs"]) == {"workers=0, headroom=2.0", "workers=1, headroom=2.0"}
     assert all(0 <= run["wait_share"] < 1 and run["rate"] > 0 for run in result["runs"].values())
     assert result["checks"] and all(check["passed"] for check in result["checks"])
+
+
+def test_loaders_benchmark_smoke_run_hands_over_the_same_batches_through_every_loader(tmp_path: Path) -> None:
+    result, stdout = _bench(tmp_path, "bench_loaders.py", "--smoke", "--every", "5", "--strategies", "best_fit")
+    kinds = {"DataLoader", "StatefulLoader", "StatefulDataLoader", "StatefulDataLoader, every 5"}
+    assert set(result["runs"]["best_fit"]) == kinds
+    assert result["checks"] and all(check["passed"] for check in result["checks"])
+    assert all(run["rate"] > 0 and run["batches"] > 0 for runs in result["runs"]["best_fit"].values() for run in runs)
+    assert "x DataLoader" in stdout

@@ -358,8 +358,9 @@ def test_the_loader_makes_each_workers_plan_once_between_loads(tmp_path: Path, m
 def test_the_loader_resumes_look_ahead_strategies_from_the_snapshots_its_workers_send(
     tmp_path: Path, strategy: str
 ) -> None:
-    """Workers send a snapshot with each batch, not the window-long state: the loader builds it when asked."""
+    """Workers send a snapshot with each batch, not the window-long state: the loader unpickles and builds it when asked."""
     from arrowstream.pipeline.snapshot import IteratorSnapshot
+    from arrowstream.state.snapshot import Sealed
 
     rng = np.random.default_rng(5)
     docs = named_docs([int(n) for n in rng.integers(1, 12, size=NUM_DOCS)])
@@ -373,8 +374,10 @@ def test_the_loader_resumes_look_ahead_strategies_from_the_snapshots_its_workers
         it = iter(loader)
         first = [next(it)["input_ids"].numpy().tobytes() for _ in range(stop)]
         sent = list(loader._latest.values())
-        assert len(sent) == 2 and all(isinstance(s, IteratorSnapshot) and s.plan is None for s in sent)
+        # sealed: still bytes in this process until a state is asked for
+        assert len(sent) == 2 and all(isinstance(s, Sealed) and not s.is_open for s in sent)
         state = json.loads(json.dumps(loader.state_dict()))
+        assert all(s.is_open and isinstance(s.open(), IteratorSnapshot) and s.open().plan is None for s in sent)
         del it
         resumed = StatefulLoader(ds.to_torch(), num_workers=2)
         resumed.load_state_dict(state)

@@ -1,0 +1,146 @@
+#!/usr/bin/env python
+"""What saving the loader's state costs with DataLoader workers: a plain DataLoader, StatefulLoader, StatefulDataLoader.
+
+The same packed stream (``ds.to_torch()`` over the benchmark corpus, the
+library's defaults) goes through ``--workers`` DataLoader workers behind
+each loader, alternated, for ``--repeats`` rounds:
+
+- ``DataLoader``: torch's own, no state (the reference);
+- ``StatefulLoader``: ``arrowstream.pytorch.StatefulLoader``, whose workers
+  send a snapshot of their state with every batch (sealed: it crosses as
+  bytes and is unpickled only when ``state_dict()`` asks);
+- ``StatefulDataLoader``: torchdata's, which asks each worker for its
+  dataset's finished state after every batch (``snapshot_every_n_steps=1``,
+  its default), and, with ``--every N``, after every N-th.
+
+Each run pulls ``--batches`` batches (or the stream's end) and, at the end,
+asks the loader for its state (the stateful ones), which must survive JSON.
+Reported per strategy: batches per second (medians), the ratio to the plain
+``DataLoader``, the share of the run the main process's thread was on a CPU
+(unpickling what workers send is its work), and the time ``state_dict()``
+took. Checks: every loader hands over the same batches as the plain
+``DataLoader``, in the same order. ``--smoke`` runs a tiny corpus once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import Checks, CheckFailed, corpus_dir, fmt_table, log, machine_facts, median, tokenizer_file
+
+
+def _stream(args: argparse.Namespace, strategy: str) -> Any:
+    from arrowstream import read_parquet
+
+    ds = read_parquet(args.corpus).tokenize(args.tokenizer)
+    if strategy == "bucket":
+        return ds.bucket(max_tokens=args.batch_size * args.seq_len, max_len=args.seq_len).to_torch()
+    return ds.pack(seq_len=args.seq_len, batch_size=args.batch_size, strategy=strategy).to_torch()
+
+
+def _loader(kind: str, stream: Any, workers: int) -> Any:
+    from torch.utils.data import DataLoader
+
+    from arrowstream.pytorch import StatefulLoader
+
+    options: dict[str, Any] = {"batch_size": None, "num_workers": workers}
+    if kind == "DataLoader":
+        return DataLoader(stream, **options)
+    if kind == "StatefulLoader":
+        return StatefulLoader(stream, **options)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    every = int(kind.rsplit(" ", 1)[1]) if kind.startswith("StatefulDataLoader, every") else 1
+    return StatefulDataLoader(stream, snapshot_every_n_steps=every, **options)
+
+
+def run(args: argparse.Namespace, kind: str, strategy: str) -> dict[str, Any]:
+    """Pull up to ``args.batches`` batches through ``kind``; return rate, main thread's CPU share, state time, digest."""
+    import hashlib
+
+    loader = _loader(kind, _stream(args, strategy), args.workers)
+    digest = hashlib.sha256()
+    start, cpu = time.perf_counter(), time.thread_time()
+    n = 0
+    for batch in loader:
+        digest.update(batch["input_ids"].numpy().tobytes())
+        n += 1
+        if n == args.batches:
+            break
+    wall = time.perf_counter() - start
+    busy = (time.thread_time() - cpu) / wall
+    state_s = float("nan")
+    if kind != "DataLoader":
+        t = time.perf_counter()
+        state = loader.state_dict()
+        state_s = time.perf_counter() - t
+        json.dumps(state)
+    del loader
+    return {"batches": n, "rate": n / wall, "main_busy": busy, "state_s": state_s, "digest": digest.hexdigest()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", default="/tmp/arrowstream-bench", help="cache of corpora and tokenizers")
+    p.add_argument("--mb", type=float, default=85.0, help="MB of text in the corpus")
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--strategies", default="concat,best_fit,bucket")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batches", type=int, default=1400, help="batches per run (fewer if the stream ends)")
+    p.add_argument("--every", type=int, default=None, help="also StatefulDataLoader(snapshot_every_n_steps=EVERY)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: run the checks in seconds")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.mb, args.vocab, args.batches, args.repeats, args.seq_len = 1, 2000, 40, 1, 256
+    work = Path(args.workdir)
+    tok, _ = tokenizer_file(work, args.vocab)
+    corpus, _ = corpus_dir(work, args.mb, seed=0, rows_per_group=1000, mb_per_file=max(args.mb / 2, 0.25))
+    args.corpus, args.tokenizer = str(corpus), str(tok)
+    kinds = ["DataLoader", "StatefulLoader", "StatefulDataLoader"]
+    if args.every:
+        kinds.append(f"StatefulDataLoader, every {args.every}")
+    results: dict[str, Any] = {"machine": machine_facts(), "args": vars(args), "runs": {}}
+    checks, rows = Checks(), []
+    try:
+        for strategy in args.strategies.split(","):
+            runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+            for r in range(args.repeats):
+                for kind in kinds if r % 2 == 0 else kinds[::-1]:  # alternated, so all see the same machine
+                    runs[kind].append(run(args, kind, strategy))
+                    last = runs[kind][-1]
+                    log(f"  {strategy}, round {r + 1}: {kind}: {last['rate']:.0f} batches/s, "
+                        f"main thread {100 * last['main_busy']:.0f} % busy")
+            results["runs"][strategy] = runs
+            plain = median([x["rate"] for x in runs["DataLoader"]])
+            for kind in kinds:
+                rate = median([x["rate"] for x in runs[kind]])
+                state_ms = median([1e3 * x["state_s"] for x in runs[kind]])
+                rows.append([strategy, kind, f"{rate:.0f}", f"{rate / plain:.2f}",
+                             f"{100 * median([x['main_busy'] for x in runs[kind]]):.0f}",
+                             "-" if kind == "DataLoader" else f"{state_ms:.0f}"])
+                same = {x["digest"] for x in runs[kind]} == {runs["DataLoader"][0]["digest"]}
+                checks(same, f"{strategy}: {kind} hands over the DataLoader's batches", kind)
+    except CheckFailed:
+        return 1
+    finally:
+        results["checks"] = checks.items
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    log()
+    log(fmt_table(["strategy", "loader", "batches/s", "x DataLoader", "main thread busy %", "state_dict() ms"], rows))
+    log(f"({args.batch_size} x {args.seq_len}, {args.workers} workers, {args.batches} batches a run, "
+        f"medians of {args.repeats})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
