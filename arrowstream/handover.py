@@ -38,7 +38,6 @@ import numpy as np
 import torch
 
 from arrowstream.errors import ConfigError
-from arrowstream.pipeline.snapshot import IteratorSnapshot
 from arrowstream.state.snapshot import Sealed, Taken, take_snapshot
 
 __all__ = ["AUTO", "PIPE", "ByValue", "check_sharing", "one_storage", "by_value_limit", "state_tag", "use_sharing", "widen_result_pipe"]
@@ -227,8 +226,8 @@ def state_tag(it: Any, *, last: bool) -> dict[str, Any]:
     The snapshot of the state after the batch (:class:`~arrowstream.state.snapshot.Sealed`:
     it crosses as bytes and is unpickled only if a checkpoint asks for it),
     the consumer, and whether the batch is its worker's last. A pipeline's
-    snapshot travels without its plan (the loader puts it back when a state
-    is asked for); a mixture's state is built here.
+    or mixture snapshot travels without its plans (the loader puts them back
+    when a state is asked for); any other iterator's state is built here.
 
     Examples
     --------
@@ -244,6 +243,6 @@ def state_tag(it: Any, *, last: bool) -> dict[str, Any]:
     True
     """
     snap = take_snapshot(it)
-    if not isinstance(snap, IteratorSnapshot):
+    if not hasattr(snap, "with_plan"):  # it cannot leave its plan behind
         snap = Taken(snap.to_dict())
     return {"snapshot": Sealed(snap), "consumer": it.consumer.index, "last": last}

@@ -13,7 +13,9 @@ each loader, alternated, for ``--repeats`` rounds:
   dataset's finished state after every batch (``snapshot_every_n_steps=1``,
   its default), and, with ``--every N``, after every N-th.
 
-Each run pulls ``--batches`` batches (or the stream's end) and, at the end,
+With ``--mixture`` the stream mixes two sources by token weight
+(``arrowstream.mix``: the corpus in row groups of 1,000 and of 2,000 rows,
+0.7 and 0.3). Each run pulls ``--batches`` batches (or the stream's end) and, at the end,
 asks the loader for its state (the stateful ones), which must survive JSON.
 Reported per strategy: batches per second (medians), the ratio to the plain
 ``DataLoader``, the share of the run the main process's thread was on a CPU
@@ -35,9 +37,12 @@ from harness import Checks, CheckFailed, corpus_dir, fmt_table, log, machine_fac
 
 
 def _stream(args: argparse.Namespace, strategy: str) -> Any:
-    from arrowstream import read_parquet
+    from arrowstream import mix, read_parquet
 
     ds = read_parquet(args.corpus).tokenize(args.tokenizer)
+    if args.mixture:  # two sources by token weight: the same text in row groups of 1,000 and 2,000 rows
+        other = read_parquet(args.corpus2).tokenize(args.tokenizer)
+        ds = mix({"web": ds, "books": other}, {"web": 0.7, "books": 0.3})
     if strategy == "bucket":
         return ds.bucket(max_tokens=args.batch_size * args.seq_len, max_len=args.seq_len).to_torch()
     return ds.pack(seq_len=args.seq_len, batch_size=args.batch_size, strategy=strategy).to_torch()
@@ -96,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=1400, help="batches per run (fewer if the stream ends)")
     p.add_argument("--every", type=int, default=None, help="also StatefulDataLoader(snapshot_every_n_steps=EVERY)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--mixture", action="store_true", help="a mixture of two sources (0.7 / 0.3 by tokens)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: run the checks in seconds")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
@@ -105,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     tok, _ = tokenizer_file(work, args.vocab)
     corpus, _ = corpus_dir(work, args.mb, seed=0, rows_per_group=1000, mb_per_file=max(args.mb / 2, 0.25))
     args.corpus, args.tokenizer = str(corpus), str(tok)
+    if args.mixture:
+        other, _ = corpus_dir(work, args.mb, seed=0, rows_per_group=2000, mb_per_file=max(args.mb / 2, 0.25))
+        args.corpus2 = str(other)
     kinds = ["DataLoader", "StatefulLoader", "StatefulDataLoader"]
     if args.every:
         kinds.append(f"StatefulDataLoader, every {args.every}")
@@ -137,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     log()
     log(fmt_table(["strategy", "loader", "batches/s", "x DataLoader", "main thread busy %", "state_dict() ms"], rows))
-    log(f"({args.batch_size} x {args.seq_len}, {args.workers} workers, {args.batches} batches a run, "
+    source = "a mixture of two sources" if args.mixture else "one source"
+    log(f"({source}, {args.batch_size} x {args.seq_len}, {args.workers} workers, {args.batches} batches a run, "
         f"medians of {args.repeats})")
     return 0
 

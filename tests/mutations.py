@@ -851,7 +851,7 @@ MUTANTS = [
         "worker-snapshot-built-in-the-worker",
         "StatefulLoader's workers build each batch's state instead of sending a snapshot",
         "arrowstream/handover.py",
-        "    if not isinstance(snap, IteratorSnapshot):\n        snap = Taken(snap.to_dict())\n",
+        '    if not hasattr(snap, "with_plan"):  # it cannot leave its plan behind\n        snap = Taken(snap.to_dict())\n',
         "    snap = Taken(snap.to_dict())\n",
         ("tests/test_pytorch.py::test_the_loader_resumes_look_ahead_strategies_from_the_snapshots_its_workers_send",),
     ),
@@ -982,6 +982,14 @@ MUTANTS = [
         "    sealed._snapshot, sealed._pickled = None, pickled\n",
         "    sealed._snapshot, sealed._pickled = pickle.loads(pickled), None\n",
         ("tests/test_pytorch.py::test_the_loader_resumes_look_ahead_strategies_from_the_snapshots_its_workers_send",),
+    ),
+    Mutant(
+        "mixture-snapshot-crosses-with-its-mixture",
+        "a mixture snapshot pickles its whole mixture (every source's dataset) with every batch a worker sends",
+        "arrowstream/mixture/snapshot.py",
+        "        return (MixtureSnapshot, (None, self.own, self.sources, self.dormant))\n",
+        "        return (MixtureSnapshot, (self.mixture, self.own, self.sources, self.dormant))\n",
+        ("tests/test_mixture.py::test_loader_workers_resume_exactly",),
     ),
 ]
 

@@ -163,3 +163,9 @@ def test_loaders_benchmark_smoke_run_hands_over_the_same_batches_through_every_l
     assert result["checks"] and all(check["passed"] for check in result["checks"])
     assert all(run["rate"] > 0 and run["batches"] > 0 for runs in result["runs"]["best_fit"].values() for run in runs)
     assert "x DataLoader" in stdout
+
+
+def test_loaders_benchmark_smoke_run_mixes_two_sources(tmp_path: Path) -> None:
+    result, stdout = _bench(tmp_path, "bench_loaders.py", "--smoke", "--mixture", "--strategies", "concat")
+    assert result["checks"] and all(check["passed"] for check in result["checks"])
+    assert "a mixture of two sources" in stdout

@@ -208,6 +208,7 @@ def test_the_mixture_resumes_exactly_at_every_step(sources: dict[str, Path], str
 
 def test_loader_workers_resume_exactly(sources: dict[str, Path]) -> None:
     pytest.importorskip("torch")
+    from arrowstream.mixture.snapshot import MixtureSnapshot
     from arrowstream.pytorch import StatefulLoader
 
     mixture = _mixture(sources, {"web": 0.5, "code": 0.25, "books": 0.25}, num_tokens=30 * 4 * 16)
@@ -215,7 +216,11 @@ def test_loader_workers_resume_exactly(sources: dict[str, Path]) -> None:
     loader = StatefulLoader(mixture.to_torch(), num_workers=2)
     it = iter(loader)
     first = [next(it)["input_ids"].numpy().tobytes() for _ in range(11)]
+    sent = list(loader._latest.values())  # workers send snapshots, not states, and they stay bytes here
+    assert len(sent) == 2 and not any(s.is_open for s in sent)
     state = json.loads(json.dumps(loader.state_dict()))
+    opened = [s.open() for s in sent]  # crossed without the mixture and the sources' plans
+    assert all(isinstance(o, MixtureSnapshot) and o.mixture is None and o.plan is None for o in opened)
     del it
     resumed = StatefulLoader(mixture.to_torch(), num_workers=2)
     resumed.load_state_dict(state)

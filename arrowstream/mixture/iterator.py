@@ -15,9 +15,7 @@ own state (coordinates, as for any pipeline): resuming replays nothing.
 
 from __future__ import annotations
 
-import copy
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,9 +27,9 @@ from arrowstream.mixture.merge import GLOBAL_KIND, KIND
 from arrowstream.mixture.reweight import fixed_changes, reweighted, row_reached
 from arrowstream.mixture.rows import Taken, place_rows
 from arrowstream.mixture.schedule import Schedule, Stage, step_rows, steps_rows
+from arrowstream.mixture.snapshot import MixturePlans, MixtureSnapshot
 from arrowstream.pipeline.iterator import DatasetIterator
-from arrowstream.state import STATE_FORMAT, STATE_VERSION
-from arrowstream.state.snapshot import Snapshot
+from arrowstream.state import STATE_FORMAT
 
 if TYPE_CHECKING:
     import polars as pl
@@ -216,10 +214,10 @@ class MixtureIterator:
         """Return this consumer's position after the last batch: a small JSON-able dict."""
         return self.snapshot().to_dict()
 
-    def snapshot(self) -> _MixtureSnapshot:
+    def snapshot(self) -> MixtureSnapshot:
         """Capture the position after the last batch; ``.to_dict()`` builds its state (see :mod:`arrowstream.state.snapshot`)."""
         self._settle()
-        return _MixtureSnapshot(
+        return MixtureSnapshot(
             self.mixture,
             {
                 "consumer": {"index": self.consumer.index, "count": self.consumer.count},
@@ -231,6 +229,11 @@ class MixtureIterator:
             {name: it.snapshot() for name, it in self._sources.items()},
             dict(self._dormant),
         )
+
+    @property
+    def plan(self) -> MixturePlans:
+        """The mixture and its sources' plans: what a snapshot pickled without them needs back (``with_plan``)."""
+        return MixturePlans(self.mixture, {name: it.plan for name, it in self._sources.items()})
 
     @property
     def stats(self) -> dict[str, int]:
@@ -452,30 +455,3 @@ def _diff(saved: Any, current: Any, prefix: str = "") -> list[str]:
     if saved != current:
         return [f"`{prefix.rstrip('.')}` was {saved!r}, now {current!r}"]
     return []
-
-
-
-@dataclass(frozen=True, slots=True)
-class _MixtureSnapshot:
-    """A mixture consumer's state at one position: its own counters now, its sources' snapshots built later."""
-
-    mixture: Any
-    own: dict[str, Any]
-    sources: dict[str, Snapshot]
-    dormant: dict[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        own = copy.deepcopy(self.own)
-        return {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "kind": KIND,
-            "mixture": self.mixture.options(),
-            "consumer": own["consumer"],
-            "topology": own["topology"],
-            "stages": own["stages"],
-            "position": own["position"],
-            "stats": own["stats"],
-            "sources": {name: snap.to_dict() for name, snap in self.sources.items()},
-            "dormant": copy.deepcopy(self.dormant),
-        }
