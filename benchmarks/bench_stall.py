@@ -21,7 +21,10 @@ Beside each run, the same consumer at the same step time pulls from a
 dataset that has its batches ready (one real batch handed over again and
 again, the way ``to_torch`` hands batches over from a worker with the same
 ``--sharing``): the wait that the DataLoader and the handover cost by
-themselves, which no loader behind them can remove.
+themselves, which no loader behind them can remove. With ``--beside``, also
+the same ready batches while another process makes the loader's batches at
+the consumer's pace: the floor on a machine whose cores, caches and memory
+do the loader's work, without this process's interpreter lock or queues.
 
 Usage::
 
@@ -143,14 +146,67 @@ def _cpu_wait_clock() -> Any:
     return lambda: int(path.read_text().split()[1]) / 1e9
 
 
-def _consume(args: argparse.Namespace, workers: int, step_s: float, *, ready: bool = False) -> dict[str, Any]:
+def _neighbour(args: argparse.Namespace, step_s: float, stop: Any, started: Any) -> None:
+    """Make the loader's batches in this process, one per ``step_s``, until ``stop`` is set (the work beside a ready consumer)."""
+    from arrowstream import read_parquet
+
+    it = None
+    due = time.perf_counter()
+    while not stop.is_set():
+        if it is None:
+            it = _packed(read_parquet(args.corpus).tokenize(args.tokenizer), args).iter()
+        try:
+            next(it)
+        except StopIteration:
+            it = None
+            continue
+        started.set()
+        due += step_s
+        time.sleep(max(0.0, due - time.perf_counter()))
+
+
+def _beside(args: argparse.Namespace, step_s: float) -> Any:
+    """Start :func:`_neighbour` in a fresh process; return a function that stops it."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    stop, started = ctx.Event(), ctx.Event()
+    plain = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "ready_batch"})
+    proc = ctx.Process(target=_neighbour, args=(plain, step_s, stop, started), daemon=True)
+    proc.start()
+    started.wait(timeout=120)
+
+    def halt() -> None:
+        stop.set()
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+
+    return halt
+
+
+def _consume(
+    args: argparse.Namespace, workers: int, step_s: float, *, ready: bool = False, beside: bool = False
+) -> dict[str, Any]:
     """Run the consumer with ``step_s`` per step (``ready``: against batches made in advance); return its waits.
 
     Beside the wait inside ``next()``, the part of it this thread spent
     runnable but without a CPU (the machine's other threads, the encoder's
     among them, held both cores), where the kernel reports it: the rest is
-    waiting for the batch or for the interpreter lock.
+    waiting for the batch or for the interpreter lock. ``beside``: while
+    another process makes the loader's batches at the consumer's pace
+    (:func:`_neighbour`): the same work on the machine's cores and memory,
+    without this process's interpreter lock or queues.
     """
+    halt = _beside(args, step_s) if beside else None
+    try:
+        return _consume_once(args, workers, step_s, ready=ready)
+    finally:
+        if halt is not None:
+            halt()
+
+
+def _consume_once(args: argparse.Namespace, workers: int, step_s: float, *, ready: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     it = iter((_ready_loader if ready else _loader)(args, workers))
     next(it)
@@ -203,6 +259,10 @@ def main() -> int:
         "--switch-interval", type=float, default=None,
         help="sys.setswitchinterval(seconds) before the runs (default: Python's, 0.005)",
     )
+    p.add_argument(
+        "--beside", action="store_true",
+        help="also the ready batches while another process makes the loader's batches at the consumer's pace",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny sizes: run the checks in seconds")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
@@ -225,26 +285,36 @@ def main() -> int:
         log(f"workers={k}: {rate:.0f} batches/s ({rate * args.batch_size * args.seq_len / 1e6:.2f} M token slots/s)")
         for h in headrooms:
             step = h / rate
-            runs, floors = [], []
-            for _ in range(args.repeats):  # alternated, so both see the same machine
+            runs, floors, besides = [], [], []
+            for _ in range(args.repeats):  # alternated, so all see the same machine
                 runs.append(_consume(args, k, step))
                 floors.append(_consume(args, k, step, ready=True))
+                if args.beside:
+                    besides.append(_consume(args, k, step, ready=True, beside=True))
             summary = {key: median([r[key] for r in runs]) for key in runs[0]}
             floor = {key: median([r[key] for r in floors]) for key in floors[0]}
             results["runs"][f"workers={k}, headroom={h}"] = {
                 "rate": rate, "rates": rates, "runs": runs, **summary, "ready": {"runs": floors, **floor},
             }
-            rows.append([k, f"{rate:.0f}", h, f"{step * 1e3:.2f}", f"{100 * summary['wait_share']:.1f}",
-                         f"{100 * summary['cpu_wait_share']:.1f}",
-                         f"{summary['p50_ms']:.2f}", f"{summary['p99_ms']:.2f}", f"{summary['first_batch_s']:.2f}",
-                         f"{100 * floor['wait_share']:.1f}", f"{floor['p50_ms']:.2f}"])
+            row = [k, f"{rate:.0f}", h, f"{step * 1e3:.2f}", f"{100 * summary['wait_share']:.1f}",
+                   f"{100 * summary['cpu_wait_share']:.1f}",
+                   f"{summary['p50_ms']:.2f}", f"{summary['p99_ms']:.2f}", f"{summary['first_batch_s']:.2f}",
+                   f"{100 * floor['wait_share']:.1f}", f"{floor['p50_ms']:.2f}"]
+            if args.beside:
+                near = {key: median([r[key] for r in besides]) for key in besides[0]}
+                results["runs"][f"workers={k}, headroom={h}"]["ready_beside"] = {"runs": besides, **near}
+                row += [f"{100 * near['wait_share']:.1f}", f"{near['p50_ms']:.2f}"]
+            rows.append(row)
             log(f"  headroom {h}: step {step * 1e3:.2f} ms, waited {100 * summary['wait_share']:.1f} % of wall time "
                 f"({100 * summary['cpu_wait_share']:.1f} points of it runnable without a CPU), "
                 f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms; batches ready: waited "
                 f"{100 * floor['wait_share']:.1f} %, p50 {floor['p50_ms']:.2f} ms")
     log()
-    log(fmt_table(["workers", "loader batches/s", "headroom", "step ms", "wait % of wall", "of it off a CPU %", "p50 wait ms",
-                   "p99 wait ms", "first batch s", "ready: wait %", "ready: p50 ms"], rows))
+    header = ["workers", "loader batches/s", "headroom", "step ms", "wait % of wall", "of it off a CPU %", "p50 wait ms",
+              "p99 wait ms", "first batch s", "ready: wait %", "ready: p50 ms"]
+    if args.beside:
+        header += ["ready beside the work: wait %", "p50 ms"]
+    log(fmt_table(header, rows))
     from arrowstream.pytorch import TorchDataset
 
     sharing = args.sharing or f"{_default_sharing(TorchDataset)} (the default)"
@@ -256,6 +326,9 @@ def main() -> int:
             checks(0.0 <= run["wait_share"] < 1.0, f"{name}: a wait share was measured", f"{run['wait_share']:.3f}")
             ready = run["ready"]["wait_share"]
             checks(0.0 <= ready < 1.0, f"{name}: a wait share was measured with batches ready", f"{ready:.3f}")
+            if args.beside:
+                near = run["ready_beside"]["wait_share"]
+                checks(0.0 <= near < 1.0, f"{name}: a wait share was measured beside the work", f"{near:.3f}")
     except CheckFailed:
         return 1
     finally:

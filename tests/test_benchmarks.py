@@ -150,9 +150,10 @@ def test_start_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
 
 
 def test_stall_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
-    result, _ = _bench(tmp_path, "bench_stall.py", "--smoke")
+    result, _ = _bench(tmp_path, "bench_stall.py", "--smoke", "--beside")
     assert set(result["runs"]) == {"workers=0, headroom=2.0", "workers=1, headroom=2.0"}
     assert all(0 <= run["wait_share"] < 1 and run["rate"] > 0 for run in result["runs"].values())
+    assert all(0 <= run["ready_beside"]["wait_share"] < 1 for run in result["runs"].values())
     assert result["checks"] and all(check["passed"] for check in result["checks"])
 
 
