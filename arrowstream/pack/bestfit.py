@@ -239,9 +239,11 @@ class _BestFitRun(LookaheadRun):
 
     def _held_docs(self) -> dict[Key, int]:
         first: dict[Key, int] = {}
+        get = first.get
         for row in self._rows():
             for key, start, _, _ in row:
-                first[key] = min(start, first.get(key, start))
+                if start < get(key, _PAST_ANY):
+                    first[key] = start
         return first
 
     def _copy_rows(self, frozen: Any) -> None:
@@ -466,10 +468,11 @@ class _BestFitRun(LookaheadRun):
         self.flushed = True
 
 
+_PAST_ANY = 1 << 62  # past any token offset
+
+
 def _encode(pieces: list[DocSegment]) -> tuple[SegmentRef, ...]:
-    return tuple(
-        (key[0], key[1]) if whole else (key[0], key[1], start, n) for key, start, n, whole in pieces
-    )
+    return tuple([key if whole else (key[0], key[1], start, n) for key, start, n, whole in pieces])
 
 
 def _pieces(refs: tuple[SegmentRef, ...]) -> list[DocSegment]:

@@ -52,13 +52,13 @@ class _Skips:
     (a DataLoader worker sends it with each batch).
     """
 
-    __slots__ = ("_nonzero",)
+    __slots__ = ("nonzero",)
 
     def __init__(self, nonzero: dict[Any, int]) -> None:
-        self._nonzero = nonzero
+        self.nonzero = nonzero  # each key's skip, where it is not 0
 
     def __getitem__(self, key: Any) -> _Skip:
-        skip = self._nonzero.get(key)
+        skip = self.nonzero.get(key)
         return _NO_SKIP if skip is None else _Skip(skip)
 
 

@@ -328,6 +328,13 @@ class LookaheadRun(PackRun):
     def _held_docs(self) -> dict[Key, int]:
         """Return every held document and the first of its tokens not emitted yet."""
 
+    def _nonzero_skips(self) -> dict[Key, int]:
+        """Each held document's tokens removed from its front upstream, where there are any."""
+        nonzero = getattr(self.store, "nonzero", None)  # a frozen run's store keeps only those
+        if nonzero is not None:
+            return nonzero  # type: ignore[no-any-return]
+        return {key: doc.skip for key, doc in self.store.items() if doc.skip}
+
     @abstractmethod
     def _copy_rows(self, frozen: Any) -> None:
         """Give ``frozen`` (a shallow copy of this run) copies of the rows or batches later batches change."""
@@ -393,11 +400,12 @@ class LookaheadRun(PackRun):
             if loaded:
                 held = {"read": list(loaded["read"]), "docs": [list(d) for d in loaded["docs"]]}
         else:
-            docs = sorted(self._held_docs().items())  # one pass over the held pieces, in key order
-            pos = self._position(docs)
-            if docs:
-                store, read = self.store, self.src.read
-                held = {"read": [read[1], read[2]], "docs": [[k[0], k[1], store[k].skip + first] for k, first in docs]}
+            first = self._held_docs()  # one pass over the held pieces
+            keys = sorted(first)  # (segment, seq) pairs of ints: list.sort's fast path, unlike ((segment, seq), first)
+            pos = self._position([(keys[0], first[keys[0]])] if keys else [])
+            if keys:
+                skips, read = self._nonzero_skips(), self.src.read
+                held = {"read": [read[1], read[2]], "docs": [[k[0], k[1], skips.get(k, 0) + first[k]] for k in keys]}
         return {
             "held": held,
             "position": pos.to_dict(),
