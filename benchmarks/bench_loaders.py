@@ -33,7 +33,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import Checks, CheckFailed, corpus_dir, fmt_table, log, machine_facts, median, tokenizer_file
+from harness import (
+    CheckFailed,
+    Checks,
+    add_corpus_options,
+    corpus_and_tokenizer,
+    fmt_table,
+    log,
+    machine_facts,
+    median,
+)
 
 
 def _stream(args: argparse.Namespace, strategy: str) -> Any:
@@ -91,9 +100,7 @@ def run(args: argparse.Namespace, kind: str, strategy: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workdir", default="/tmp/arrowstream-bench", help="cache of corpora and tokenizers")
-    p.add_argument("--mb", type=float, default=85.0, help="MB of text in the corpus")
-    p.add_argument("--vocab", type=int, default=32000)
+    add_corpus_options(p)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--strategies", default="concat,best_fit,bucket")
@@ -107,13 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.smoke:
         args.mb, args.vocab, args.batches, args.repeats, args.seq_len = 1, 2000, 40, 1, 256
-    work = Path(args.workdir)
-    tok, _ = tokenizer_file(work, args.vocab)
-    corpus, _ = corpus_dir(work, args.mb, seed=0, rows_per_group=1000, mb_per_file=max(args.mb / 2, 0.25))
-    args.corpus, args.tokenizer = str(corpus), str(tok)
+    args.corpus, args.tokenizer = corpus_and_tokenizer(args)
     if args.mixture:
-        other, _ = corpus_dir(work, args.mb, seed=0, rows_per_group=2000, mb_per_file=max(args.mb / 2, 0.25))
-        args.corpus2 = str(other)
+        args.corpus2, _ = corpus_and_tokenizer(args, rows_per_group=2000)
     kinds = ["DataLoader", "StatefulLoader", "StatefulDataLoader"]
     if args.every:
         kinds.append(f"StatefulDataLoader, every {args.every}")

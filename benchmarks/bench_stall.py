@@ -43,16 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import (
-    CheckFailed,
-    Checks,
-    corpus_dir,
-    fmt_table,
-    log,
-    machine_facts,
-    median,
-    tokenizer_file,
-)
+from harness import CheckFailed, Checks, add_corpus_options, corpus_and_tokenizer, fmt_table, log, machine_facts, median
 
 
 def _packed(ds: Any, args: argparse.Namespace) -> Any:
@@ -239,9 +230,7 @@ def _consume_once(args: argparse.Namespace, workers: int, step_s: float, *, read
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workdir", default="/tmp/arrowstream-bench", help="cache of corpora and tokenizers")
-    p.add_argument("--mb", type=float, default=85.0, help="MB of text in the corpus")
-    p.add_argument("--vocab", type=int, default=32000)
+    add_corpus_options(p)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--strategy", default="concat", choices=["concat", "best_fit", "bucket"])
@@ -271,10 +260,7 @@ def main() -> int:
         args.seq_len, args.workers, args.headroom = 256, "0,1", "2"
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
-    work = Path(args.workdir)
-    tok, _ = tokenizer_file(work, args.vocab)
-    corpus, _ = corpus_dir(work, args.mb, seed=0, rows_per_group=1000, mb_per_file=max(args.mb / 2, 0.25))
-    args.corpus, args.tokenizer = str(corpus), str(tok)
+    args.corpus, args.tokenizer = corpus_and_tokenizer(args)
     workers = [int(w) for w in args.workers.split(",")]
     headrooms = [float(h) for h in args.headroom.split(",")]
     results: dict[str, Any] = {"machine": machine_facts(), "args": vars(args), "runs": {}}

@@ -105,21 +105,19 @@ def main() -> int:
     from harness import (
         CheckFailed,
         Checks,
-        corpus_dir,
+        add_corpus_options,
+        corpus_and_tokenizer,
         fmt_table,
         log,
         machine_facts,
         median,
-        tokenizer_file,
     )
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--corpus", help=argparse.SUPPRESS)
     p.add_argument("--tokenizer", help=argparse.SUPPRESS)
-    p.add_argument("--workdir", default="/tmp/arrowstream-bench", help="cache of corpora and tokenizers")
-    p.add_argument("--mb", type=float, default=85.0, help="MB of text in the corpus")
-    p.add_argument("--vocab", type=int, default=32000)
+    add_corpus_options(p)
     p.add_argument("--tokens", type=int, default=4_000_000, help="the start: tokens timed from process start")
     p.add_argument("--steady-tokens", type=int, default=6_000_000, help="tokens after the start, for the steady rate")
     p.add_argument("--strategy", default="concat", choices=["concat", "best_fit", "bucket"])
@@ -135,10 +133,7 @@ def main() -> int:
         return 0
     if args.smoke:
         args.mb, args.tokens, args.steady_tokens, args.repeats, args.vocab = 3, 200_000, 200_000, 1, 2000
-    work = Path(args.workdir)
-    tok, _ = tokenizer_file(work, args.vocab)
-    corpus, _ = corpus_dir(work, args.mb, seed=0, rows_per_group=1000, mb_per_file=max(args.mb / 2, 0.25))
-    args.corpus, args.tokenizer = str(corpus), str(tok)
+    args.corpus, args.tokenizer = corpus_and_tokenizer(args)
     runs: dict[str, list[dict[str, Any]]] = {"first": [], "second": []}
     for r in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="arrowstream-verdicts-") as cache_dir:

@@ -24,6 +24,7 @@ half-written input under its key. Importing this module has no side effects.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -419,6 +420,25 @@ def tokenizer_file(workdir: Path, vocab_size: int) -> tuple[Path, dict[str, Any]
     info["vocab_size"] = tok.get_vocab_size()
     info["eos_id"] = tok.token_to_id(EOS_TOKEN)
     return path, info
+
+
+def add_corpus_options(p: argparse.ArgumentParser) -> None:
+    """Add ``--workdir``, ``--mb`` and ``--vocab``: the cached corpus and tokenizer :func:`corpus_and_tokenizer` gives."""
+    p.add_argument("--workdir", default="/tmp/arrowstream-bench", help="cache of corpora and tokenizers")
+    p.add_argument("--mb", type=float, default=85.0, help="MB of text in the corpus")
+    p.add_argument("--vocab", type=int, default=32000)
+
+
+def corpus_and_tokenizer(args: argparse.Namespace, *, rows_per_group: int = 1000) -> tuple[str, str]:
+    """Return the paths of the benchmark corpus (two files, ``rows_per_group``) and tokenizer of ``args``.
+
+    ``args`` has the options of :func:`add_corpus_options`; both are made
+    in ``args.workdir`` if missing (:func:`corpus_dir`, :func:`tokenizer_file`).
+    """
+    work = Path(args.workdir)
+    tok, _ = tokenizer_file(work, args.vocab)
+    corpus, _ = corpus_dir(work, args.mb, seed=0, rows_per_group=rows_per_group, mb_per_file=max(args.mb / 2, 0.25))
+    return str(corpus), str(tok)
 
 
 def tiktoken_file(workdir: Path, tok_path: Path) -> Path:
