@@ -25,8 +25,9 @@ shared-memory segment. Two costs per batch are ours to choose:
 
 Beside a batch, a worker of :class:`~arrowstream.pytorch.StatefulLoader`
 sends the snapshot of its state after it, sealed (:func:`state_tag`): the
-main process keeps it as bytes and unpickles only the one a checkpoint needs
-(``benchmarks/bench_loaders.py``).
+main process keeps it as bytes and unpickles only the one a checkpoint needs,
+and most cross as a difference from an earlier one
+(:mod:`arrowstream.state.sealed`; ``benchmarks/bench_loaders.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ import numpy as np
 import torch
 
 from arrowstream.errors import ConfigError
-from arrowstream.state.snapshot import Sealed, Taken, take_snapshot
+from arrowstream.state.sealed import Sealed, SealStream
+from arrowstream.state.snapshot import Taken, take_snapshot
 
 __all__ = ["AUTO", "PIPE", "ByValue", "check_sharing", "one_storage", "by_value_limit", "state_tag", "use_sharing", "widen_result_pipe"]
 
@@ -220,7 +222,7 @@ def by_value_limit(sharing: str | None, frame: Any) -> float:
     return 0 if capacity is None else capacity - PICKLE_SLACK
 
 
-def state_tag(it: Any, *, last: bool) -> dict[str, Any]:
+def state_tag(it: Any, *, last: bool, stream: SealStream | None = None) -> dict[str, Any]:
     """What a batch carries for :class:`~arrowstream.pytorch.StatefulLoader`: its worker's state after it, sealed.
 
     The snapshot of the state after the batch (:class:`~arrowstream.state.snapshot.Sealed`:
@@ -228,6 +230,8 @@ def state_tag(it: Any, *, last: bool) -> dict[str, Any]:
     the consumer, and whether the batch is its worker's last. A pipeline's
     or mixture snapshot travels without its plans (the loader puts them back
     when a state is asked for); any other iterator's state is built here.
+    With the ``stream`` of the worker's iterator, most snapshots cross as a
+    difference from an earlier one (:class:`~arrowstream.state.sealed.SealStream`).
 
     Examples
     --------
@@ -245,4 +249,4 @@ def state_tag(it: Any, *, last: bool) -> dict[str, Any]:
     snap = take_snapshot(it)
     if not hasattr(snap, "with_plan"):  # it cannot leave its plan behind
         snap = Taken(snap.to_dict())
-    return {"snapshot": Sealed(snap), "consumer": it.consumer.index, "last": last}
+    return {"snapshot": Sealed(snap, stream), "consumer": it.consumer.index, "last": last}

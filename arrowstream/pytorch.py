@@ -55,7 +55,8 @@ from arrowstream.handover import AUTO, ByValue, by_value_limit, check_sharing, o
 from arrowstream.io.prefetch import AHEAD_MOST, Prefetcher, close_all, depth_for
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 from arrowstream.state.ranks import pick_consumer, whole_rank
-from arrowstream.state.snapshot import Snapshot, opened, take_snapshot
+from arrowstream.state.sealed import SealStream, opened
+from arrowstream.state.snapshot import Snapshot, take_snapshot
 
 if TYPE_CHECKING:
     from arrowstream.pipeline.dataset import Dataset
@@ -278,15 +279,16 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             return
         # one batch of look-ahead, so the last batch can say it is the last
         held: dict[str, Any] | None = None
+        stream = SealStream()  # the snapshots cross to the loader in order: most as differences
         for batch in it:
             out: dict[str, Any] = self._tensors(batch)
-            out[STATE_KEY] = state_tag(it, last=False)
+            out[STATE_KEY] = state_tag(it, last=False, stream=stream)
             if held is not None:
                 yield (held, held[STATE_KEY]["snapshot"]) if with_state else held
             held = out
         if held is not None:
             # the state after the end: what an estimated target made the consumer drop is in it
-            held[STATE_KEY] = state_tag(it, last=True)
+            held[STATE_KEY] = state_tag(it, last=True, stream=stream)
             yield (held, held[STATE_KEY]["snapshot"]) if with_state else held
 
     def state_dict(self) -> dict[str, Any]:

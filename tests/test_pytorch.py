@@ -360,7 +360,7 @@ def test_the_loader_resumes_look_ahead_strategies_from_the_snapshots_its_workers
 ) -> None:
     """Workers send a snapshot with each batch, not the window-long state: the loader unpickles and builds it when asked."""
     from arrowstream.pipeline.snapshot import IteratorSnapshot
-    from arrowstream.state.snapshot import Sealed
+    from arrowstream.state.sealed import Sealed
 
     rng = np.random.default_rng(5)
     docs = named_docs([int(n) for n in rng.integers(1, 12, size=NUM_DOCS)])

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from arrowstream.errors import ConfigError
 from arrowstream.mixture.merge import KIND
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
+from arrowstream.state.sealed import shared_rows
 from arrowstream.state.snapshot import Snapshot
 
 __all__ = ["MixturePlans", "MixtureSnapshot"]
@@ -61,6 +62,10 @@ class MixtureSnapshot:
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle without the mixture (the sources' snapshots leave their plans behind too)."""
         return (MixtureSnapshot, (None, self.own, self.sources, self.dormant))
+
+    def shared_rows(self) -> list[Any]:
+        """Every source's rows that a later snapshot may hold unchanged, source by source (see :mod:`arrowstream.state.sealed`)."""
+        return [row for snap in self.sources.values() for row in shared_rows(snap)]
 
     @property
     def plan(self) -> MixturePlans | None:

@@ -246,10 +246,12 @@ class _BestFitRun(LookaheadRun):
                     first[key] = start
         return first
 
+    _shared = ("ready", "out")  # a closed row's pieces never change; open rows' do
+
     def _copy_rows(self, frozen: Any) -> None:
         frozen.open = [_Row(list(row.pieces), row.fill, row.age) for row in self.open]
-        frozen.ready = [list(p) for p in self.ready]
-        frozen.out = [list(p) for p in self.out]
+        frozen.ready = list(self.ready)
+        frozen.out = list(self.out)
 
     def _packer_state(self, progress: Progress, read: tuple[int, int, int]) -> BestFitState:
         return BestFitState(

@@ -80,9 +80,11 @@ class BucketRun(LookaheadRun):
         # documents are never cut: a held document's tokens are all still to come
         return dict.fromkeys(self._held_keys(), 0)
 
+    _shared = ("out",)  # a formed batch never changes
+
     def _copy_rows(self, frozen: Any) -> None:
         frozen.carry = list(self.carry)
-        frozen.out = [list(batch) for batch in self.out]
+        frozen.out = list(self.out)
 
     def _packer_state(self, progress: Progress, read: tuple[int, int, int]) -> BucketState:
         return BucketState(

@@ -16,6 +16,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from arrowstream.state.sealed import resolve, sending_base
+
 __all__ = ["FrozenRun", "freeze"]
 
 class _Counts:
@@ -73,7 +75,13 @@ class _ReadMark:
 
 @dataclass(frozen=True, slots=True)
 class FrozenRun:
-    """A run copied at one position; :meth:`to_dict` is its ``state_dict()`` there."""
+    """A run copied at one position; :meth:`to_dict` is its ``state_dict()`` there.
+
+    The run's containers named in its ``_shared`` hold rows that never
+    change once formed, shared with the live run and with later snapshots
+    (:meth:`shared_rows`); while a :class:`~arrowstream.state.sealed.SealStream`
+    pickles a difference, those its base holds cross as their place there.
+    """
 
     run: Any
 
@@ -81,6 +89,29 @@ class FrozenRun:
         """Return the run's state at the position it was frozen at."""
         out: dict[str, Any] = self.run.state_dict()
         return out
+
+    def shared_rows(self) -> list[Any]:
+        """The rows of the run's ``_shared`` containers, in order: lists that a later snapshot may hold unchanged."""
+        return [row for name in self.run._shared for row in getattr(self.run, name)]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle the run; while a stream pickles a difference, its base's rows as their places."""
+        index = sending_base()
+        if index is None or not self.run._shared:
+            return (FrozenRun, (self.run,))
+        bare = copy.copy(self.run)
+        parts = {}
+        for name in self.run._shared:
+            parts[name] = [row if (i := index.get(id(row))) is None else i for row in getattr(self.run, name)]
+            setattr(bare, name, None)
+        return (_frozen_from, (bare, parts))
+
+
+def _frozen_from(run: Any, parts: dict[str, list[Any]]) -> FrozenRun:
+    """Rebuild a :class:`FrozenRun` pickled as a difference: its rows put back from the base."""
+    for name, rows in parts.items():
+        setattr(run, name, resolve(rows))
+    return FrozenRun(run)
 
 
 def freeze(run: Any) -> FrozenRun:

@@ -323,6 +323,8 @@ class LookaheadRun(PackRun):
     targets: Callable[[int], int | None]
     loaded: Position | None = None
     _loaded_held: dict[str, Any] | None = None
+    #: Containers of rows that never change once formed (a snapshot shares them: :mod:`~arrowstream.pack.frozen`).
+    _shared: tuple[str, ...] = ()
 
     @abstractmethod
     def _held_docs(self) -> dict[Key, int]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from arrowstream.distributed.topology import Consumer
 from arrowstream.errors import ConfigError
 from arrowstream.state import Position, State, Work
+from arrowstream.state.sealed import shared_rows
 from arrowstream.state.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -76,6 +77,10 @@ class IteratorSnapshot:
             IteratorSnapshot,
             (None, self.consumer, self.counters, self.inner, self.position, self.stats, self.deals, self.known_targets),
         )
+
+    def shared_rows(self) -> list[Any]:
+        """The packer run's rows that a later snapshot may hold unchanged (see :mod:`arrowstream.state.sealed`)."""
+        return shared_rows(self.inner)
 
     def with_plan(self, plan: Plan) -> IteratorSnapshot:
         """Return this snapshot with ``plan``: the plan of an iterator over the same data, state and consumer."""
