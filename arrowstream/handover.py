@@ -1,27 +1,31 @@
-"""How a DataLoader worker hands a batch to the main process: one storage, shared by file name.
+"""How a DataLoader worker hands a batch to the main process: one buffer, copied into a slot or sent another way.
 
-torch sends each tensor storage a worker yields to the main process as a
-shared-memory segment. Two costs per batch are ours to choose:
+A worker's batch crosses to the main process once per batch, so two costs are
+ours to choose:
 
-- **how many segments**: :func:`one_storage` copies a batch's arrays into one
+- **how many pieces**: :func:`one_storage` copies a batch's arrays into one
   buffer the tensors view, so a packed batch (five arrays) crosses as one
-  segment instead of five;
-- **how the main process opens it**: with torch's default strategy on Linux
-  (``file_descriptor``) the main process connects to a thread of the worker
-  for every batch to receive a file descriptor, and waits while that worker's
-  threads are busy making the next batches; with ``file_system`` it opens the
-  segment by name (torch's ``torch_shm_manager`` removes segments left behind
-  by processes that died). :func:`use_sharing` sets the strategy in the worker
-  process only, where it decides how that worker's batches are sent.
+  piece instead of five;
+- **how that buffer crosses** (``to_torch(sharing=...)``, :func:`handed`):
 
-- **or no shared memory at all**: with ``"auto"`` (the default, for a batch
-  that fits in the pipe) or ``"pipe"`` the batch crosses the DataLoader's
-  result pipe as bytes (:class:`ByValue`): one copy more on
-  each side, but no segment to create or open, and no ``torch_shm_manager``
-  process per worker (``file_system`` starts one in each worker, about
-  56 MB of private memory each, since it loads ``libtorch_cpu``).
+  - ``"auto"`` (the default): into a free slot of the worker's ring of shared
+    memory (:mod:`arrowstream.slots`), which the main process's tensors then
+    view: no segment made per batch, no bytes through a pipe. When every slot
+    is held (the trainer keeps its batches) or there is no ring, a batch
+    that fits in the DataLoader's result pipe crosses it as bytes
+    (:class:`ByValue`, the pipe widened to 1 MiB by :func:`widen_result_pipe`),
+    and a larger one as one segment opened by name (``file_system``);
+  - ``"pipe"``: always as bytes through the pipe;
+  - one of torch's strategies: as a shared-memory segment per batch. With
+    torch's Linux default (``file_descriptor``) the main process connects to
+    a thread of the worker for every batch to receive a file descriptor, and
+    waits while that worker's threads are busy making the next batches; with
+    ``file_system`` it opens the segment by name (torch's
+    ``torch_shm_manager``, one process per worker, about 56 MB of private
+    memory each, removes segments left behind by processes that died).
+    :func:`use_sharing` sets the strategy in the worker process only.
 
-``benchmarks/bench_transfer.py`` measures all three.
+``benchmarks/bench_transfer.py`` measures them side by side.
 
 Beside a batch, a worker of :class:`~arrowstream.pytorch.StatefulLoader`
 sends the snapshot of its state after it, sealed (:func:`state_tag`): the
@@ -38,11 +42,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from arrowstream import slots
 from arrowstream.errors import ConfigError
 from arrowstream.state.sealed import Sealed, SealStream
 from arrowstream.state.snapshot import Taken, take_snapshot
 
-__all__ = ["AUTO", "PIPE", "ByValue", "check_sharing", "one_storage", "by_value_limit", "state_tag", "use_sharing", "widen_result_pipe"]
+__all__ = [
+    "AUTO", "PIPE", "ByValue", "by_value_limit", "check_sharing", "handed", "one_storage", "state_tag", "use_sharing",
+    "widen_result_pipe",
+]
 
 #: The ``sharing`` that sends each batch through the DataLoader's pipe as bytes (:class:`ByValue`).
 PIPE = "pipe"
@@ -113,13 +121,20 @@ def use_sharing(sharing: str | None) -> None:
 
 
 class ByValue(dict):  # type: ignore[type-arg]
-    """A dict whose tensors that view one buffer pickle as that buffer's bytes, once.
+    """A dict whose tensors that view one buffer cross to the main process as a copy of that buffer, once.
 
-    What a DataLoader worker sends through the pipe (``sharing="auto"`` or
-    ``"pipe"``, see :func:`by_value_limit`): the batch is
-    pickled into the worker's result pipe and rebuilt in the main process as
-    a :attr:`received_as` (a plain ``dict`` here) of tensors viewing one
-    writable buffer. Values that do not view the buffer pickle as usual.
+    What a DataLoader worker sends (``sharing="auto"`` or ``"pipe"``, see
+    :func:`handed`). When pickled, the buffer goes, in the first way that works:
+
+    1. with :attr:`in_slots`, into a free slot of the worker's ring of shared
+       memory (:mod:`arrowstream.slots`), and the main process's tensors view
+       the slot;
+    2. up to :attr:`pipe_at_most` bytes, as bytes in the pickle (through the
+       DataLoader's result pipe), rebuilt in one writable buffer;
+    3. else as the tensors themselves, shared by the worker's sharing strategy.
+
+    The main process receives a :attr:`received_as` (a plain ``dict`` here).
+    Values that do not view the buffer pickle as usual.
 
     Examples
     --------
@@ -135,9 +150,23 @@ class ByValue(dict):  # type: ignore[type-arg]
 
     #: The type the main process receives (a subclass may name its own).
     received_as: type = dict
+    #: Try a slot of the worker's ring first.
+    in_slots: bool = False
+    #: Bytes of buffer up to which it crosses as bytes in the pickle (larger: as tensors).
+    pipe_at_most: float = float("inf")
 
     def __copy__(self) -> ByValue:
-        return type(self)(self)
+        return self._like(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ByValue:  # a copy in the worker never takes a slot
+        import copy
+
+        return self._like((key, copy.deepcopy(value, memo)) for key, value in self.items())
+
+    def _like(self, items: Any) -> ByValue:
+        out = type(self)(items)
+        out.in_slots, out.pipe_at_most = self.in_slots, self.pipe_at_most
+        return out
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         storage = next((v.untyped_storage() for v in self.values() if isinstance(v, torch.Tensor)), None)
@@ -149,13 +178,60 @@ class ByValue(dict):  # type: ignore[type-arg]
                 items.append((key, True, (value.dtype, tuple(value.shape), start, size)))
             else:
                 items.append((key, False, value))
-        payload = b"" if storage is None else torch.empty(0, dtype=torch.uint8).set_(storage).numpy().tobytes()
-        return _rebuild, (self.received_as, items, payload)
+        if storage is None:
+            return _rebuild, (self.received_as, items, b"")
+        flat = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+        if self.in_slots:
+            where = slots.place(flat)
+            if where is not None:
+                return _rebuild_from_slot, (self.received_as, items, where)
+        if flat.nbytes > self.pipe_at_most:
+            return _as_tensors, (self.received_as, list(self.items()))
+        return _rebuild, (self.received_as, items, flat.tobytes())
+
+
+def handed(values: dict[str, Any], *, sharing: str | None, pipe_at_most: float, cls: type[ByValue] = ByValue) -> dict[str, Any]:
+    """Return ``values`` (arrays viewing one buffer: :func:`one_storage`) as a worker sends them by ``sharing``.
+
+    :data:`AUTO`: a :class:`ByValue` that tries a slot first, then the pipe up to
+    ``pipe_at_most`` bytes (:func:`by_value_limit`), then by name;
+    :data:`PIPE`: a :class:`ByValue` through the pipe; else the plain dict,
+    its tensors shared by torch's strategy.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> arrays = one_storage({"a": np.zeros(3, dtype=np.int32)})
+    >>> type(handed(arrays, sharing="file_system", pipe_at_most=0)).__name__
+    'dict'
+    >>> out = handed(arrays, sharing="auto", pipe_at_most=1 << 20)
+    >>> type(out).__name__, out.in_slots == slots.available(), out.pipe_at_most
+    ('ByValue', True, 1048576)
+    """
+    if sharing not in (AUTO, PIPE):
+        return values
+    out = cls(values)
+    out.in_slots = sharing == AUTO and slots.available()
+    out.pipe_at_most = pipe_at_most
+    return out
 
 
 def _rebuild(cls: type, items: list[tuple[str, bool, Any]], payload: bytes) -> Any:
     """Return ``cls`` of the values :meth:`ByValue.__reduce__` listed, the views over one writable copy of ``payload``."""
     buffer = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(0, dtype=torch.uint8)
+    return _views(cls, items, buffer)
+
+
+def _rebuild_from_slot(cls: type, items: list[tuple[str, bool, Any]], where: slots.Where) -> Any:
+    """Return ``cls`` of the values :meth:`ByValue.__reduce__` listed, the views over the slot ``where``."""
+    return _views(cls, items, torch.from_numpy(slots.take_out(where)))
+
+
+def _as_tensors(cls: type, pairs: list[tuple[str, Any]]) -> Any:
+    return cls(pairs)
+
+
+def _views(cls: type, items: list[tuple[str, bool, Any]], buffer: torch.Tensor) -> Any:
     out = cls()
     for key, is_view, value in items:
         if is_view:

@@ -17,10 +17,11 @@ starts with worker 0), so the trainer sees the batches of no interruption.
 Forked workers: the main process never tokenizes, so each worker's tokenizer
 keeps its own thread pool and no fork warning is printed. In a worker, a
 batch's arrays are copied into one buffer (the tensors are views of it).
-By default a batch that fits in the DataLoader's result pipe (widened to
-1 MiB) crosses it as bytes, and a larger one as one shared-memory segment
-opened by name (torch's ``file_system`` strategy, set in the worker only):
-no round trip to the busy worker either way (see ``sharing``).
+By default that buffer crosses in a slot of the worker's ring of shared
+memory, which the main process's tensors view until they are dropped
+(:mod:`arrowstream.slots`); when no slot is free, through the DataLoader's
+result pipe (widened to 1 MiB), or, larger, as one shared-memory segment
+opened by name: no round trip to the busy worker either way (see ``sharing``).
 
 Requires ``pip install arrowstream[torch]``.
 """
@@ -51,7 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from arrowstream.checks import check_int
 from arrowstream.distributed.topology import WHOLE_RUN_COUNTERS
 from arrowstream.errors import ConfigError, StateError
-from arrowstream.handover import AUTO, ByValue, by_value_limit, check_sharing, one_storage, state_tag, use_sharing
+from arrowstream.handover import AUTO, ByValue, by_value_limit, check_sharing, handed, one_storage, state_tag, use_sharing
 from arrowstream.io.prefetch import AHEAD_MOST, Prefetcher, close_all, depth_for
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 from arrowstream.state.ranks import pick_consumer, whole_rank
@@ -89,8 +90,8 @@ def _refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
     raise ConfigError(_COLLATING)
 
 
-class _PipedBatch(ByValue, Batch):
-    """A :class:`Batch` a worker sends through the DataLoader's pipe (:class:`~arrowstream.handover.ByValue`)."""
+class _HandedBatch(ByValue, Batch):
+    """A :class:`Batch` a worker sends by value: in a slot or through the pipe (:class:`~arrowstream.handover.ByValue`)."""
 
     received_as = Batch
 
@@ -136,14 +137,18 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         (:data:`DEFAULT_PREFETCH`; :func:`~arrowstream.io.prefetch.depth_for`).
     sharing
         How a DataLoader worker iterating this dataset hands its batches to
-        the main process. ``"auto"`` (the default): a batch that fits in the
-        DataLoader's result pipe (whose capacity the worker raises to
-        ``/proc/sys/fs/pipe-max-size``, 1 MiB by default) is pickled into it
-        as bytes; a larger one goes as one shared-memory segment that the
-        main process opens by name (torch's ``file_system`` strategy, set in
-        the worker only; torch starts a ``torch_shm_manager`` process per
-        worker for it, about 56 MB each, the first time). ``"pipe"``: every
-        batch through the pipe. ``"file_system"``: every batch by name.
+        the main process. ``"auto"`` (the default): each worker keeps a ring
+        of up to 8 slots of shared memory (64 MiB at most, reserved when its
+        first batch is sent) and copies each batch into a free one; the main
+        process's tensors view the slot, which is free again once they are
+        all dropped, so a batch the trainer keeps is never overwritten. When
+        every slot is held, a batch that fits in the DataLoader's result pipe
+        (its capacity raised to ``/proc/sys/fs/pipe-max-size``, 1 MiB by
+        default) is pickled into it as bytes, and a larger one goes as one
+        shared-memory segment opened by name (torch's ``file_system``
+        strategy, set in the worker only; torch then starts a
+        ``torch_shm_manager`` process in the worker, about 56 MB). ``"pipe"``:
+        every batch through the pipe. ``"file_system"``: every batch by name.
         torch's default on Linux, ``"file_descriptor"``, makes the main
         process fetch a file descriptor from the worker for every batch,
         waiting on the worker's busy threads. ``None`` leaves the worker's
@@ -232,13 +237,10 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         keys = batch if self.columns is None else self.columns
         out = Batch((key, batch[key]) for key in keys)
         arrays = {key: value for key, value in out.items() if isinstance(value, np.ndarray)}
-        in_worker = get_worker_info() is not None
-        if in_worker and sum(a.nbytes for a in arrays.values()) <= self._by_value_at_most:
-            out = _PipedBatch(out, **one_storage(arrays))
-        elif in_worker and len(arrays) > 1:
+        if get_worker_info() is not None and arrays:  # one buffer, sent as `sharing` says
             out.update(one_storage(arrays))
-        else:
-            out.update((key, torch.from_numpy(value)) for key, value in arrays.items())
+            return handed(out, sharing=self.sharing, pipe_at_most=self._by_value_at_most, cls=_HandedBatch)
+        out.update((key, torch.from_numpy(value)) for key, value in arrays.items())
         return out
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

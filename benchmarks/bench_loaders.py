@@ -15,7 +15,9 @@ each loader, alternated, for ``--repeats`` rounds:
 
 With ``--mixture`` the stream mixes two sources by token weight
 (``arrowstream.mix``: the corpus in row groups of 1,000 and of 2,000 rows,
-0.7 and 0.3). Each run pulls ``--batches`` batches (or the stream's end) and, at the end,
+0.7 and 0.3). ``--loaders`` picks among them; ``--sharing pipe,file_system``
+adds a plain ``DataLoader`` over ``to_torch(sharing=...)`` for each (the
+default, ``"auto"``, hands batches over in slots of shared memory). Each run pulls ``--batches`` batches (or the stream's end) and, at the end,
 asks the loader for its state (the stateful ones), which must survive JSON.
 Reported per strategy: batches per second (medians), the ratio to the plain
 ``DataLoader``, the share of the run the main process's thread was on a CPU
@@ -45,16 +47,17 @@ from harness import (
 )
 
 
-def _stream(args: argparse.Namespace, strategy: str) -> Any:
+def _stream(args: argparse.Namespace, strategy: str, kind: str) -> Any:
     from arrowstream import mix, read_parquet
 
+    sharing = {"sharing": kind.split("sharing=")[1]} if "sharing=" in kind else {}
     ds = read_parquet(args.corpus).tokenize(args.tokenizer)
     if args.mixture:  # two sources by token weight: the same text in row groups of 1,000 and 2,000 rows
         other = read_parquet(args.corpus2).tokenize(args.tokenizer)
         ds = mix({"web": ds, "books": other}, {"web": 0.7, "books": 0.3})
     if strategy == "bucket":
-        return ds.bucket(max_tokens=args.batch_size * args.seq_len, max_len=args.seq_len).to_torch()
-    return ds.pack(seq_len=args.seq_len, batch_size=args.batch_size, strategy=strategy).to_torch()
+        return ds.bucket(max_tokens=args.batch_size * args.seq_len, max_len=args.seq_len).to_torch(**sharing)
+    return ds.pack(seq_len=args.seq_len, batch_size=args.batch_size, strategy=strategy).to_torch(**sharing)
 
 
 def _loader(kind: str, stream: Any, workers: int) -> Any:
@@ -63,7 +66,7 @@ def _loader(kind: str, stream: Any, workers: int) -> Any:
     from arrowstream.pytorch import StatefulLoader
 
     options: dict[str, Any] = {"batch_size": None, "num_workers": workers}
-    if kind == "DataLoader":
+    if kind.startswith("DataLoader"):
         return DataLoader(stream, **options)
     if kind == "StatefulLoader":
         return StatefulLoader(stream, **options)
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace, kind: str, strategy: str) -> dict[str, Any]:
     """Pull up to ``args.batches`` batches through ``kind``; return rate, main thread's CPU share, state time, digest."""
     import hashlib
 
-    loader = _loader(kind, _stream(args, strategy), args.workers)
+    loader = _loader(kind, _stream(args, strategy, kind), args.workers)
     digest = hashlib.sha256()
     start, cpu = time.perf_counter(), time.thread_time()
     n = 0
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace, kind: str, strategy: str) -> dict[str, Any]:
     wall = time.perf_counter() - start
     busy = (time.thread_time() - cpu) / wall
     state_s = float("nan")
-    if kind != "DataLoader":
+    if not kind.startswith("DataLoader"):
         t = time.perf_counter()
         state = loader.state_dict()
         state_s = time.perf_counter() - t
@@ -107,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batches", type=int, default=1400, help="batches per run (fewer if the stream ends)")
     p.add_argument("--every", type=int, default=None, help="also StatefulDataLoader(snapshot_every_n_steps=EVERY)")
+    p.add_argument("--loaders", default="DataLoader,StatefulLoader,StatefulDataLoader", help="comma-separated")
+    p.add_argument("--sharing", default="",
+                   help="comma-separated: also a plain DataLoader over to_torch(sharing=...) for each (pipe, file_system)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--mixture", action="store_true", help="a mixture of two sources (0.7 / 0.3 by tokens)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: run the checks in seconds")
@@ -117,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     args.corpus, args.tokenizer = corpus_and_tokenizer(args)
     if args.mixture:
         args.corpus2, _ = corpus_and_tokenizer(args, rows_per_group=2000)
-    kinds = ["DataLoader", "StatefulLoader", "StatefulDataLoader"]
+    kinds = ["DataLoader", *(k for k in args.loaders.split(",") if k and k != "DataLoader")]
+    kinds += [f"DataLoader, sharing={x}" for x in args.sharing.split(",") if x]
     if args.every:
         kinds.append(f"StatefulDataLoader, every {args.every}")
     results: dict[str, Any] = {"machine": machine_facts(), "args": vars(args), "runs": {}}
@@ -138,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                 state_ms = median([1e3 * x["state_s"] for x in runs[kind]])
                 rows.append([strategy, kind, f"{rate:.0f}", f"{rate / plain:.2f}",
                              f"{100 * median([x['main_busy'] for x in runs[kind]]):.0f}",
-                             "-" if kind == "DataLoader" else f"{state_ms:.0f}"])
+                             "-" if kind.startswith("DataLoader") else f"{state_ms:.0f}"])
                 same = {x["digest"] for x in runs[kind]} == {runs["DataLoader"][0]["digest"]}
                 checks(same, f"{strategy}: {kind} hands over the DataLoader's batches", kind)
     except CheckFailed:

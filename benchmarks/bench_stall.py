@@ -75,7 +75,7 @@ def _ready_loader(args: argparse.Namespace, workers: int) -> Any:
     from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
     from arrowstream import read_parquet
-    from arrowstream.handover import PIPE, ByValue, one_storage, use_sharing, widen_result_pipe
+    from arrowstream.handover import by_value_limit, handed, one_storage, use_sharing
     from arrowstream.pytorch import TorchDataset
 
     if not hasattr(args, "ready_batch"):
@@ -86,18 +86,16 @@ def _ready_loader(args: argparse.Namespace, workers: int) -> Any:
     counts = {k: v for k, v in args.ready_batch.items() if not isinstance(v, np.ndarray)}
 
     sharing = args.sharing if args.sharing is not None else _default_sharing(TorchDataset)
-    send = ByValue if sharing == PIPE else dict
 
     class Ready(IterableDataset):  # type: ignore[type-arg]
         def __iter__(self) -> Any:
             in_worker = get_worker_info() is not None
             if in_worker:
                 use_sharing(sharing)
-                if sharing == PIPE:
-                    widen_result_pipe(sys._getframe())
+                limit = by_value_limit(sharing, sys._getframe())
             while True:
                 if in_worker:
-                    yield send({**counts, **one_storage(arrays)})
+                    yield handed({**counts, **one_storage(arrays)}, sharing=sharing, pipe_at_most=limit)
                 else:
                     yield {**counts, **{k: torch.from_numpy(v) for k, v in arrays.items()}}
 
@@ -242,7 +240,7 @@ def main() -> int:
     p.add_argument("--prefetch", type=int, default=None,
                    help="to_torch(prefetch=...): batches made ahead in a thread [the library's default: up to 16, within 64 MiB]")
     p.add_argument("--sharing", default=None, choices=["auto", "pipe", "file_system", "file_descriptor"],
-                   help="to_torch(sharing=...): how workers hand batches over [the library's default]")
+                   help="to_torch(sharing=...): how workers hand batches over [the library's default: in slots]")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
         "--switch-interval", type=float, default=None,

@@ -1,13 +1,16 @@
 #!/usr/bin/env python
-"""Handing packed batches from DataLoader workers to the main process: through the pipe, or how many segments, opened how.
+"""Handing packed batches from DataLoader workers to the main process: in slots, through the pipe, or how many segments.
 
 A real packed batch (``seq_len`` x ``batch_size`` from the built-in sample
 corpus, every key of the batch) is made once; then a ``DataLoader`` with
 ``--workers`` workers hands ``--batches`` copies of it over, alternating, for
 ``--repeats`` rounds:
 
-- ``one storage, by name``: the arrays copied into one buffer that every
-  tensor views (``arrowstream.handover.one_storage``), sent with torch's
+- ``one storage, in slots``: the arrays copied into one buffer that every
+  tensor views (``arrowstream.handover.one_storage``), copied when sent into
+  a free slot of the worker's ring of shared memory, which the main process's
+  tensors view (``arrowstream.slots``, what ``TorchDataset`` sends by default);
+- ``one storage, by name``: the same buffer, sent with torch's
   ``file_system`` sharing strategy (the main process opens the segment by
   name), what ``TorchDataset`` does in a worker for a batch larger than the
   pipe;
@@ -15,8 +18,8 @@ corpus, every key of the batch) is made once; then a ``DataLoader`` with
   ``file_descriptor`` (the main process asks the worker for a descriptor);
 - ``one storage, through the pipe``: the same buffer pickled as bytes into the
   DataLoader's result pipe (``arrowstream.handover.ByValue``, what
-  ``TorchDataset`` sends by default when the batch fits in the pipe, the
-  pipe widened to 1 MiB first): no shared memory;
+  ``TorchDataset`` sends by default when no slot is free and the batch fits
+  in the pipe, the pipe widened to 1 MiB first): no shared memory;
 - ``tensor per array``: ``torch.from_numpy`` on each array, by descriptor, so
   each array crosses as its own segment.
 
@@ -43,7 +46,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from arrowstream.handover import ByValue, one_storage, use_sharing, widen_result_pipe
+from arrowstream.handover import AUTO, PIPE, by_value_limit, handed, one_storage, use_sharing
 from arrowstream.testing.data import sample_tokenizer, write_dataset
 from harness import Checks, fmt_table, log, machine_facts, median
 
@@ -55,10 +58,11 @@ class Copies(IterableDataset):  # type: ignore[type-arg]
         self.batch, self.n, self.how, self.busy = batch, n, how, busy
 
     def __iter__(self):
-        use_sharing("file_system" if self.how.endswith("by name") else "file_descriptor")
-        send = ByValue if self.how.endswith("through the pipe") else dict
-        if send is ByValue:
-            widen_result_pipe(sys._getframe())
+        sharing = {"in slots": AUTO, "through the pipe": PIPE, "by name": "file_system"}.get(
+            self.how.split(", ")[-1], "file_descriptor"
+        )
+        use_sharing(sharing)
+        limit = by_value_limit(sharing, sys._getframe())
         if self.busy:
             threading.Thread(target=_spin, daemon=True).start()
         info = get_worker_info()
@@ -67,7 +71,7 @@ class Copies(IterableDataset):  # type: ignore[type-arg]
         counts = {k: v for k, v in self.batch.items() if not isinstance(v, np.ndarray)}
         for _ in range(share):
             if self.how.startswith("one storage"):
-                yield send({**counts, **one_storage(arrays)})
+                yield handed({**counts, **one_storage(arrays)}, sharing=sharing, pipe_at_most=limit)
             else:
                 yield {**counts, **{k: torch.from_numpy(v.copy()) for k, v in arrays.items()}}
 
@@ -126,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     batch = packed_batch(args.seq_len, args.batch_size)
     arrays = sorted(k for k, v in batch.items() if isinstance(v, np.ndarray))
     log(f"batch: {args.batch_size} x {args.seq_len}, arrays {arrays}, {sum(batch[k].nbytes for k in arrays):,} bytes")
-    hows = ("one storage, through the pipe", "one storage, by name", "one storage, by descriptor", "tensor per array")
+    hows = ("one storage, in slots", "one storage, through the pipe", "one storage, by name", "one storage, by descriptor",
+            "tensor per array")
     times: dict[str, list[float]] = {h: [] for h in hows}
     for r in range(repeats):
         for how in hows if r % 2 == 0 else hows[::-1]:

@@ -108,7 +108,8 @@ def test_cache_benchmark_smoke_run_passes_its_check(tmp_path: Path) -> None:
 
 def test_transfer_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     result, _ = _bench(tmp_path, "bench_transfer.py", "--smoke", workdir=False, timeout=300)
-    hows = {"one storage, through the pipe", "one storage, by name", "one storage, by descriptor", "tensor per array"}
+    hows = {"one storage, in slots", "one storage, through the pipe", "one storage, by name", "one storage, by descriptor",
+            "tensor per array"}
     assert result["checks_passed"] and set(result["us_per_batch"]) == hows and result["busy"]
 
 
@@ -167,6 +168,10 @@ def test_loaders_benchmark_smoke_run_hands_over_the_same_batches_through_every_l
 
 
 def test_loaders_benchmark_smoke_run_mixes_two_sources(tmp_path: Path) -> None:
-    result, stdout = _bench(tmp_path, "bench_loaders.py", "--smoke", "--mixture", "--strategies", "concat")
+    result, stdout = _bench(
+        tmp_path, "bench_loaders.py", "--smoke", "--mixture", "--strategies", "concat", "--loaders", "DataLoader",
+        "--sharing", "pipe",
+    )
+    assert set(result["runs"]["concat"]) == {"DataLoader", "DataLoader, sharing=pipe"}
     assert result["checks"] and all(check["passed"] for check in result["checks"])
     assert "a mixture of two sources" in stdout

@@ -1,4 +1,4 @@
-"""How DataLoader workers hand batches to the main process: through the result pipe, or by shared-memory name."""
+"""How DataLoader workers hand batches to the main process: in slots, through the result pipe, or by shared-memory name."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from arrowstream import read_parquet
-from arrowstream.handover import PICKLE_SLACK, ByValue, by_value_limit, one_storage, widen_result_pipe
+from arrowstream import read_parquet, slots
+from arrowstream.handover import PICKLE_SLACK, ByValue, by_value_limit, handed, one_storage, widen_result_pipe
 from arrowstream.pytorch import Batch
 
 from .conftest import write_parts
@@ -78,17 +78,19 @@ def _assert_same(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
                 assert g[key] == value, key
 
 
-def test_by_default_a_batch_that_fits_the_pipe_crosses_it_and_no_shm_manager_starts(tmp_path: Path) -> None:
-    ds = _packed(tmp_path, seq_len=1024, batch_size=8)
+def test_by_default_a_batch_crosses_in_a_slot_and_no_shm_manager_starts(tmp_path: Path) -> None:
+    ds = _packed(tmp_path, seq_len=2048, batch_size=32, docs=240)
     want = list(ds.iter())[:3]
-    assert 64 * 1024 < _nbytes(want[0]) < PIPE_MAX - PICKLE_SLACK  # more than an unwidened pipe holds
+    assert _nbytes(want[0]) > PIPE_MAX - PICKLE_SLACK  # larger than the pipe: by name without slots
+    before = slots.counts["taken_out"]
     got, managers = _receive(ds)
     _assert_same(got, want)
+    assert slots.counts["taken_out"] - before >= 3  # every batch the worker sent came in a slot
     for batch in got:
         assert type(batch) is Batch
         storages = {t.untyped_storage() for t in batch.values() if isinstance(t, torch.Tensor)}
         assert len({s.data_ptr() for s in storages}) == 1  # one buffer per batch
-        assert not any(s.is_shared() for s in storages)  # bytes from the pipe, no segment
+        assert not any(s.is_shared() for s in storages)  # no segment of torch's
     assert managers == []  # torch starts one per worker for its first segment by name
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # writable: no "non-writable buffer" warning
@@ -102,7 +104,26 @@ def test_by_default_a_batch_that_fits_the_pipe_crosses_it_and_no_shm_manager_sta
     assert len(managers) == 1
 
 
-def test_a_batch_larger_than_the_pipe_goes_by_name_unless_pipe_is_asked_for(tmp_path: Path) -> None:
+def test_without_slots_a_batch_that_fits_the_pipe_crosses_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slots, "available", lambda: False)  # as on a system without memfd (forked workers see it)
+    ds = _packed(tmp_path, seq_len=1024, batch_size=8)
+    want = list(ds.iter())[:3]
+    assert 64 * 1024 < _nbytes(want[0]) < PIPE_MAX - PICKLE_SLACK  # more than an unwidened pipe holds
+    before = slots.counts["taken_out"]
+    got, managers = _receive(ds)
+    _assert_same(got, want)
+    assert slots.counts["taken_out"] == before
+    for batch in got:
+        storages = {t.untyped_storage() for t in batch.values() if isinstance(t, torch.Tensor)}
+        assert len({s.data_ptr() for s in storages}) == 1
+        assert not any(s.is_shared() for s in storages)  # bytes from the pipe, no segment
+    assert managers == []
+
+
+def test_a_batch_too_large_for_slots_goes_by_name_unless_pipe_is_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slots, "RING_MOST", 128 << 10)  # a ring of at most 128 KiB: these batches do not fit
     ds = _packed(tmp_path, seq_len=2048, batch_size=32, docs=80)
     want = list(ds.iter())[:2]
     assert _nbytes(want[0]) > PIPE_MAX - PICKLE_SLACK
@@ -167,3 +188,17 @@ def test_by_value_sends_the_buffer_once_and_other_values_as_themselves(dumps: An
     assert back["a"].untyped_storage().data_ptr() == back["flag"].untyped_storage().data_ptr()
     assert ByValue().__reduce__()[1][2] == b""  # nothing to send
     assert pickle.loads(pickle.dumps(ByValue(n=1))) == {"n": 1}
+
+
+def test_a_copy_made_in_a_worker_takes_no_slot() -> None:
+    import copy
+
+    arrays = {"a": np.arange(6, dtype=np.int64).reshape(2, 3)}
+    batch = handed({"n": 1, **one_storage(arrays)}, sharing="auto", pipe_at_most=1 << 20)
+    before = dict(slots.counts)
+    for twin in (copy.copy(batch), copy.deepcopy(batch)):
+        assert type(twin) is ByValue and twin.in_slots and twin.pipe_at_most == 1 << 20
+        assert twin["n"] == 1 and torch.equal(twin["a"], batch["a"])
+    assert slots.counts == before  # a slot is taken only when the batch is sent
+    back = pickle.loads(ForkingPickler.dumps(batch))
+    assert slots.counts["placed"] == before["placed"] + 1 and np.array_equal(back["a"].numpy(), arrays["a"])

@@ -25,14 +25,21 @@ ROWS_PER_GROUP = 6
 
 
 @pytest.fixture
-def reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """Every row group read from now on, as (file name, row group), in order."""
+def reads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple[str, int]]:
+    """Every row group of this test's files read from now on, as (file name, row group), in order.
+
+    Only files under the test's ``tmp_path``: a thread left behind by an
+    earlier test in the same process (an iterator dropped mid-stream, its
+    prefetch thread winding down) reads files of the same names elsewhere.
+    """
     seen: list[tuple[str, int]] = []
     read = ShardReader.read
+    mine = str(tmp_path)
 
     def spy(self: ShardReader, shard: int):
         info = self.manifest.shard(shard)
-        seen.append((Path(info.path).name, info.row_group))
+        if str(info.path).startswith(mine):
+            seen.append((Path(info.path).name, info.row_group))
         return read(self, shard)
 
     monkeypatch.setattr(ShardReader, "read", spy)
