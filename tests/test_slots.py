@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 import torch
 from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from arrowstream import read_parquet, slots
 from arrowstream.pytorch import StatefulLoader
@@ -118,12 +119,12 @@ def test_batches_kept_by_the_trainer_are_never_overwritten(tmp_path: Path, bucke
     assert len(kept) == len(want) and all(_same(g, w) for g, w in zip(kept, want, strict=True))
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_batches_dropped_as_they_come_all_cross_in_slots(tmp_path: Path, context: str) -> None:
+@pytest.mark.parametrize(("context", "loader_type"), [("fork", DataLoader), ("spawn", DataLoader), ("fork", StatefulDataLoader)])
+def test_batches_dropped_as_they_come_all_cross_in_slots(tmp_path: Path, context: str, loader_type: type) -> None:
     ds = _packed(_corpus(tmp_path))
     want = _expected(ds, 2)
     before = slots.counts["taken_out"]
-    loader = DataLoader(ds.to_torch(), batch_size=None, num_workers=2, multiprocessing_context=context)
+    loader = loader_type(ds.to_torch(), batch_size=None, num_workers=2, multiprocessing_context=context)
     same = [_same(batch, want[i]) for i, batch in enumerate(loader)]
     assert len(same) == len(want) and all(same)
     assert slots.counts["taken_out"] - before == len(want)  # slots freed and used again: never full
@@ -171,3 +172,23 @@ def test_the_stateful_loader_resumes_exactly_with_batches_in_slots(tmp_path: Pat
     assert len(again) == len(rest)
     for g, w in zip(again, rest, strict=True):
         assert all(torch.equal(g[k], w[k]) for k in w if isinstance(w[k], torch.Tensor))
+
+
+def test_batches_already_received_stay_whole_when_their_worker_is_killed(tmp_path: Path) -> None:
+    import signal
+
+    ds = _packed(_corpus(tmp_path))
+    want = _expected(ds, 1)
+    before = slots.counts["taken_out"]
+    it = iter(DataLoader(ds.to_torch(), batch_size=None, num_workers=1, timeout=30))
+    held = [next(it) for _ in range(3)]
+    assert slots.counts["taken_out"] - before == 3
+    worker = next(iter(it._workers))  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="exited unexpectedly|killed by signal"):  # (torch's SIGCHLD handler)
+        os.kill(worker.pid, signal.SIGKILL)
+        for _ in range(len(want)):
+            next(it)
+    gc.collect()
+    assert all(_same(g, w) for g, w in zip(held, want[:3], strict=True))  # the ring outlives its worker here
+    held[0]["input_ids"][0, 0] = -1  # and is still ours to write
+    assert int(held[0]["input_ids"][0, 0]) == -1
