@@ -25,6 +25,11 @@ Invariants:
   result queue, one feeder thread), so the batch carrying a ring's descriptor
   is taken out before any other that uses the ring.
 
+Ordering: a worker fills a slot and marks it held before the batch's message
+goes into the pipe (a system call between them), and the main process marks
+it free only after the last view is gone, so the reads of a batch and the
+writes of the next batch into its slot never overlap.
+
 Thread safety: a lock guards each side's rings. In a worker the slots are
 filled by the thread that pickles the results (the result queue's feeder);
 in the main process a slot is freed by whichever thread drops its last view.
