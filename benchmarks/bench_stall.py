@@ -299,6 +299,10 @@ def main() -> int:
     if args.beside:
         header += ["ready beside the work: wait %", "p50 ms"]
     log(fmt_table(header, rows))
+    for h in headrooms:  # the question asked: with the best worker count, how much does the step wait?
+        best = min((run["wait_share"], name) for name, run in results["runs"].items() if name.endswith(f"headroom={h}"))
+        results.setdefault("best", {})[str(h)] = {"run": best[1], "wait_share": best[0]}
+        log(f"best worker count at {h}x headroom: {best[1].split(',')[0]}, waited {100 * best[0]:.1f} % of wall time")
     from arrowstream.pytorch import TorchDataset
 
     sharing = args.sharing or f"{_default_sharing(TorchDataset)} (the default)"

@@ -155,6 +155,9 @@ def test_stall_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     assert set(result["runs"]) == {"workers=0, headroom=2.0", "workers=1, headroom=2.0"}
     assert all(0 <= run["wait_share"] < 1 and run["rate"] > 0 for run in result["runs"].values())
     assert all(0 <= run["ready_beside"]["wait_share"] < 1 for run in result["runs"].values())
+    best = result["best"]["2.0"]
+    assert best["wait_share"] == min(run["wait_share"] for run in result["runs"].values())
+    assert result["runs"][best["run"]]["wait_share"] == best["wait_share"]
     assert result["checks"] and all(check["passed"] for check in result["checks"])
 
 
