@@ -56,7 +56,7 @@ def _stream(args: argparse.Namespace, strategy: str, kind: str) -> Any:
         other = read_parquet(args.corpus2).tokenize(args.tokenizer)
         ds = mix({"web": ds, "books": other}, {"web": 0.7, "books": 0.3})
     if strategy == "bucket":
-        return ds.bucket(max_tokens=args.batch_size * args.seq_len, max_len=args.seq_len).to_torch(**sharing)
+        return ds.bucket(max_tokens=args.batch_size * args.seq_len, max_len=args.seq_len, long_docs="truncate").to_torch(**sharing)
     return ds.pack(seq_len=args.seq_len, batch_size=args.batch_size, strategy=strategy).to_torch(**sharing)
 
 

@@ -21,7 +21,7 @@ encoder, and with ``datasets`` using the same encoder:
   A pipeline's ``vs raw`` divides by the faster raw method of its encoder.
 - ``arrowstream <strategy>, <backend>, workers=k``: ``read_parquet(...)
   .tokenize(tok, backend=...).pack(seq_len, batch_size, strategy)``
-  (``bucket``: ``.bucket(max_tokens=seq_len * batch_size, max_len=seq_len)``),
+  (``bucket``: ``.bucket(max_tokens=seq_len * batch_size, max_len=seq_len, long_docs="truncate")``),
   iterated through ``ds.to_torch()`` (k=0) or ``DataLoader(ds.to_torch(),
   batch_size=None, num_workers=k)``. ``tokenizers`` forces that encoder;
   ``tiktoken`` is ``backend="auto"`` with tokie hidden, what the default gives

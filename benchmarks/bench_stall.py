@@ -49,7 +49,7 @@ from harness import CheckFailed, Checks, add_corpus_options, corpus_and_tokenize
 def _packed(ds: Any, args: argparse.Namespace) -> Any:
     """Pack or bucket ``ds`` as ``--strategy`` says (``bucket``: a token budget of ``batch_size x seq_len``)."""
     if args.strategy == "bucket":
-        return ds.bucket(max_tokens=args.batch_size * args.seq_len, max_len=args.seq_len)
+        return ds.bucket(max_tokens=args.batch_size * args.seq_len, max_len=args.seq_len, long_docs="truncate")
     return ds.pack(seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy)
 
 

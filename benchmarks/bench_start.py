@@ -50,7 +50,7 @@ def child(args: argparse.Namespace) -> None:
     ramp = {} if args.strategy == "concat" else {"ramp": not args.no_ramp}
     if args.strategy == "bucket":
         ds = read_parquet(args.corpus).tokenize(args.tokenizer).bucket(
-            max_tokens=args.seq_len * args.batch_size, max_len=args.seq_len, **ramp
+            max_tokens=args.seq_len * args.batch_size, max_len=args.seq_len, long_docs="truncate", **ramp
         )
     else:
         ds = read_parquet(args.corpus).tokenize(args.tokenizer).pack(

@@ -236,7 +236,7 @@ def arrowstream_dataset(
     options = {} if even_batches is None else {"even_batches": even_batches}
     ds = arrowstream.read_parquet(corpus).tokenize(str(tok_path), backend=backend)
     if strategy == "bucket":  # one document per row, at most batch_size * seq_len tokens with padding
-        return ds.bucket(max_tokens=seq_len * batch_size, max_len=seq_len, **options)
+        return ds.bucket(max_tokens=seq_len * batch_size, max_len=seq_len, long_docs="truncate", **options)
     return ds.pack(seq_len=seq_len, batch_size=batch_size, strategy=strategy, **options)
 
 

@@ -1063,6 +1063,22 @@ MUTANTS = [
         "    if True:  # not in a process forked",
         ("tests/test_slots.py::test_a_process_forked_while_a_batch_is_held_does_not_free_its_slot",),
     ),
+    Mutant(
+        "bucket-truncates-silently",
+        "`.bucket` truncates long documents it was not told to truncate without saying so",
+        "arrowstream/pack/bucketrun.py",
+        "                if self.p.warn_long and not self.ledger.counts.get(",
+        "                if False and not self.ledger.counts.get(",
+        ("tests/test_bucket.py::test_long_documents_are_truncated_or_dropped_and_counted",),
+    ),
+    Mutant(
+        "bucket-warns-when-asked-to-truncate",
+        "`.bucket(long_docs=\"truncate\")` warns although the user asked for truncation",
+        "arrowstream/pack/bucket.py",
+        "        self.warn_long = long_docs is None\n",
+        "        self.warn_long = True\n",
+        ("tests/test_bucket.py::test_long_documents_are_truncated_or_dropped_and_counted",),
+    ),
 ]
 
 

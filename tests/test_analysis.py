@@ -79,7 +79,7 @@ def test_predictions_match_a_real_pipeline_run(tmp_path: Path, tokenizer: Tokeni
     predicted = a.strategies.filter(a.strategies["name"] == name).row(0, named=True)
     tokens = read_parquet(root).tokenize(tokenizer)
     if strategy == "bucketing":
-        ds = tokens.bucket(batch_size=4, window=64, max_len=128)
+        ds = tokens.bucket(batch_size=4, window=64, max_len=128, long_docs="truncate")
     else:
         options = {"window": 64} if strategy == "best_fit" else {}
         ds = tokens.pack(seq_len=128, batch_size=4, strategy=strategy, **options)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from arrowstream import (
     ConfigError,
+    DataLossWarning,
     Dataset,
     StateMismatchError,
     read_parquet,
@@ -30,7 +31,7 @@ EOS = 0
 def _pipeline(
     root: Path, *, num_epochs: int | None = 1, batch_rows: int = 5, filtered: bool = False, **bucket: object
 ) -> Dataset:
-    options = {"batch_size": 3, "window": 20, **bucket}
+    options = {"batch_size": 3, "window": 20, "long_docs": "truncate", **bucket}
     if "max_tokens" in bucket:
         options.pop("batch_size")
     ds = read_parquet(root, batch_rows=batch_rows, num_epochs=num_epochs)
@@ -173,7 +174,7 @@ def test_resumes_identically_at_every_step_across_epochs(tmp_path: Path, options
 def test_resumes_identically_with_shuffle_and_consumers(tmp_path: Path, options: dict) -> None:
     root = _write(tmp_path, _heavy_tail(120, seed=2))
     ds = read_parquet(root, batch_rows=4, num_epochs=2).shuffle(seed=3, window=2)
-    ds = ds.tokenize(None, column="input_ids", eos_id=EOS).bucket(window=9, **options)
+    ds = ds.tokenize(None, column="input_ids", eos_id=EOS).bucket(window=9, long_docs="truncate", **options)
     assert assert_resumes_identically(lambda: ds.iter(rank=1, world_size=2), min_epochs=2) > 4
 
 
@@ -289,11 +290,17 @@ def test_even_batches_give_equal_counts_and_account_for_every_document(
 def test_long_documents_are_truncated_or_dropped_and_counted(tmp_path: Path) -> None:
     lengths = [5, 100, 7, 40, 3]
     root = _write(tmp_path, lengths, files=1)
-    it = _pipeline(root, max_len=32).iter()
+    it = _pipeline(root, max_len=32).iter()  # long_docs="truncate", asked for: no warning (warnings are errors)
     _check_epoch(list(it), lengths, max_len=32)
     stats = it.stats
     assert (stats["long_docs_truncated"], stats["truncated_tokens"]) == (2, (101 - 32) + (41 - 32))
     assert stats["tokens"] == sum(min(n + 1, 32) for n in lengths)
+    # not asked for: the same batches, and a warning the first time (one per run)
+    it = _pipeline(root, max_len=32, long_docs=None).iter()
+    with pytest.warns(DataLossWarning, match=r"truncates documents longer than `max_len` \(32 tokens\).*has 101") as seen:
+        _check_epoch(list(it), lengths, max_len=32)
+    assert len([w for w in seen if issubclass(w.category, DataLossWarning)]) == 1
+    assert it.stats["long_docs_truncated"] == 2
     it = _pipeline(root, max_len=32, long_docs="drop").iter()
     _check_epoch(list(it), lengths, max_len=32, drop_long=True)
     stats = it.stats

@@ -23,7 +23,7 @@ def _pipeline(root: Path, strategy: str, *, num_epochs: int | None = 1, batch_ro
     # read batches of 1,024 rows (the default) are larger than the ramp's windows: they are cut at a document
     ds = read_parquet(root, batch_rows=batch_rows, num_epochs=num_epochs).tokenize(None, column="input_ids", eos_id=EOS)
     if strategy == "bucket":
-        return ds.bucket(max_tokens=8 * 64, max_len=64, window=WINDOW, **options)
+        return ds.bucket(max_tokens=8 * 64, max_len=64, window=WINDOW, long_docs="truncate", **options)
     return ds.pack(seq_len=64, batch_size=8, strategy="best_fit", window=WINDOW, **options)
 
 

@@ -33,7 +33,7 @@ def _pipeline(tmp_path: Path, kind: str) -> Any:
     if kind == "unpacked":
         return _ids(tmp_path)
     if kind == "bucket":
-        return _ids(tmp_path).bucket(max_tokens=30, max_len=10, window=40)
+        return _ids(tmp_path).bucket(max_tokens=30, max_len=10, window=40, long_docs="truncate")
     if kind in ("concat", "best_fit"):
         return _ids(tmp_path).pack(seq_len=10, batch_size=2, strategy=kind, **({"window": 40} if kind == "best_fit" else {}))
     strategy = kind.split("-")[1]
@@ -147,7 +147,7 @@ def test_a_look_ahead_snapshot_holds_no_tokens(tmp_path: Path, strategy: str) ->
     docs = [rng.integers(1, 30_000, size=int(n)).astype(np.int32) for n in rng.integers(200, 900, size=60)]
     write_parts(tmp_path, [{"input_ids": pa.array(docs, pa.list_(pa.int32()))}], row_group_size=20)
     ids = read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0)
-    ds = ids.bucket(max_tokens=2048, max_len=1024) if strategy == "bucket" else ids.pack(seq_len=1024, batch_size=2, strategy=strategy)
+    ds = ids.bucket(max_tokens=2048, max_len=1024, long_docs="truncate") if strategy == "bucket" else ids.pack(seq_len=1024, batch_size=2, strategy=strategy)
     it = ds.iter()
     next(it)
     held = sum(d.tokens.nbytes for d in it._run.store.values())

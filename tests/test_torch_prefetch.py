@@ -57,7 +57,7 @@ class TorchIterator:
 @pytest.mark.parametrize(("prefetch", "strategy"), [(1, "concat"), (3, "concat"), (3, "best_fit"), (2, "bucket")])
 def test_prefetched_batches_resume_exactly_at_every_step(tmp_path: Path, prefetch: int, strategy: str) -> None:
     ds = _ds(tmp_path)
-    packed = ds.bucket(max_tokens=16, max_len=8) if strategy == "bucket" else ds.pack(seq_len=8, batch_size=2, strategy=strategy)
+    packed = ds.bucket(max_tokens=16, max_len=8, long_docs="truncate") if strategy == "bucket" else ds.pack(seq_len=8, batch_size=2, strategy=strategy)
     steps = assert_resumes_identically(lambda: TorchIterator(packed.to_torch(prefetch=prefetch)), min_epochs=2)
     assert steps > 20
 
@@ -129,7 +129,7 @@ def test_batches_made_ahead_keep_snapshots_and_build_a_state_only_when_asked(
     from arrowstream.pipeline.snapshot import IteratorSnapshot
 
     ds = _ds(tmp_path)
-    packed = ds.bucket(max_tokens=24, max_len=12) if strategy == "bucket" else ds.pack(seq_len=12, batch_size=2, strategy=strategy)
+    packed = ds.bucket(max_tokens=24, max_len=12, long_docs="truncate") if strategy == "bucket" else ds.pack(seq_len=12, batch_size=2, strategy=strategy)
     built: list[int] = []
     real = IteratorSnapshot.to_dict
     monkeypatch.setattr(IteratorSnapshot, "to_dict", lambda self: built.append(1) or real(self))

@@ -307,7 +307,7 @@ def _strategies(
             ("concat", simulate_packer(part, ConcatPacker(**common), chunk_sizes=sizes)),
             (f"bucketing (window {window})", simulate_packer(
                 part,
-                BucketPacker(batch_size=batch_size, window=window, max_len=seq_len, seed=seed),
+                BucketPacker(batch_size=batch_size, window=window, max_len=seq_len, long_docs="truncate", seed=seed),
                 chunk_sizes=sizes,
             )),
             (f"best_fit (window {window})", simulate_packer(

@@ -25,7 +25,8 @@ emits only its best-filled batch, the rest waits for a larger pool; see
 :mod:`arrowstream.pack.bucketrun`).
 
 Documents longer than ``max_len`` are truncated or dropped (``long_docs``) and
-counted. The decisions work on lengths; tokens move once per batch
+counted; truncated without being asked to, with a ``DataLossWarning`` the first
+time. The decisions work on lengths; tokens move once per batch
 (:func:`~arrowstream.pack.assemble.assemble_padded_batch`). The state names held
 documents by reference (``[segment, seq]``): the batches formed but not yet
 emitted, the carried documents, the read mark, the window counter and the
@@ -77,7 +78,12 @@ class BucketPacker(Packer):
         Longest document kept whole (``None``: no limit with ``batch_size``;
         ``max_tokens`` rounded down to ``pad_to_multiple_of`` with ``max_tokens``).
     long_docs
-        ``"truncate"`` (keep the first ``max_len`` tokens) or ``"drop"``.
+        ``"truncate"`` (keep the first ``max_len`` tokens) or ``"drop"``,
+        counted either way. ``None`` (the default): truncate, and give a
+        :class:`~arrowstream.DataLossWarning` the first time a run does (one
+        document per row cannot hold more than ``max_len`` tokens; ``.pack``
+        splits long documents instead); pass ``"truncate"`` to truncate
+        without it.
     pad_id
         Token id on padding.
     pad_to_multiple_of
@@ -128,7 +134,7 @@ class BucketPacker(Packer):
         max_tokens: int | None = None,
         window: int = 1024,
         max_len: int | None = None,
-        long_docs: str = "truncate",
+        long_docs: str | None = None,
         pad_id: int = 0,
         pad_to_multiple_of: int = 1,
         drop_last: bool = False,
@@ -151,9 +157,11 @@ class BucketPacker(Packer):
         self.pad_id = check_int("pad_id", pad_id, low=0)
         if self.pad_id > np.iinfo(np.int32).max:
             raise ConfigError(f"`pad_id` must be an int in [0, 2**31), got {pad_id!r}")
-        if long_docs not in LONG_DOCS:
+        if long_docs is not None and long_docs not in LONG_DOCS:
             raise ConfigError(f"`long_docs` must be one of {list(LONG_DOCS)!r}, got {long_docs!r}")
-        self.long_docs = long_docs
+        self.long_docs = "truncate" if long_docs is None else long_docs
+        #: Not asked for: say so (a ``DataLossWarning``) the first time a run truncates a document.
+        self.warn_long = long_docs is None
         if max_len is not None:
             max_len = check_int("max_len", max_len)
         if self.max_tokens is not None:

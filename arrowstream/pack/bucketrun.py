@@ -21,11 +21,13 @@ and ``batch_rows``. Not thread-safe: one run belongs to one iterator.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from arrowstream.errors import DataLossWarning
 from arrowstream.io.chunk import Chunk
 from arrowstream.pack.assemble import assemble_padded_batch
 from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun, window_size
@@ -35,6 +37,20 @@ if TYPE_CHECKING:
     from arrowstream.pack.bucket import BucketPacker
 
 __all__ = ["BucketRun"]
+
+
+def _warn_truncated(key: Key, n: int, limit: int) -> None:
+    """Say that a run truncates documents it was not told to (the first of them: ``key``, ``n`` tokens)."""
+    warnings.warn(
+        DataLossWarning(
+            f"`.bucket` keeps one document per row, so it truncates documents longer than `max_len` "
+            f"({limit:,} tokens) to their first {limit:,}: the first, [segment, seq] {list(key)}, has "
+            f"{n:,}; stats `long_docs_truncated` and `truncated_tokens` count them all. Pass "
+            f"`long_docs=\"truncate\"` to truncate without this warning, `long_docs=\"drop\"` to drop them, "
+            "or a larger `max_len`; `.pack(...)` splits long documents across rows instead"
+        ),
+        stacklevel=2,
+    )
 
 
 class BucketRun(LookaheadRun):
@@ -143,6 +159,8 @@ class BucketRun(LookaheadRun):
                     self.ledger.add("long_docs_dropped", 1)
                     self.ledger.add("long_tokens_dropped", n)
                     continue
+                if self.p.warn_long and not self.ledger.counts.get("long_docs_truncated"):
+                    _warn_truncated(key, n, limit)
                 self.ledger.add("long_docs_truncated", 1)
                 self.ledger.add("truncated_tokens", n - limit)
             self.store[key] = doc
