@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from arrowstream import (
     ConfigError,
-    DataLossWarning,
     Dataset,
     StateMismatchError,
     read_parquet,
@@ -287,20 +286,106 @@ def test_even_batches_give_equal_counts_and_account_for_every_document(
         assert padding == 0 and dropped_docs <= 2 * 3 * 2 * options["batch_size"]
 
 
+@pytest.mark.filterwarnings("ignore::arrowstream.DataLossWarning")  # estimated batch counts may drop
+@pytest.mark.parametrize("counted", [True, False])
+@pytest.mark.parametrize("options", [{"batch_size": 3, "max_len": 24}, {"max_tokens": 64}])
+def test_even_batches_with_split_documents_give_equal_counts_and_account_for_every_token(
+    tmp_path: Path, options: dict, counted: bool
+) -> None:
+    lengths = _heavy_tail(200, seed=7)
+    root = _write(tmp_path, lengths)
+    ds = _pipeline(root, num_epochs=2, filtered=not counted, long_docs="split", **options)
+    assert max(lengths) + 1 > ds.packer.max_len
+    counts, tokens, dropped, split = [], 0, 0, 0
+    for rank in range(3):
+        it = ds.iter(rank=rank, world_size=3)
+        per_epoch: Counter = Counter()
+        for b in it:
+            per_epoch[it.state_dict()["packer"]["epoch"]] += 1
+            tokens += b["num_tokens"]
+        counts.append(per_epoch)
+        dropped += it.stats.get("dropped_tokens", 0)
+        split += it.stats["long_docs_split"]
+    assert all(c == counts[0] for c in counts) and len(counts[0]) == 2
+    assert split > 0 and tokens + dropped == 2 * sum(n + 1 for n in lengths)
+    if counted:  # counted by running the bucketer (pieces included) over the known lengths: nothing dropped
+        assert dropped == 0
+
+
+def _check_split_epoch(batches: list, lengths: list[int], *, max_len: int, multiple: int = 1) -> None:
+    """Every document comes whole, as rows of at most ``max_len`` tokens whose concatenation in emission order is it."""
+    pieces: dict[int, list[np.ndarray]] = {}
+    for b in batches:
+        for row in _check_batch(b, multiple=multiple):
+            assert row.size <= max_len
+            owners = np.unique(row[row != EOS] // BASE)
+            doc = int(owners[0]) - 1 if owners.size else None
+            if doc is None:  # a piece holding only the EOS: the document before it in the stream
+                doc = next(d for d in sorted(pieces) if sum(p.size for p in pieces[d]) == lengths[d])
+            assert owners.size <= 1, f"a row mixes documents {owners.tolist()}"
+            pieces.setdefault(doc, []).append(row)
+    assert sorted(pieces) == list(range(len(lengths))), "a document is missing"
+    for doc, rows in pieces.items():
+        assert np.array_equal(np.concatenate(rows), _expected_row(doc, lengths[doc], None)), f"document {doc}"
+        assert all(r.size == max_len for r in rows[:-1]), f"document {doc}: a piece before its last is short"
+
+
+@pytest.mark.parametrize("options", [{"batch_size": 3, "max_len": 32}, {"max_tokens": 64}])
+def test_long_documents_are_split_by_default_every_token_once_in_order(tmp_path: Path, options: dict) -> None:
+    lengths = [5, 100, 7, 40, 3, 200, 31, 64, 9]  # with EOS: 101, 41, 201, 65 tokens are longer than 32 or 64
+    root = _write(tmp_path, lengths, files=1)
+    ds = read_parquet(root, batch_rows=2).tokenize(None, column="input_ids", eos_id=EOS).bucket(window=4, **options)
+    assert ds.packer.long_docs == "split"
+    it = ds.iter()
+    batches = list(it)
+    max_len = ds.packer.max_len
+    _check_split_epoch(batches, lengths, max_len=max_len)
+    long = [n + 1 for n in lengths if n + 1 > max_len]
+    assert it.stats["long_docs_split"] == len(long) and "truncated_tokens" not in it.stats or not it.stats["truncated_tokens"]
+    assert it.stats["tokens"] == sum(n + 1 for n in lengths)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"batch_size": 3, "max_len": 20, "long_docs": "split"},
+        {"window": 1, "max_len": 16, "long_docs": "split"},
+        {"batch_size": 4, "max_len": 24, "long_docs": "split", "drop_last": True, "pad_to_multiple_of": 8},
+        {"max_tokens": 48, "long_docs": "split"},
+    ],
+)
+def test_split_documents_resume_identically_at_every_step_across_epochs(tmp_path: Path, options: dict) -> None:
+    root = _write(tmp_path, _heavy_tail(90, seed=1))
+    ds = _pipeline(root, num_epochs=2, **options)
+    assert assert_resumes_identically(ds, min_epochs=2) > 4
+    assert list(ds.iter())  # (and pieces of long documents were made)
+    it = ds.iter()
+    for _ in it:
+        pass
+    assert it.stats["long_docs_split"] > 0
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2)])
+@pytest.mark.parametrize("options", [{"batch_size": 3, "max_len": 24}, {"max_tokens": 40}])
+def test_an_elastic_resume_emits_every_piece_of_split_documents_once(
+    tmp_path: Path, before: int, after: int, options: dict
+) -> None:
+    lengths = _heavy_tail(150, seed=6)
+    root = _write(tmp_path, lengths)
+    ds = _pipeline(root, even_batches=False, long_docs="split", **options)
+    assert max(lengths) + 1 > ds.packer.max_len
+    seen = stop_merge_resume(ds, before, after)
+    _check_split_epoch(seen, lengths, max_len=ds.packer.max_len)
+
+
 def test_long_documents_are_truncated_or_dropped_and_counted(tmp_path: Path) -> None:
     lengths = [5, 100, 7, 40, 3]
     root = _write(tmp_path, lengths, files=1)
-    it = _pipeline(root, max_len=32).iter()  # long_docs="truncate", asked for: no warning (warnings are errors)
+    it = _pipeline(root, max_len=32, long_docs="truncate").iter()
     _check_epoch(list(it), lengths, max_len=32)
     stats = it.stats
     assert (stats["long_docs_truncated"], stats["truncated_tokens"]) == (2, (101 - 32) + (41 - 32))
     assert stats["tokens"] == sum(min(n + 1, 32) for n in lengths)
-    # not asked for: the same batches, and a warning the first time (one per run)
-    it = _pipeline(root, max_len=32, long_docs=None).iter()
-    with pytest.warns(DataLossWarning, match=r"truncates documents longer than `max_len` \(32 tokens\).*has 101") as seen:
-        _check_epoch(list(it), lengths, max_len=32)
-    assert len([w for w in seen if issubclass(w.category, DataLossWarning)]) == 1
-    assert it.stats["long_docs_truncated"] == 2
     it = _pipeline(root, max_len=32, long_docs="drop").iter()
     _check_epoch(list(it), lengths, max_len=32, drop_long=True)
     stats = it.stats
@@ -372,8 +457,8 @@ def test_options_are_checked(tmp_path: Path) -> None:
         base.bucket(batch_size=2).pack(seq_len=8, batch_size=2)
     with pytest.raises(ConfigError, match="`.bucket` needs tokens"):
         read_parquet(root).bucket(batch_size=2)
-    with pytest.raises(ConfigError, match="`long_docs` must be one of \\['truncate', 'drop'\\]"):
-        base.bucket(batch_size=2, long_docs="split")
+    with pytest.raises(ConfigError, match="`long_docs` must be one of \\['split', 'truncate', 'drop'\\]"):
+        base.bucket(batch_size=2, long_docs="cut")
     base.bucket(max_tokens=64, max_len=60, pad_to_multiple_of=32)  # 60 pads to 64: fits
     with pytest.raises(ConfigError, match="`max_len` must fit one row in `max_tokens` \\(64\\)"):
         base.bucket(max_tokens=64, max_len=65, pad_to_multiple_of=32)

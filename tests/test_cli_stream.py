@@ -71,7 +71,7 @@ def test_no_ramp_builds_the_pipeline_with_full_windows(
 
     def options_hash(ramp: bool) -> str:
         if strategy == "bucket":
-            packed = ds.bucket(batch_size=2, window=256, max_len=64, long_docs="truncate", ramp=ramp)
+            packed = ds.bucket(batch_size=2, window=256, max_len=64, ramp=ramp)
         else:
             packed = ds.pack(seq_len=64, batch_size=2, strategy="best_fit", window=256, ramp=ramp)
         return packed.iter().state_dict()["options_hash"]

@@ -62,7 +62,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--strategy", choices=("concat", "best_fit", "bucket"), default="concat",
         help="concat and best_fit pack rows of --seq-len tokens; bucket batches whole documents of "
-        "similar length (--seq-len is then the longest kept, truncating longer ones)",
+        "similar length (--seq-len is then the longest row; a longer document is split into rows of that length)",
     )
     p.add_argument("--seq-len", type=positive_int, help="tokens per row (required for concat and best_fit)")
     p.add_argument("--batch-size", type=positive_int, help="rows per batch (required but with --max-tokens)")
@@ -151,9 +151,7 @@ def build(args: argparse.Namespace) -> Dataset | PackedMixture:
     ds = ds.tokenize(args.tokenizer, **options)
     if args.strategy == "bucket":
         size = {"batch_size": args.batch_size} if args.max_tokens is None else {"max_tokens": args.max_tokens}
-        return ds.bucket(
-            **size, **_look_ahead(args, window), max_len=args.seq_len, long_docs="truncate", drop_last=args.drop_last
-        )
+        return ds.bucket(**size, **_look_ahead(args, window), max_len=args.seq_len, drop_last=args.drop_last)
     extra = _look_ahead(args, window) if args.strategy == "best_fit" else {}
     return ds.pack(
         seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy, drop_last=args.drop_last, **extra
@@ -199,8 +197,7 @@ def _mixture(args: argparse.Namespace, window: int) -> PackedMixture:
     )
     if args.strategy == "bucket":
         return mixture.bucket(
-            max_tokens=args.max_tokens, **_look_ahead(args, window), max_len=args.seq_len, long_docs="truncate",
-            num_tokens=budget,
+            max_tokens=args.max_tokens, **_look_ahead(args, window), max_len=args.seq_len, num_tokens=budget
         )
     extra = _look_ahead(args, window) if args.strategy == "best_fit" else {}
     return mixture.pack(

@@ -24,9 +24,10 @@ after a few dozen documents rather than a whole window (a small window
 emits only its best-filled batch, the rest waits for a larger pool; see
 :mod:`arrowstream.pack.bucketrun`).
 
-Documents longer than ``max_len`` are truncated or dropped (``long_docs``) and
-counted; truncated without being asked to, with a ``DataLossWarning`` the first
-time. The decisions work on lengths; tokens move once per batch
+Documents longer than ``max_len`` are split into rows of ``max_len`` tokens (the
+default: a piece is formed into a batch only once the piece before it is, so a
+document's pieces go out in order and what is held of it is always its tokens
+from some point on), truncated or dropped (``long_docs``), and counted. The decisions work on lengths; tokens move once per batch
 (:func:`~arrowstream.pack.assemble.assemble_padded_batch`). The state names held
 documents by reference (``[segment, seq]``): the batches formed but not yet
 emitted, the carried documents, the read mark, the window counter and the
@@ -59,7 +60,7 @@ from arrowstream.state import Position, State
 __all__ = ["LONG_DOCS", "BucketPacker"]
 
 #: What to do with documents longer than ``max_len``.
-LONG_DOCS = ("truncate", "drop")
+LONG_DOCS = ("split", "truncate", "drop")
 
 
 class BucketPacker(Packer):
@@ -78,12 +79,13 @@ class BucketPacker(Packer):
         Longest document kept whole (``None``: no limit with ``batch_size``;
         ``max_tokens`` rounded down to ``pad_to_multiple_of`` with ``max_tokens``).
     long_docs
-        ``"truncate"`` (keep the first ``max_len`` tokens) or ``"drop"``,
-        counted either way. ``None`` (the default): truncate, and give a
-        :class:`~arrowstream.DataLossWarning` the first time a run does (one
-        document per row cannot hold more than ``max_len`` tokens; ``.pack``
-        splits long documents instead); pass ``"truncate"`` to truncate
-        without it.
+        What to do with a document longer than ``max_len``: ``"split"`` (the
+        default) into rows of ``max_len`` tokens and a last, shorter one,
+        each row sorted and batched like any document, the pieces of one
+        document going out in order (every token is emitted); ``"truncate"``
+        (keep its first ``max_len`` tokens) or ``"drop"``. Counted:
+        ``long_docs_split``, ``long_docs_truncated`` and ``truncated_tokens``,
+        ``long_docs_dropped`` and ``long_tokens_dropped``.
     pad_id
         Token id on padding.
     pad_to_multiple_of
@@ -124,7 +126,8 @@ class BucketPacker(Packer):
     name = "bucket"
     batch_keys = PADDED_KEYS
     counters = (
-        *Packer.counters, "long_docs_truncated", "long_docs_dropped", "long_tokens_dropped", "truncated_tokens",
+        *Packer.counters, "long_docs_split", "long_docs_truncated", "long_docs_dropped", "long_tokens_dropped",
+        "truncated_tokens",
     )
 
     def __init__(
@@ -134,7 +137,7 @@ class BucketPacker(Packer):
         max_tokens: int | None = None,
         window: int = 1024,
         max_len: int | None = None,
-        long_docs: str | None = None,
+        long_docs: str = "split",
         pad_id: int = 0,
         pad_to_multiple_of: int = 1,
         drop_last: bool = False,
@@ -157,11 +160,9 @@ class BucketPacker(Packer):
         self.pad_id = check_int("pad_id", pad_id, low=0)
         if self.pad_id > np.iinfo(np.int32).max:
             raise ConfigError(f"`pad_id` must be an int in [0, 2**31), got {pad_id!r}")
-        if long_docs is not None and long_docs not in LONG_DOCS:
+        if long_docs not in LONG_DOCS:
             raise ConfigError(f"`long_docs` must be one of {list(LONG_DOCS)!r}, got {long_docs!r}")
-        self.long_docs = "truncate" if long_docs is None else long_docs
-        #: Not asked for: say so (a ``DataLossWarning``) the first time a run truncates a document.
-        self.warn_long = long_docs is None
+        self.long_docs = long_docs
         if max_len is not None:
             max_len = check_int("max_len", max_len)
         if self.max_tokens is not None:
@@ -324,8 +325,10 @@ class BucketPacker(Packer):
         if self.max_len is not None:
             if self.long_docs == "drop":
                 kept = drawn[drawn <= self.max_len]
-            else:
+            elif self.long_docs == "truncate":
                 kept = np.minimum(drawn, self.max_len)
+            else:  # each long document as its pieces (taken together here: the counts are the same)
+                kept = _pieces(drawn, self.max_len)
         docs = kept.tolist()
         batches, last = 0, 1.0
         carry: list[int] = []
@@ -343,3 +346,18 @@ class BucketPacker(Packer):
         total = (batches - 1 + last) * scale + (1 - last)  # the steady part scaled; the end once
         docs = n / total if self.batch_size is not None else None  # token budgets: counted in tokens
         return docs, float(drawn.sum()) * scale / total
+
+
+def _pieces(lengths: np.ndarray, max_len: int) -> np.ndarray:
+    """Return the row lengths of ``lengths`` split into rows of ``max_len`` and a last, shorter one, in order.
+
+    Examples
+    --------
+    >>> _pieces(np.array([3, 10, 4]), 4).tolist()
+    [3, 4, 4, 2, 4]
+    """
+    counts = -(-lengths // max_len)
+    rows = np.full(int(counts.sum()), max_len, dtype=np.int64)
+    ends = np.cumsum(counts) - 1
+    rows[ends] = lengths - (counts - 1) * max_len
+    return rows

@@ -1,4 +1,4 @@
-"""The run of a bucketing packer: whole documents a window at a time, batched by length, with its state.
+"""The run of a bucketing packer: documents a window at a time, batched by length, with its state.
 
 :class:`BucketRun` is what :meth:`BucketPacker.start <arrowstream.pack.bucket.BucketPacker.start>`
 returns for one consumer: it pulls look-ahead windows
@@ -7,6 +7,15 @@ into batches (:meth:`~arrowstream.pack.bucket.BucketPacker.plan`), queues them
 in an order permuted by ``(seed, epoch, window)``, carries the leftovers in
 stream order, and assembles each batch once, right-padded. Its state names
 held documents by reference (see ``docs/state-format.md``).
+
+A document longer than ``max_len`` is split by default (``long_docs="split"``):
+it enters the pool as its first piece, and each next piece, ``(segment, seq,
+start)``, is carried to the next pool once the piece before it is in a formed
+batch. A window's batches all go out before the next pool is formed, so a
+document's pieces go out in order and what is held of it is always its tokens
+from one point on (what ``held`` says, and what ``merge_states`` deals out
+again). When the epoch's data is used up, the pieces still to come are
+formed round by round.
 
 While the first epoch's windows ramp up (``ramp``), a window emits only its
 best-filled batch and carries the other documents on in stream order, so the
@@ -21,13 +30,11 @@ and ``batch_rows``. Not thread-safe: one run belongs to one iterator.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from arrowstream.errors import DataLossWarning
 from arrowstream.io.chunk import Chunk
 from arrowstream.pack.assemble import assemble_padded_batch
 from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun, window_size
@@ -39,18 +46,8 @@ if TYPE_CHECKING:
 __all__ = ["BucketRun"]
 
 
-def _warn_truncated(key: Key, n: int, limit: int) -> None:
-    """Say that a run truncates documents it was not told to (the first of them: ``key``, ``n`` tokens)."""
-    warnings.warn(
-        DataLossWarning(
-            f"`.bucket` keeps one document per row, so it truncates documents longer than `max_len` "
-            f"({limit:,} tokens) to their first {limit:,}: the first, [segment, seq] {list(key)}, has "
-            f"{n:,}; stats `long_docs_truncated` and `truncated_tokens` count them all. Pass "
-            f"`long_docs=\"truncate\"` to truncate without this warning, `long_docs=\"drop\"` to drop them, "
-            "or a larger `max_len`; `.pack(...)` splits long documents across rows instead"
-        ),
-        stacklevel=2,
-    )
+#: A held piece of a document: ``(segment, seq)`` from its first token, or ``(segment, seq, start)``.
+Ref = tuple[int, ...]
 
 
 class BucketRun(LookaheadRun):
@@ -65,8 +62,8 @@ class BucketRun(LookaheadRun):
         self.p = packer
         self.targets = targets
         self.store: dict[Key, Doc] = {}
-        self.carry: list[Key] = []  # documents waiting for the next window, in stream order
-        self.out: list[list[Key]] = []  # batches formed, in emission order
+        self.carry: list[Ref] = []  # documents (or a split one's next piece) waiting for the next window, in stream order
+        self.out: list[list[Ref]] = []  # batches formed, in emission order
         self.ramp = packer.ramp
         if self._start(state, packer.window):
             return
@@ -84,17 +81,22 @@ class BucketRun(LookaheadRun):
             self.ledger,
             epoch=self.epoch,
             mark=(mark[0], mark[1], mark[2]),
-            wanted=set(self._held_keys()),
+            wanted={ref[:2] for ref in self._held_keys()},
         )
 
     # -- state ----------------------------------------------------------------------
 
-    def _held_keys(self) -> list[Key]:
-        return [*self.carry, *(key for batch in self.out for key in batch)]
+    def _held_keys(self) -> list[Ref]:
+        return [*self.carry, *(ref for batch in self.out for ref in batch)]
 
     def _held_docs(self) -> dict[Key, int]:
-        # documents are never cut: a held document's tokens are all still to come
-        return dict.fromkeys(self._held_keys(), 0)
+        # a split document's pieces go out in order, so what is held of it is its tokens from its earliest held piece on
+        first: dict[Key, int] = {}
+        for ref in self._held_keys():
+            key, start = (ref[0], ref[1]), _start(ref)
+            if start < first.get(key, start + 1):
+                first[key] = start
+        return first
 
     _shared = ("out",)  # a formed batch never changes
 
@@ -125,6 +127,9 @@ class BucketRun(LookaheadRun):
             if self.out:
                 self.emitted += 1
                 return self._assemble(self.out.pop(0))
+            if self.flushed and self.carry:  # the next pieces of split documents, after the ones before them
+                self._form(self.carry, final=True)
+                continue
             if self.flushed:  # the epoch's data is used up
                 if self._pad_to_target():
                     self.emitted += 1
@@ -143,26 +148,32 @@ class BucketRun(LookaheadRun):
             ramping = size < self.p.window and self.src.more_in_epoch(chunks)
             self._form(self.carry + self._admit(window.keys, window.docs), ramping=ramping)
 
-    def _size(self, key: Key) -> int:
-        """Tokens a held document puts in its row (``max_len`` at most)."""
-        n = int(self.store[key].tokens.size)
+    def _size(self, ref: Ref) -> int:
+        """Tokens a held document (or piece) puts in its row (``max_len`` at most)."""
+        n = int(self.store[(ref[0], ref[1])].tokens.size) - _start(ref)
         return n if self.p.max_len is None else min(n, self.p.max_len)
 
     def _admit(self, keys: list[Key], docs: list[Doc]) -> list[Key]:
-        """Hold a window's documents, truncating or dropping long ones; return the held keys."""
+        """Hold a window's documents, splitting, truncating or dropping long ones; return the held keys.
+
+        A split document enters as its first piece; each next piece is
+        carried once the one before is in a formed batch (:meth:`_form`), so
+        its pieces go out in order.
+        """
         limit = self.p.max_len
         held: list[Key] = []
         for key, doc in zip(keys, docs):
             n = int(doc.tokens.size)
             if limit is not None and n > limit:
-                if self.p.long_docs == "drop":
+                if self.p.long_docs == "split":
+                    self.ledger.add("long_docs_split", 1)
+                elif self.p.long_docs == "drop":
                     self.ledger.add("long_docs_dropped", 1)
                     self.ledger.add("long_tokens_dropped", n)
                     continue
-                if self.p.warn_long and not self.ledger.counts.get("long_docs_truncated"):
-                    _warn_truncated(key, n, limit)
-                self.ledger.add("long_docs_truncated", 1)
-                self.ledger.add("truncated_tokens", n - limit)
+                else:
+                    self.ledger.add("long_docs_truncated", 1)
+                    self.ledger.add("truncated_tokens", n - limit)
             self.store[key] = doc
             held.append(key)
         return held
@@ -184,9 +195,13 @@ class BucketRun(LookaheadRun):
             batches = [b for k, b in enumerate(batches) if k in best]
         self.carry = [pool[i] for i in left]
         formed = [[pool[i] for i in batch] for batch in batches]
+        following = self._following(formed)
+        if following:  # in stream order among the leftovers: formed with the next pool
+            self.carry = sorted(self.carry + following)
         if (
             final
             and formed
+            and not self.carry
             and self.p.drop_last
             and self.target is None
             and not self.p.is_full([self._size(key) for key in formed[-1]])
@@ -196,11 +211,24 @@ class BucketRun(LookaheadRun):
         self.windows += 1
         self.out.extend(formed[int(i)] for i in order)
 
-    def _assemble(self, keys: list[Key]) -> dict[str, Any]:
+    def _following(self, formed: list[list[Ref]]) -> list[Ref]:
+        """The next piece of each split document whose piece is in ``formed`` and has tokens after it."""
+        if self.p.long_docs != "split" or self.p.max_len is None:
+            return []
+        out = []
+        for batch in formed:
+            for ref in batch:
+                end = _start(ref) + self.p.max_len
+                if end < self.store[(ref[0], ref[1])].tokens.size:
+                    out.append((ref[0], ref[1], end))
+        return out
+
+    def _assemble(self, keys: list[Ref]) -> dict[str, Any]:
         sizes = [self._size(key) for key in keys]
-        docs = [self.store[key] for key in keys]
-        parts = [doc.tokens[:n] for doc, n in zip(docs, sizes)]
-        masks = [doc.mask[:n] for doc, n in zip(docs, sizes) if doc.mask is not None]
+        docs = [self.store[(key[0], key[1])] for key in keys]
+        starts = [_start(key) for key in keys]
+        parts = [doc.tokens[a : a + n] for doc, a, n in zip(docs, starts, sizes)]
+        masks = [doc.mask[a : a + n] for doc, a, n in zip(docs, starts, sizes) if doc.mask is not None]
         batch = assemble_padded_batch(
             np.concatenate(parts) if parts else np.empty(0, np.int32),
             np.asarray(sizes, dtype=np.int64),
@@ -211,20 +239,29 @@ class BucketRun(LookaheadRun):
         )
         if self.carrying:  # read in an earlier epoch, counted in this one
             self.ledger.add("carried_tokens", batch["num_tokens"])
-            self.ledger.add("carried_docs", sum(1 for key in keys if self.store[key].skip == 0))
-        for key in keys:
-            del self.store[key]
+            self.ledger.add("carried_docs", sum(1 for key, doc, a in zip(keys, docs, starts) if doc.skip == 0 and a == 0))
+        for doc, a, n, key in zip(docs, starts, sizes, keys):
+            if a + n >= doc.tokens.size:  # its last piece (pieces go out in order)
+                del self.store[(key[0], key[1])]
         self.ledger.add("tokens", batch["num_tokens"])
         self.ledger.add("padding_tokens", batch["num_padding_tokens"])
         self.ledger.add("batches", 1)
         return batch
 
-    def _drop(self, keys: list[Key]) -> None:
-        """Count held documents that will not be emitted and let them go."""
-        self.ledger.add("dropped_tokens", sum(self._size(key) for key in keys))
-        # a document whose head went out elsewhere (a re-dealt skip) is not a whole one
-        self.ledger.add("dropped_docs", sum(1 for key in keys if self.store[key].skip == 0))
-        for key in keys:
+    def _drop(self, refs: list[Ref]) -> None:
+        """Count held documents (a split one: from its earliest piece here to its end) that will not be emitted; let them go."""
+        first: dict[Key, int] = {}
+        for ref in refs:
+            key = (ref[0], ref[1])
+            first[key] = min(first.get(key, _start(ref)), _start(ref))
+        if self.p.long_docs == "split":  # a piece stands for every token after it too
+            tokens = sum(int(self.store[key].tokens.size) - a for key, a in first.items())
+        else:
+            tokens = sum(self._size(ref) for ref in refs)
+        self.ledger.add("dropped_tokens", tokens)
+        # a document whose head went out elsewhere (a re-dealt skip, or its first pieces) is not a whole one
+        self.ledger.add("dropped_docs", sum(1 for key, a in first.items() if self.store[key].skip == 0 and a == 0))
+        for key in first:
             del self.store[key]
 
     def _drop_rest(self, chunks: Iterator[Chunk]) -> None:
@@ -235,3 +272,8 @@ class BucketRun(LookaheadRun):
         self.ledger.add("dropped_docs", docs)
         self.ledger.add("dropped_tokens", tokens)
         self.flushed = True
+
+
+def _start(ref: Ref) -> int:
+    """The first token of a held piece within its document's tokens (0: the whole document)."""
+    return ref[2] if len(ref) > 2 else 0

@@ -109,6 +109,12 @@ def _key(item: Any) -> DocKey:
     return int(item[0]), int(item[1])
 
 
+def _piece(item: Any) -> tuple[int, ...]:
+    if not isinstance(item, list) or len(item) not in (2, 3):
+        raise ValueError(f"a held document is [range, seq] or, a split one's piece, [range, seq, start], got {item!r}")
+    return tuple(int(v) for v in item)
+
+
 @dataclass(frozen=True, slots=True)
 class BestFitState:
     """The ``packer`` part of ``best_fit``: progress, reading mark and pending rows as references.
@@ -192,8 +198,8 @@ class BucketState:
     read: tuple[int, int, int]
     window: int
     flushed: bool
-    carry: tuple[DocKey, ...]
-    out: tuple[tuple[DocKey, ...], ...]
+    carry: tuple[tuple[int, ...], ...]
+    out: tuple[tuple[tuple[int, ...], ...], ...]
     ramp: bool = False
 
     @classmethod
@@ -205,8 +211,8 @@ class BucketState:
                 _read(data),
                 int(data["window"]),
                 bool(data["flushed"]),
-                tuple(map(_key, data["carry"])),
-                tuple(tuple(map(_key, batch)) for batch in data["out"]),
+                tuple(map(_piece, data["carry"])),
+                tuple(tuple(map(_piece, batch)) for batch in data["out"]),
                 bool(data.get("ramp", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
