@@ -229,3 +229,19 @@ def test_a_fresh_process_resumes_at_random_steps_byte_for_byte(
             capture_output=True, text=True, check=True,
         ).stdout
         assert json.loads(out) == digests[t : t + after], f"a fresh process resumed at step {t} differs"
+
+
+def test_a_bucketed_mixture_splitting_long_documents_resumes_exactly_at_every_step(sources: dict[str, Path]) -> None:
+    def build() -> Any:
+        pipes = {n: read_parquet(p).tokenize(None, column="ids", eos_id=0) for n, p in sources.items()}
+        return mix(pipes, {"web": 0.5, "code": 0.3, "books": 0.2}).bucket(max_tokens=64, max_len=6, num_tokens=30 * 64)
+
+    longest = max(
+        max(b["num_tokens"] for b in read_parquet(p).tokenize(None, column="ids", eos_id=0).bucket(batch_size=1))
+        for p in sources.values()
+    )
+    assert longest > 6  # some documents are split
+    for batch in build():
+        _check_rows_name_their_source(batch)
+        assert batch["input_ids"].shape[1] <= 6
+    assert assert_resumes_identically(build) == 30
