@@ -43,6 +43,7 @@ import itertools
 import mmap
 import os
 import threading
+import time
 import weakref
 from multiprocessing import reduction
 from typing import Any, NamedTuple
@@ -219,14 +220,45 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited: a child of this process once it can be waited for, any other once gone.
+
+    (A killed worker's main thread is a zombie before its other threads are
+    gone; only then does the DataLoader, which waits for it, see it dead.)
+    """
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # not this process's child, or reaped already
+        return not _alive(pid)
+
+
 def _receive(where: Where) -> None:
-    """Map the ring ``where`` brings and keep it; forget rings of exited workers and rings a worker replaced."""
-    fd = where.handle.detach()
+    """Map the ring ``where`` brings and keep it; forget rings of exited workers and rings a worker replaced.
+
+    Raises
+    ------
+    SlotError
+        The worker could not hand the ring's descriptor over: it was killed
+        (or exited) after sending the batch. Raised once the worker is seen
+        gone (up to 5 s), so the DataLoader, which checks its workers when
+        receiving fails, reports the dead worker.
+    """
+    pid = where.ring[0]
+    try:
+        fd = where.handle.detach()
+    except (OSError, EOFError) as exc:  # its resource sharer went with it
+        deadline = time.monotonic() + 5.0
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise SlotError(
+            f"could not fetch the shared memory of DataLoader worker pid {pid} that a batch waits in "
+            f"({exc!r}): the worker exited after sending it"
+        ) from exc
     try:
         ring = _Ring(fd, where.slot_bytes, where.slots, populate=True)
     finally:
         os.close(fd)
-    pid, nonce, serial = where.ring
+    nonce, serial = where.ring[1:]
     for key in list(_received):
         if (key[:2] == (pid, nonce) and key[2] < serial) or not _alive(key[0]):
             del _received[key]  # batches still viewing its slots keep the mapping

@@ -1087,6 +1087,22 @@ MUTANTS = [
         "        if False and self.carry:  # the next pieces",
         ("tests/test_bucket.py::test_long_documents_are_split_by_default_every_token_once_in_order",),
     ),
+    Mutant(
+        "slot-error-before-the-worker-is-seen-dead",
+        "a ring whose worker was killed is refused at once, so the DataLoader finds no dead worker and the fault surfaces as a slot error",
+        "arrowstream/slots.py",
+        "        while not _gone(pid) and time.monotonic() < deadline:\n",
+        "        while False and time.monotonic() < deadline:\n",
+        ("tests/test_slots.py::test_a_ring_handle_that_fails_while_its_worker_is_dying_waits_until_the_worker_can_be_seen_dead",),
+    ),
+    Mutant(
+        "worker-zombie-leader-taken-for-dead",
+        "a killed worker counts as gone while its threads still exit (waitpid cannot see it yet)",
+        "arrowstream/slots.py",
+        "        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None\n",
+        "        return True\n",
+        ("tests/test_slots.py::test_a_ring_handle_that_fails_while_its_worker_is_dying_waits_until_the_worker_can_be_seen_dead",),
+    ),
 ]
 
 

@@ -192,3 +192,39 @@ def test_batches_already_received_stay_whole_when_their_worker_is_killed(tmp_pat
     assert all(_same(g, w) for g, w in zip(held, want[:3], strict=True))  # the ring outlives its worker here
     held[0]["input_ids"][0, 0] = -1  # and is still ours to write
     assert int(held[0]["input_ids"][0, 0]) == -1
+
+
+class _GoneSharer:
+    """A ring handle whose worker is gone: fetching the descriptor fails, as resource_sharer's does."""
+
+    def detach(self) -> int:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+def test_a_ring_whose_worker_died_before_handing_it_over_is_a_slot_error_naming_the_worker() -> None:
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # exited and reaped: gone
+    where = slots.Where((child.pid, 1, 0), 4096 + 65536, 65536, 1, 0, 10, _GoneSharer())
+    start = time.monotonic()
+    with pytest.raises(slots.SlotError, match=f"DataLoader worker pid {child.pid} .*exited after sending it"):
+        slots.take_out(where)
+    assert time.monotonic() - start < 2  # no wait once the worker is seen gone
+
+
+def test_a_ring_handle_that_fails_while_its_worker_is_dying_waits_until_the_worker_can_be_seen_dead() -> None:
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.4)"])  # exits on its own, not reaped
+    where = slots.Where((child.pid, 2, 0), 4096 + 65536, 65536, 1, 0, 10, _GoneSharer())
+    start = time.monotonic()
+    with pytest.raises(slots.SlotError):
+        slots.take_out(where)
+    waited = time.monotonic() - start
+    # the DataLoader, which checks its workers when receiving fails, must then find this one dead
+    assert child.poll() is not None and 0.2 < waited < 5
