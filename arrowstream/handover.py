@@ -36,6 +36,7 @@ and most cross as a difference from an earlier one
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -159,8 +160,6 @@ class ByValue(dict):  # type: ignore[type-arg]
         return self._like(self)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ByValue:  # a copy in the worker never takes a slot
-        import copy
-
         return self._like((key, copy.deepcopy(value, memo)) for key, value in self.items())
 
     def _like(self, items: Any) -> ByValue:

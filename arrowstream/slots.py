@@ -110,11 +110,10 @@ class _OwnRing(_Ring):
         try:
             os.posix_fallocate(fd, 0, _HEADER + slot_bytes * slots)  # ENOSPC/ENOMEM now, not SIGBUS later
             super().__init__(fd, slot_bytes, slots)
-            self.handle: Any = reduction.DupFd(fd)  # a duplicate, fetched by the main process once
+            self.handle: Any = reduction.DupFd(fd)  # a duplicate, fetched by the main process once; None once sent
         finally:
             os.close(fd)
         self.key = key
-        self.sent = False
         self._next = 0
 
     def take(self) -> int | None:
@@ -197,8 +196,7 @@ def place(buffer: np.ndarray) -> Where | None:
             counts["full"] += 1
             return None
         np.copyto(ring.data[slot, : buffer.nbytes], buffer)
-        handle = None if ring.sent else ring.handle
-        ring.sent, ring.handle = True, None
+        handle, ring.handle = ring.handle, None  # with the first batch placed in this ring only
         counts["placed"] += 1
         return Where(ring.key, ring.size, ring.slot_bytes, ring.slots, slot, buffer.nbytes, handle)
 

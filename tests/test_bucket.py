@@ -253,6 +253,21 @@ def test_elastic_resume_emits_held_documents_exactly_once(
     _check_epoch(seen, lengths, max_len=ds.packer.max_len)
 
 
+def _through_three_ranks(ds: Dataset) -> tuple[list[Counter], int, int, list[dict]]:
+    """Run each of 3 ranks to its end: batches per epoch per rank, documents and tokens emitted, each rank's stats."""
+    counts, docs, tokens, every_stats = [], 0, 0, []
+    for rank in range(3):
+        it = ds.iter(rank=rank, world_size=3)
+        per_epoch: Counter = Counter()
+        for b in it:
+            per_epoch[it.state_dict()["packer"]["epoch"]] += 1
+            docs += b["num_docs"]
+            tokens += b["num_tokens"]
+        counts.append(per_epoch)
+        every_stats.append(it.stats)
+    return counts, docs, tokens, every_stats
+
+
 @pytest.mark.filterwarnings("ignore::arrowstream.DataLossWarning")  # estimated batch counts may drop
 @pytest.mark.parametrize("counted", [True, False])
 @pytest.mark.parametrize("options", [{"batch_size": 3}, {"max_tokens": 80}])
@@ -263,16 +278,9 @@ def test_even_batches_give_equal_counts_and_account_for_every_document(
     root = _write(tmp_path, lengths)
     ds = _pipeline(root, num_epochs=2, filtered=not counted, **options)
     assert ds.balance.startswith("counted" if counted else "estimated")
-    counts, docs, tokens, dropped_docs, dropped_tokens, padding, drained = [], 0, 0, 0, 0, 0, 0
-    for rank in range(3):
-        it = ds.iter(rank=rank, world_size=3)
-        per_epoch: Counter = Counter()
-        for b in it:
-            per_epoch[it.state_dict()["packer"]["epoch"]] += 1
-            docs += b["num_docs"]
-            tokens += b["num_tokens"]
-        counts.append(per_epoch)
-        stats = it.stats
+    counts, docs, tokens, every_stats = _through_three_ranks(ds)
+    dropped_docs, dropped_tokens, padding, drained = 0, 0, 0, 0
+    for stats in every_stats:
         dropped_docs += stats.get("dropped_docs", 0)
         dropped_tokens += stats.get("dropped_tokens", 0) + stats.get("truncated_tokens", 0)
         drained += stats.get("dropped_tokens", 0)
@@ -296,16 +304,9 @@ def test_even_batches_with_split_documents_give_equal_counts_and_account_for_eve
     root = _write(tmp_path, lengths)
     ds = _pipeline(root, num_epochs=2, filtered=not counted, long_docs="split", **options)
     assert max(lengths) + 1 > ds.packer.max_len
-    counts, tokens, dropped, split = [], 0, 0, 0
-    for rank in range(3):
-        it = ds.iter(rank=rank, world_size=3)
-        per_epoch: Counter = Counter()
-        for b in it:
-            per_epoch[it.state_dict()["packer"]["epoch"]] += 1
-            tokens += b["num_tokens"]
-        counts.append(per_epoch)
-        dropped += it.stats.get("dropped_tokens", 0)
-        split += it.stats["long_docs_split"]
+    counts, _, tokens, every_stats = _through_three_ranks(ds)
+    dropped = sum(stats.get("dropped_tokens", 0) for stats in every_stats)
+    split = sum(stats["long_docs_split"] for stats in every_stats)
     assert all(c == counts[0] for c in counts) and len(counts[0]) == 2
     assert split > 0 and tokens + dropped == 2 * sum(n + 1 for n in lengths)
     if counted:  # counted by running the bucketer (pieces included) over the known lengths: nothing dropped
