@@ -79,17 +79,20 @@ def test_predictions_match_a_real_pipeline_run(tmp_path: Path, tokenizer: Tokeni
     predicted = a.strategies.filter(a.strategies["name"] == name).row(0, named=True)
     tokens = read_parquet(root).tokenize(tokenizer)
     if strategy == "bucketing":
-        ds = tokens.bucket(batch_size=4, window=64, max_len=128, long_docs="truncate")
+        ds = tokens.bucket(batch_size=4, window=64, max_len=128)  # long documents split: nothing lost
     else:
         options = {"window": 64} if strategy == "best_fit" else {}
         ds = tokens.pack(seq_len=128, batch_size=4, strategy=strategy, **options)
     batches = padding = real = 0
-    for b in ds:
+    run = iter(ds)
+    for b in run:
         batches += 1
         padding += b["num_padding_tokens"]
         real += b["num_tokens"]
     assert abs(predicted["num_batches"] - batches) <= 0.01 * batches
     assert abs(predicted["padding_fraction"] - padding / (padding + real)) <= 0.01
+    if strategy != "concat":
+        assert predicted["dropped_tokens"] == 0 and predicted["cut_docs"] == run.stats["long_docs_split"] > 0
 
 
 def test_token_counts_match_the_tokenizer(tmp_path: Path, tokenizer: Tokenizer) -> None:
@@ -220,12 +223,15 @@ def test_the_report_tells_split_documents_from_lost_tokens_and_shows_the_largest
     rows = {r["name"]: r for r in result.strategies.iter_rows(named=True)}
     assert rows["concat"]["lost_fraction"] == 0 and rows["concat"]["cut_docs"] > 0  # split, nothing lost
     bucket = next(r for n, r in rows.items() if n.startswith("bucketing"))
-    assert bucket["lost_fraction"] > 0.05  # truncated at seq_len: lost
+    assert bucket["lost_fraction"] == 0 and bucket["cut_docs"] > 0  # .bucket's default splits long documents
+    padded = rows["pad to seq_len"]
+    assert padded["lost_fraction"] > 0.05  # truncated at seq_len: lost
     report = render_analysis(result)
-    concat_line = next(line for line in report.splitlines() if line.startswith("concat"))
-    assert concat_line.rstrip().endswith("nothing")
-    bucket_line = next(line for line in report.splitlines() if line.startswith("bucketing"))
-    assert f"{bucket['lost_fraction']:.2%}" in bucket_line
+    for name in ("concat", "bucketing"):
+        line = next(line for line in report.splitlines() if line.startswith(name))
+        assert line.rstrip().endswith("nothing")
+    padded_line = next(line for line in report.splitlines() if line.startswith("pad to seq_len"))
+    assert f"{padded['lost_fraction']:.2%}" in padded_line
     assert "the 20 largest of 30" in report and report.count("group-") == 20 * 3  # chars, bytes, tokens
     assert render_analysis(result, max_groups=None).count("group-") == 30 * 3
 

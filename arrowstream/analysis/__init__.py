@@ -50,12 +50,11 @@ from arrowstream.analysis.lengths import (
     quantiles_from_counts,
 )
 from arrowstream.analysis.report import plot_analysis, render_analysis
-from arrowstream.analysis.simulate import Prediction, simulate_packer, simulate_padded
+from arrowstream.analysis.simulate import Prediction, simulate_bucketer, simulate_packer, simulate_padded
 from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.pack import ConcatPacker
 from arrowstream.pack.bestfit import BestFitPacker
-from arrowstream.pack.bucket import BucketPacker
 from arrowstream.pipeline.dataset import read_parquet
 from arrowstream.tokenize import find_eos_id, load_tokenizer
 from arrowstream.tokenize.encoders import Encoder
@@ -305,11 +304,8 @@ def _strategies(
             ("random batches, dynamic padding", simulate_padded(
                 part, seq_len=seq_len, batch_size=batch_size, dynamic=True, seed=seed)),
             ("concat", simulate_packer(part, ConcatPacker(**common), chunk_sizes=sizes)),
-            (f"bucketing (window {window})", simulate_packer(
-                part,
-                BucketPacker(batch_size=batch_size, window=window, max_len=seq_len, long_docs="truncate", seed=seed),
-                chunk_sizes=sizes,
-            )),
+            (f"bucketing (window {window})", simulate_bucketer(
+                part, batch_size=batch_size, window=window, max_len=seq_len, seed=seed, chunk_sizes=sizes)),
             (f"best_fit (window {window})", simulate_packer(
                 part, BestFitPacker(**common, window=window, seed=seed), chunk_sizes=sizes)),
         ]

@@ -21,8 +21,9 @@ import numpy as np
 from arrowstream.errors import ConfigError
 from arrowstream.io.chunk import Chunk
 from arrowstream.pack import Packer
+from arrowstream.pack.bucket import BucketPacker
 
-__all__ = ["Prediction", "simulate_packer", "simulate_padded"]
+__all__ = ["Prediction", "simulate_bucketer", "simulate_packer", "simulate_padded", "split_lengths"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +170,66 @@ def simulate_packer(
         for key in ("dropped_tokens", "truncated_tokens", "long_tokens_dropped")
     )
     return Prediction(batches, tokens, padding, cut, dropped, tail_tokens, tail_padding)
+
+
+def split_lengths(lengths: np.ndarray, max_len: int) -> np.ndarray:
+    """The rows ``.bucket(long_docs="split")`` makes of documents of ``lengths``: ``max_len`` each and the rest.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> split_lengths(np.array([3, 10, 8]), 4).tolist()
+    [3, 4, 4, 2, 4, 4]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    pieces = -(-lengths // max_len)
+    out = np.full(int(pieces.sum()), max_len, dtype=np.int64)
+    out[np.cumsum(pieces) - 1] = lengths - (pieces - 1) * max_len
+    return out
+
+
+def simulate_bucketer(
+    lengths: np.ndarray,
+    *,
+    batch_size: int,
+    window: int,
+    max_len: int,
+    seed: int,
+    chunk_sizes: np.ndarray | None = None,
+) -> Prediction:
+    """Predict ``.bucket(batch_size=..., window=..., max_len=...)`` with its default ``long_docs="split"``.
+
+    With ``chunk_sizes`` (the whole corpus, chunked as the pipeline reads it)
+    the real bucketer runs over the documents and the prediction is the
+    pipeline's exactly. Without them (a sample) each long document is split
+    into its rows up front (:func:`split_lengths`) and the rows are bucketed
+    in its place: in a real run a document's later rows join the windows
+    that follow it, so a sample, often a single window, would otherwise see
+    them only in the epoch-end rounds and overstate the padding. Windows
+    alike, a row lands in one as likely as in the next.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> p = simulate_bucketer(np.array([3, 10, 4, 4]), batch_size=2, window=8, max_len=4, seed=0)
+    >>> p.num_tokens, p.dropped_tokens, p.cut_docs   # nothing lost, one document split
+    (21, 0, 1)
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if chunk_sizes is not None:
+        packer = BucketPacker(batch_size=batch_size, window=window, max_len=max_len, long_docs="split", seed=seed)
+        return simulate_packer(lengths, packer, chunk_sizes=chunk_sizes)
+    packer = BucketPacker(batch_size=batch_size, window=window, max_len=max_len, long_docs="truncate", seed=seed)
+    rows = simulate_packer(split_lengths(lengths, max_len), packer)
+    return Prediction(
+        rows.num_batches,
+        rows.num_tokens,
+        rows.padding_tokens,
+        int(np.count_nonzero(lengths > max_len)),
+        rows.dropped_tokens,
+        rows.tail_tokens,
+        rows.tail_padding,
+    )
 
 
 def _row_crossings(lengths: np.ndarray, seq_len: int) -> int:
