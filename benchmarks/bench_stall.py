@@ -30,6 +30,7 @@ Usage::
 
     python benchmarks/bench_stall.py                   # 85 MB corpus, concat 8 x 2048
     python benchmarks/bench_stall.py --strategy best_fit --prefetch 0   # best_fit, batches made when asked for
+    python benchmarks/bench_stall.py --step-ms 5,20,100   # your own step times instead of the headroom
     python benchmarks/bench_stall.py --smoke           # seconds: runs once, checks only
 """
 
@@ -234,6 +235,8 @@ def main() -> int:
     p.add_argument("--strategy", default="concat", choices=["concat", "best_fit", "bucket"])
     p.add_argument("--workers", default="0,1,2", help="comma-separated DataLoader worker counts")
     p.add_argument("--headroom", default="1.25,2", help="comma-separated: loader rate / consumer rate")
+    p.add_argument("--step-ms", default=None,
+                   help="comma-separated fixed step times in ms (your training step's), instead of --headroom")
     p.add_argument("--batches", type=int, default=300, help="batches measured per run (after the warm-up)")
     p.add_argument("--warmup", type=int, default=20, help="batches before measuring")
     p.add_argument("--prefetch-factor", type=int, default=2, help="DataLoader prefetch_factor with workers")
@@ -261,14 +264,20 @@ def main() -> int:
     args.corpus, args.tokenizer = corpus_and_tokenizer(args)
     workers = [int(w) for w in args.workers.split(",")]
     headrooms = [float(h) for h in args.headroom.split(",")]
+    fixed = [float(ms) for ms in args.step_ms.split(",")] if args.step_ms else []
+    # each setting's name and its step time from the loader's rate
+    plan = [(f"step={ms:g} ms", lambda rate, ms=ms: ms / 1e3) for ms in fixed] or [
+        (f"headroom={h}", lambda rate, h=h: h / rate) for h in headrooms
+    ]
     results: dict[str, Any] = {"machine": machine_facts(), "args": vars(args), "runs": {}}
     rows = []
     for k in workers:
         rates = [_rate(args, k) for _ in range(args.repeats)]
         rate = median(rates)
         log(f"workers={k}: {rate:.0f} batches/s ({rate * args.batch_size * args.seq_len / 1e6:.2f} M token slots/s)")
-        for h in headrooms:
-            step = h / rate
+        for setting, step_of in plan:
+            step = step_of(rate)
+            h = step * rate
             runs, floors, besides = [], [], []
             for _ in range(args.repeats):  # alternated, so all see the same machine
                 runs.append(_consume(args, k, step))
@@ -277,19 +286,19 @@ def main() -> int:
                     besides.append(_consume(args, k, step, ready=True, beside=True))
             summary = {key: median([r[key] for r in runs]) for key in runs[0]}
             floor = {key: median([r[key] for r in floors]) for key in floors[0]}
-            results["runs"][f"workers={k}, headroom={h}"] = {
+            results["runs"][f"workers={k}, {setting}"] = {
                 "rate": rate, "rates": rates, "runs": runs, **summary, "ready": {"runs": floors, **floor},
             }
-            row = [k, f"{rate:.0f}", h, f"{step * 1e3:.2f}", f"{100 * summary['wait_share']:.1f}",
+            row = [k, f"{rate:.0f}", f"{h:.3g}", f"{step * 1e3:.2f}", f"{100 * summary['wait_share']:.1f}",
                    f"{100 * summary['cpu_wait_share']:.1f}",
                    f"{summary['p50_ms']:.2f}", f"{summary['p99_ms']:.2f}", f"{summary['first_batch_s']:.2f}",
                    f"{100 * floor['wait_share']:.1f}", f"{floor['p50_ms']:.2f}"]
             if args.beside:
                 near = {key: median([r[key] for r in besides]) for key in besides[0]}
-                results["runs"][f"workers={k}, headroom={h}"]["ready_beside"] = {"runs": besides, **near}
+                results["runs"][f"workers={k}, {setting}"]["ready_beside"] = {"runs": besides, **near}
                 row += [f"{100 * near['wait_share']:.1f}", f"{near['p50_ms']:.2f}"]
             rows.append(row)
-            log(f"  headroom {h}: step {step * 1e3:.2f} ms, waited {100 * summary['wait_share']:.1f} % of wall time "
+            log(f"  headroom {h:.3g}: step {step * 1e3:.2f} ms, waited {100 * summary['wait_share']:.1f} % of wall time "
                 f"({100 * summary['cpu_wait_share']:.1f} points of it runnable without a CPU), "
                 f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms; batches ready: waited "
                 f"{100 * floor['wait_share']:.1f} %, p50 {floor['p50_ms']:.2f} ms")
@@ -299,10 +308,12 @@ def main() -> int:
     if args.beside:
         header += ["ready beside the work: wait %", "p50 ms"]
     log(fmt_table(header, rows))
-    for h in headrooms:  # the question asked: with the best worker count, how much does the step wait?
-        best = min((run["wait_share"], name) for name, run in results["runs"].items() if name.endswith(f"headroom={h}"))
-        results.setdefault("best", {})[str(h)] = {"run": best[1], "wait_share": best[0]}
-        log(f"best worker count at {h}x headroom: {best[1].split(',')[0]}, waited {100 * best[0]:.1f} % of wall time")
+    for setting, _ in plan:  # the question asked: with the best worker count, how much does the step wait?
+        best = min((run["wait_share"], name) for name, run in results["runs"].items() if name.endswith(setting))
+        key = setting.split("=", 1)[1] if not fixed else setting
+        results.setdefault("best", {})[key] = {"run": best[1], "wait_share": best[0]}
+        at = f"{key}x headroom" if not fixed else f"a {setting.split('=', 1)[1]} step"
+        log(f"best worker count at {at}: {best[1].split(',')[0]}, waited {100 * best[0]:.1f} % of wall time")
     from arrowstream.pytorch import TorchDataset
 
     sharing = args.sharing or f"{_default_sharing(TorchDataset)} (the default)"

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -159,6 +161,14 @@ def test_stall_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     assert best["wait_share"] == min(run["wait_share"] for run in result["runs"].values())
     assert result["runs"][best["run"]]["wait_share"] == best["wait_share"]
     assert result["checks"] and all(check["passed"] for check in result["checks"])
+
+
+def test_stall_benchmark_takes_fixed_step_times(tmp_path: Path) -> None:
+    result, stdout = _bench(tmp_path, "bench_stall.py", "--smoke", "--step-ms", "4,7")
+    assert set(result["runs"]) == {f"workers={k}, step={ms} ms" for k in (0, 1) for ms in (4, 7)}
+    for name, run in result["runs"].items():
+        assert run["step_ms"] == pytest.approx(float(name.split("=")[-1].split()[0]))
+    assert set(result["best"]) == {"step=4 ms", "step=7 ms"} and "best worker count at a 7 ms step" in stdout
 
 
 def test_loaders_benchmark_smoke_run_hands_over_the_same_batches_through_every_loader(tmp_path: Path) -> None:
