@@ -1119,6 +1119,22 @@ MUTANTS = [
         'max_len=max_len, long_docs="truncate", seed=seed)',
         ("tests/test_analysis.py",),
     ),
+    Mutant(
+        "checks-in-one-call",
+        "the built-in checks give each backend all the vocabulary or all the probes in one call (the first process 25 MB larger)",
+        "arrowstream/tokenize/proof.py",
+        "        for part in reference_calls(texts, CHECK_CALL_CHARS):",
+        "        for part in [texts]:",
+        ("tests/test_encoders.py",),
+    ),
+    Mutant(
+        "checks-number-texts-within-the-call",
+        "a difference found by the built-in checks is numbered within its call, not among all the texts of its kind",
+        "arrowstream/tokenize/proof.py",
+        "            done += len(part)\n",
+        "",
+        ("tests/test_encoders.py",),
+    ),
 ]
 
 

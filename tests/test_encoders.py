@@ -603,3 +603,28 @@ def test_the_reference_encodes_in_bounded_calls_with_the_same_ids(
     want = reference(tok_small, texts)
     assert lens.tolist() == [len(w) for w in want]
     assert flat.tolist() == [i for w in want for i in w]
+
+
+def test_the_built_in_checks_run_in_bounded_calls_and_still_find_a_late_difference(
+    tok_small: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each backend gets at most CHECK_CALL_CHARS of the checks' texts a call (one call each kept 50 MB more)."""
+    from arrowstream.tokenize import proof
+    from arrowstream.tokenize.fast import _convert, _flatten
+
+    monkeypatch.setattr(proof, "CHECK_CALL_CHARS", 1_000)
+    spec, encoding = _convert("bounded-checks", tok_small, True)
+    probes = list(probe_texts())
+    last = probes[-1]
+    sizes: list[int] = []
+
+    def reference(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:  # wrong on the last probe only
+        if len(texts) > 1:
+            sizes.append(sum(map(len, texts)))
+        ids = [np.array(e.ids, np.int32) for e in tok_small.encode_batch(list(texts))]
+        return _flatten([a + 1 if t == last else a for t, a in zip(texts, ids)])
+
+    verdict = proof.check_backends(spec, encoding, reference, tokie=None)
+    assert max(sizes) <= 1_000 and len(sizes) > 100
+    assert not verdict["ok"] and verdict["reason"].startswith(f"probe text #{len(probes) - 1} ")
+    assert last[:40] in verdict["reason"]  # the numbers count all probes, not the call's

@@ -74,6 +74,7 @@ from arrowstream.tokenize.fast import (
     _Deferred,
     _Fast,
     _flatten,
+    reference_calls,
 )
 from arrowstream.tokenize.probes import probe_texts
 from arrowstream.tokenize.proof import check_backends, sample_differences
@@ -390,7 +391,7 @@ class Encoder(DocumentSample):
         # one concatenation: measured faster than flattening the id lists through an iterator chain.
         encode, special = self.tokenizer.encode_batch_fast, self.add_special_tokens
         arrays: list[np.ndarray] = []
-        for part in reference_calls(texts):
+        for part in reference_calls(texts, REFERENCE_CALL_BYTES):
             arrays += [np.array(e.ids, dtype=np.int32) for e in encode(part, add_special_tokens=special)]
         return _flatten(arrays)
 
@@ -454,27 +455,3 @@ def _warn(message: str) -> None:
         EncoderFallbackWarning,
         stacklevel=4,
     )
-
-
-def reference_calls(texts: Sequence[str], limit: int | None = None) -> list[list[str]]:
-    """Cut ``texts`` into consecutive runs of at most ``limit`` characters (a longer text alone), in order.
-
-    ``limit`` defaults to :data:`REFERENCE_CALL_BYTES`.
-
-    Examples
-    --------
-    >>> reference_calls(["aa", "bbb", "c", "dddddd"], limit=4)
-    [['aa'], ['bbb', 'c'], ['dddddd']]
-    >>> reference_calls([])
-    []
-    """
-    limit = REFERENCE_CALL_BYTES if limit is None else limit
-    calls: list[list[str]] = []
-    size = limit + 1
-    for text in texts:
-        if size + len(text) > limit:
-            calls.append([])
-            size = 0
-        calls[-1].append(text)
-        size += len(text)
-    return calls

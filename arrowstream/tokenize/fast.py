@@ -153,9 +153,16 @@ def _patch(
 
 
 def _first_difference(
-    texts: Sequence[str], a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], name: str = "tiktoken"
+    texts: Sequence[str],
+    a: tuple[np.ndarray, np.ndarray],
+    b: tuple[np.ndarray, np.ndarray],
+    name: str = "tiktoken",
+    first: int = 0,
 ) -> str | None:
-    """Describe the first text whose ids differ between ``a`` (reference) and ``b``, or ``None``."""
+    """Describe the first text whose ids differ between ``a`` (reference) and ``b``, or ``None``.
+
+    ``first`` is the number of ``texts[0]`` in the texts the caller names.
+    """
     if np.array_equal(a[1], b[1]) and np.array_equal(a[0], b[0]):
         return None
     ea, eb = np.concatenate([[0], np.cumsum(a[1])]), np.concatenate([[0], np.cumsum(b[1])])
@@ -165,7 +172,7 @@ def _first_difference(
             at = next((j for j, (x, y) in enumerate(zip(ida, idb)) if x != y), min(len(ida), len(idb)))
             shown = text if len(text) <= 60 else text[:60] + "..."
             return (
-                f"#{i} {shown!r}: `tokenizers` gives {ida[max(0, at - 2) : at + 4]!r} and {name} "
+                f"#{first + i} {shown!r}: `tokenizers` gives {ida[max(0, at - 2) : at + 4]!r} and {name} "
                 f"{idb[max(0, at - 2) : at + 4]!r} from token {at} on"
             )
     return None
@@ -230,3 +237,28 @@ class _Deferred:
     def encode(self, texts: Sequence[str], reference: Any) -> tuple[np.ndarray, np.ndarray]:
         fast = self.get()
         return reference(texts) if fast is None else fast.encode(texts, reference)
+
+
+def reference_calls(texts: Sequence[str], limit: int) -> list[list[str]]:
+    """Cut ``texts`` into consecutive runs of at most ``limit`` characters (a longer text alone), in order.
+
+    The encoders' batch calls are cut so (see
+    :data:`~arrowstream.tokenize.encoders.REFERENCE_CALL_BYTES`): a call's
+    temporary objects grow with its text, and the C heap keeps what a call used.
+
+    Examples
+    --------
+    >>> reference_calls(["aa", "bbb", "c", "dddddd"], limit=4)
+    [['aa'], ['bbb', 'c'], ['dddddd']]
+    >>> reference_calls([], limit=4)
+    []
+    """
+    calls: list[list[str]] = []
+    size = limit + 1
+    for text in texts:
+        if size + len(text) > limit:
+            calls.append([])
+            size = 0
+        calls[-1].append(text)
+        size += len(text)
+    return calls
