@@ -939,7 +939,7 @@ MUTANTS = [
         "reference-in-one-call",
         "tokenizers encodes a whole slice in one call (a 2 MiB call keeps 50 MB of the C heap for good)",
         "arrowstream/tokenize/encoders.py",
-        "        for part in reference_calls(texts):",
+        "        for part in reference_calls(texts, REFERENCE_CALL_BYTES):",
         "        for part in [list(texts)]:",
         ("tests/test_encoders.py::test_the_reference_encodes_in_bounded_calls_with_the_same_ids",),
     ),
