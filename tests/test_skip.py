@@ -101,3 +101,16 @@ def test_the_read_ahead_reader_reads_hinted_row_groups_in_its_threads_and_warns_
     finally:
         ahead.close()
         plain.close()
+
+
+def test_a_dataset_none_of_whose_row_groups_decode_is_an_error_not_an_empty_stream(tmp_path: Path) -> None:
+    """Counting tokens reads the row groups first: one that does not decode must not count as no token there."""
+    root = write_named_docs(tmp_path / "docs", LENGTHS, files=2, rg=10)
+    for path in sorted(root.glob("*.parquet")):
+        for rg in range(pq.read_metadata(path).num_row_groups):
+            _corrupt(path, rg)
+    with pytest.raises(ShardError, match=r"part-00\d\.parquet', row group \d"):
+        list(_pipeline(root))
+    it = _pipeline(root, on_error="skip").iter()
+    with pytest.warns(DataLossWarning, match=r"counting tokens skipped the unreadable row group \d of '.*part-00\d"):
+        assert list(it) == []  # asked for: every row group skipped, and said (no share holds a token of them)

@@ -264,3 +264,95 @@ def test_forked_workers_read_through_a_filesystem_the_parent_created_and_used(se
     assert out.returncode == 0, out.stderr[-2000:]
     count, same = out.stdout.split()
     assert int(count) > 50 and same == "True", "the workers read the whole corpus, as the parent did"
+
+
+# -- the same faults through fsspec (s3fs): its client raises classes of its own -------------------
+
+
+def _s3fs(server: S3Server, proxy: FaultProxy, *, attempts: int = 5, **config: Any) -> Any:
+    """An s3fs filesystem through the proxy; ``attempts``: its own tries per request (s3fs's ``retries``)."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(
+        key=server.access_key, secret=server.secret_key, skip_instance_cache=True,
+        default_block_size=1 << 16,  # reads of 64 KiB: several GETs a row group, so faults fall inside reads
+        client_kwargs={"endpoint_url": f"http://{proxy.endpoint}", "region_name": "us-east-1"},
+        config_kwargs=config,
+    )
+    fs.retries = attempts
+    return fs
+
+
+def test_through_s3fs_503s_and_cut_bodies_are_retried_and_change_nothing(
+    server: S3Server, proxy: FaultProxy, local: Path
+) -> None:
+    want = _batches(_pipeline(local))
+    # the client's own retries off: arrowstream's alone must carry the faults
+    fs = _s3fs(server, proxy, attempts=1, retries={"max_attempts": 1})
+    it = _pipeline(f"{BUCKET}/docs", filesystem=fs).iter()
+    got = [next(it)["input_ids"].tobytes()]  # the footers read, without faults (discovery is not retried here)
+    proxy.set(Faults(slow_down=0.3, cut=0.3, seed=3))
+    got += [b["input_ids"].tobytes() for b in it]
+    faults = [r.fault for r in proxy.requests if r.fault]
+    assert "slow_down" in faults and "cut" in faults, "the proxy injected both kinds of fault"
+    assert it.read_retries >= 2, "aiohttp's cut bodies and botocore's 503s were taken for transient"
+    assert got == want
+
+
+def test_through_s3fs_a_stall_ends_in_a_named_error_within_the_deadline_and_a_resume_goes_on(
+    server: S3Server, proxy: FaultProxy, local: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    want = _batches(_pipeline(local))
+    monkeypatch.setenv("ARROWSTREAM_READ_ATTEMPTS", "2")
+    monkeypatch.setenv("ARROWSTREAM_READ_BACKOFF", "0.1")
+    fs = _s3fs(server, proxy, attempts=1, read_timeout=1, connect_timeout=1, retries={"max_attempts": 1})
+    ds = _pipeline(f"{BUCKET}/docs", filesystem=fs, prefetch=0)
+    it = ds.iter()
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(it.state_dict()))
+    proxy.set(Faults(stall=60))
+    start = time.monotonic()
+    # s3fs raises an IndexError while handling the timeout: the error names what it began as
+    with pytest.raises(
+        ShardError, match=r"docs/part-\d+\.parquet.*row group \d+.*after 2 attempts.*raised while handling .*Read timeout"
+    ):
+        for _ in range(100):
+            next(it)
+    assert time.monotonic() - start < 10, "a stall ends within the deadline (about 2.3 s here)"
+    assert it.read_retries >= 1, "the timeout was taken for transient, under the IndexError s3fs raised"
+    it.close()
+    proxy.set(Faults())
+    assert _batches(ds, state) == want[5:]
+
+
+def test_through_s3fs_access_denied_fails_at_once_naming_the_file(
+    server: S3Server, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    fs = _s3fs(server, proxy)
+    manifest = tmp_path / "manifest.parquet"
+    write_manifest(f"{BUCKET}/docs", manifest, filesystem=fs)
+    ds = _pipeline(f"{BUCKET}/docs", filesystem=fs, manifest=manifest)
+    proxy.set(Faults(forbid=0))
+    start = time.monotonic()
+    # s3fs opens from the listing it keeps (no request): the refusal comes with the first read
+    with pytest.raises(
+        ShardError, match=r"cannot read 'corpus/docs/part-\d+\.parquet', row group \d+.*AccessDenied.*the storage refused it"
+    ):
+        _batches(ds)
+    assert time.monotonic() - start < 5, "a refusal is not retried"
+
+
+def test_through_s3fs_a_refused_dataset_is_an_error_not_an_empty_stream(
+    server: S3Server, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """Counting tokens read every row group first: a refusal there was counted as no token, and no batch came."""
+    fs = _s3fs(server, proxy)
+    manifest = tmp_path / "manifest.parquet"
+    write_manifest(f"{BUCKET}/docs", manifest, filesystem=fs)
+    for on_error in ("raise", "skip"):  # a refusal is never skipped: the bytes were not even seen
+        ds = _pipeline(f"{BUCKET}/docs", filesystem=fs, manifest=manifest, on_error=on_error)
+        proxy.set(Faults(forbid=0))
+        with pytest.raises(ShardError, match=r"part-\d+\.parquet', row group \d+.*AccessDenied"):
+            _batches(ds)
+        proxy.set(Faults())

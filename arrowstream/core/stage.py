@@ -14,6 +14,8 @@ Stages hold no per-iterator state, so a resume needs nothing from them.
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,7 +24,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from arrowstream.errors import DataLossWarning, ShardError
 from arrowstream.io.chunk import Chunk
+from arrowstream.io.failures import skippable
 from arrowstream.io.manifest import Manifest
 from arrowstream.io.reader import Reader, ShardReader
 
@@ -46,6 +50,34 @@ class KnownTokens:
     lengths: Callable[[int], np.ndarray]
     per_shard: np.ndarray | None = None
     source: str = "token ids"
+
+    def skipping_unreadable(self, manifest: Manifest) -> KnownTokens:
+        """These counts, with no token for each row of a row group whose bytes do not decode (``on_error="skip"``).
+
+        A refusal, a timeout or a changed file still raises, naming the row
+        group. A skipped row group is said (a ``DataLossWarning``) here too:
+        a share may then hold no token of it, and so no read of it either.
+        """
+        lengths, warned = self.lengths, set()
+
+        def read(shard: int) -> np.ndarray:
+            try:
+                return lengths(shard)
+            except ShardError as exc:
+                if exc.__cause__ is None or not skippable(exc.__cause__):
+                    raise
+                if shard not in warned:
+                    warned.add(shard)
+                    info = manifest.shard(shard)
+                    warnings.warn(
+                        f"counting tokens skipped the unreadable row group {info.row_group} of {info.path!r} "
+                        f"({info.num_rows:,} rows: no token), as on_error='skip' asks: {exc.__cause__}",
+                        DataLossWarning,
+                        stacklevel=2,
+                    )
+                return np.zeros(int(manifest.shard_rows[shard]), dtype=np.int64)
+
+        return dataclasses.replace(self, lengths=read)
 
 
 class Stage(ABC):

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from arrowstream.errors import ShardError
 from arrowstream.io.discover import relpath
+from arrowstream.io.failures import error_text
 from arrowstream.io.statistics import FileStatistics
 
 __all__ = ["FileInfo", "entity_tag", "file_info", "read_footer"]
@@ -73,9 +74,11 @@ def read_footer(fs: pafs.FileSystem, root: str, path: str, size: int, mtime_ns: 
         with fs.open_input_file(path) as handle:
             etag = entity_tag(handle)
             meta = pq.ParquetFile(handle).metadata
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+    except Exception as exc:  # a Python filesystem's client raises classes of its own (aiohttp's, say)
+        if isinstance(exc, MemoryError):
+            raise
         raise ShardError(
-            f"cannot read the Parquet footer of {path!r} ({size} bytes): {exc}; "
+            f"cannot read the Parquet footer of {path!r} ({size} bytes): {error_text(exc)}; "
             "the file is not Parquet or is truncated or corrupt: remove or rewrite it"
         ) from exc
     return file_info(path, relpath(path, root), size, meta, mtime_ns=mtime_ns, etag=etag)

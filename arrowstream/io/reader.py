@@ -22,33 +22,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from arrowstream.errors import ConfigError, DataLossWarning, SchemaError, ShardError
+from arrowstream.io.failures import error_text, refused, skippable, transient
 from arrowstream.io.manifest import Manifest
 
 __all__ = ["Reader", "ShardReader", "innermost", "transient", "warn_skipped"]
 
 _OPEN_FILES = 4
-
-#: Words of the errors worth another attempt: throttling, server errors, connections reset or timed out.
-_TRANSIENT = (
-    "SLOW_DOWN", "SlowDown", "SERVICE_UNAVAILABLE", "INTERNAL_FAILURE", "NETWORK_CONNECTION",
-    "REQUEST_TIMEOUT", "Timeout was reached", "timed out", "Connection reset", "Broken pipe",
-    "HTTP status 500", "HTTP status 502", "HTTP status 503", "HTTP status 504",
-)
-
-
-def transient(exc: BaseException) -> bool:
-    """Return whether a storage error is worth retrying (throttling, a 5xx, a reset or timed-out connection).
-
-    Examples
-    --------
-    >>> transient(OSError("AWS Error SLOW_DOWN during GetObject operation: Please reduce your request rate."))
-    True
-    >>> transient(OSError("Parquet magic bytes not found in footer"))
-    False
-    """
-    text = str(exc)
-    return isinstance(exc, (OSError, pa.ArrowIOError)) and any(word in text for word in _TRANSIENT)
-
 
 def warn_skipped(manifest: Manifest, shard: int, unreadable: dict[int, str], warned: set[int]) -> None:
     """Warn (once per shard, in the calling thread) that ``shard`` was skipped as unreadable."""
@@ -175,20 +154,28 @@ class ShardReader:
                     info.row_group, columns=columns, use_threads=self._native and len(columns) > 1
                 )
                 break
-            except (pa.ArrowInvalid, pa.ArrowIOError, OSError, IndexError) as exc:
-                if attempt < attempts and transient(exc):
+            except Exception as exc:  # a Python filesystem's client raises classes of its own (aiohttp's, say)
+                if isinstance(exc, MemoryError):
+                    raise
+                # a file that would not open is a ShardError (see `_open`): its cause says whether to try again
+                cause = exc.__cause__ if isinstance(exc, ShardError) else exc
+                if attempt < attempts and cause is not None and transient(cause):
                     self._forget(info.path)  # a fresh connection, and the file's identity checked again
                     self.retries += 1
                     time.sleep(backoff * 2 ** (attempt - 1) * (0.5 + random.random()))
                     continue
-                if self.skip_unreadable and not transient(exc):
-                    return self._skip(shard, info, columns, exc)
+                if isinstance(exc, ShardError):
+                    raise
+                if self.skip_unreadable and skippable(exc):
+                    return self._skip(shard, info, columns, exc)  # bytes that do not decode: skipped as asked
                 tried = f" (after {attempt} attempts)" if attempt > 1 else ""
-                raise ShardError(
-                    f"cannot read {where}{tried}: {exc}; the file may be truncated, corrupt or changed "
-                    "since the manifest was built, or the storage unreachable: rebuild the dataset, "
-                    "remove the file, or check the storage"
-                ) from exc
+                advice = (
+                    "the storage refused it: check the credentials and that the object still exists"
+                    if refused(exc) else
+                    "the file may be truncated, corrupt or changed since the manifest was built, or the "
+                    "storage unreachable: rebuild the dataset, remove the file, or check the storage"
+                )
+                raise ShardError(f"cannot read {where}{tried}: {error_text(exc)}; {advice}") from exc
         if table.num_rows != info.num_rows:
             raise ShardError(
                 f"{where} has {table.num_rows} rows but its footer said {info.num_rows} when the "
@@ -221,24 +208,25 @@ class ShardReader:
             fs = self.manifest.filesystem
             try:
                 raw = fs.open_input_file(path)
-            except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+            except Exception as exc:  # a Python filesystem's client raises classes of its own (aiohttp's, say)
+                if isinstance(exc, MemoryError):
+                    raise
                 raise ShardError(
-                    f"cannot open {path!r}: {exc}; it was readable when the dataset was opened: "
+                    f"cannot open {path!r}: {error_text(exc)}; it was readable when the dataset was opened: "
                     "check that it still exists and is complete"
                 ) from exc
             try:
                 self.manifest.check_pin(path, raw)
                 # the footer kept at discovery: opening the file reads no footer again
                 handle = pq.ParquetFile(raw, pre_buffer=self._pre_buffer, metadata=self.manifest.footer(path))
-            except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+            except Exception as exc:
                 raw.close()
+                if isinstance(exc, (ShardError, MemoryError)):
+                    raise
                 raise ShardError(
-                    f"cannot open {path!r}: {exc}; it was readable when the dataset was opened: "
+                    f"cannot open {path!r}: {error_text(exc)}; it was readable when the dataset was opened: "
                     "check that it still exists and is complete"
                 ) from exc
-            except ShardError:
-                raw.close()
-                raise
             while len(self._files) >= _OPEN_FILES:
                 _, old = self._files.popitem(last=False)
                 old.close()

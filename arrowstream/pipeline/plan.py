@@ -321,7 +321,10 @@ class Plan:
                 known = self._stage_tokens()
                 told = [k for k in known if k is not None]
                 if len(told) == 1 and all(k is not None or s.keeps_rows for s, k in zip(self.stages, known)):
-                    self._token_counts = TokenCounts(self.manifest, told[0])
+                    counted = told[0]
+                    if self.skip_unreadable:  # as the read skips it, a row group that does not decode has no token
+                        counted = counted.skipping_unreadable(self.manifest)
+                    self._token_counts = TokenCounts(self.manifest, counted)
         return self._token_counts  # type: ignore[return-value]
 
     def _stage_tokens(self) -> list[KnownTokens | None]:

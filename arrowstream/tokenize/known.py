@@ -66,9 +66,10 @@ def known_tokens(
     if ids:
 
         def from_column(shard: int) -> np.ndarray:
-            # a row group that does not decode counts no token (nulls): the pipeline's own read of it
-            # raises, or skips it under on_error="skip"; either way the cut made here is the same
-            reader = ShardReader(manifest, [column], skip_unreadable=True, warn=False)
+            # a row group that cannot be read raises here, naming it: counted as no token, it could fall
+            # outside every share and never be read (a whole dataset behind a refusal gave no batch and
+            # no error). Under on_error="skip" the plan counts one that does not decode as no token.
+            reader = ShardReader(manifest, [column], warn=False)
             try:
                 return per_row(reader.read(shard).column(column).combine_chunks())
             finally:

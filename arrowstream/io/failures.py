@@ -1,0 +1,145 @@
+"""Storage errors: which are worth another attempt, and what to tell the user of them.
+
+Errors come from pyarrow's own clients (an ``OSError`` whose text names the
+AWS error or HTTP status) and from Python filesystems (fsspec's s3fs, gcsfs,
+adlfs and the like), whose clients raise their own classes, often chained:
+s3fs turns a read timeout into ``FSTimeoutError`` and, on its way out, into
+an ``IndexError`` raised while handling it. So both questions are asked of
+the whole chain (``__cause__``, else ``__context__``), not of the last error
+alone.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = ["READ_ERRORS", "error_text", "refused", "skippable", "transient"]
+
+#: What reading a file raises when the file is bad or unreachable: pyarrow's errors, ``OSError``
+#: (fsspec's too), and ``IndexError``, which s3fs raises in place of a timed-out read (it looks
+#: at the timeout's ``args[0]``, which is empty). Only these may skip a row group
+#: (``on_error="skip"``, see :func:`skippable`); any other error of a read is still named (a
+#: ``ShardError``), never skipped.
+READ_ERRORS = (pa.ArrowInvalid, pa.ArrowIOError, OSError, IndexError)
+
+#: Words of the errors worth another attempt: throttling, server errors, connections reset or timed out.
+_TRANSIENT = (
+    "SLOW_DOWN", "SlowDown", "SERVICE_UNAVAILABLE", "INTERNAL_FAILURE", "NETWORK_CONNECTION",
+    "REQUEST_TIMEOUT", "Timeout was reached", "timed out", "Connection reset", "Broken pipe",
+    "HTTP status 500", "HTTP status 502", "HTTP status 503", "HTTP status 504",
+)
+
+#: Classes of Python storage clients (by name, anywhere in an error's class hierarchy) worth
+#: another attempt: botocore's and aiohttp's timeouts, dropped connections and cut bodies.
+_TRANSIENT_CLASSES = frozenset({
+    "ReadTimeoutError", "ConnectTimeoutError", "EndpointConnectionError", "ConnectionClosedError",
+    "ResponseStreamingError", "IncompleteReadError", "ClientPayloadError", "ServerDisconnectedError",
+    "ServerTimeoutError", "ClientConnectionError",
+})
+
+#: How far down a chain of errors to look.
+_DEPTH = 8
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors it was raised from or while handling, outermost first."""
+    out = [exc]
+    while len(out) < _DEPTH and (nxt := out[-1].__cause__ or out[-1].__context__) is not None:
+        out.append(nxt)
+    return out
+
+
+def transient(exc: BaseException) -> bool:
+    """Return whether a storage error is worth retrying (throttling, a 5xx, a reset or timed-out connection).
+
+    Any error of the chain may say so: a timeout or dropped connection
+    (``TimeoutError``, ``ConnectionError`` or a storage client's class of
+    them), or an ``OSError`` whose text names throttling or a server error.
+
+    Examples
+    --------
+    >>> transient(OSError("AWS Error SLOW_DOWN during GetObject operation: Please reduce your request rate."))
+    True
+    >>> transient(OSError("Parquet magic bytes not found in footer"))
+    False
+    >>> try:                        # as s3fs does with a read that timed out
+    ...     try:
+    ...         raise TimeoutError()
+    ...     except TimeoutError:
+    ...         raise IndexError("tuple index out of range")
+    ... except IndexError as exc:
+    ...     transient(exc)
+    True
+    >>> transient(PermissionError("Forbidden"))
+    False
+    """
+    for link in _chain(exc):
+        if isinstance(link, (TimeoutError, ConnectionError)):
+            return True
+        if _TRANSIENT_CLASSES.intersection(c.__name__ for c in type(link).__mro__):
+            return True
+        if isinstance(link, (OSError, pa.ArrowIOError)) and any(word in str(link) for word in _TRANSIENT):
+            return True
+    return False
+
+
+#: Words of a refusal: the object is not there or not ours to read (pyarrow's clients, botocore's).
+_REFUSED = ("ACCESS_DENIED", "AccessDenied", "Forbidden", "HTTP status 403", "NoSuchKey", "NoSuchBucket", "NOT_FOUND")
+
+
+def refused(exc: BaseException) -> bool:
+    """Return whether a storage error is a refusal (access denied, no such object): never a file's bad bytes.
+
+    Examples
+    --------
+    >>> refused(PermissionError("Forbidden")), refused(OSError("AWS Error ACCESS_DENIED during GetObject"))
+    (True, True)
+    >>> refused(OSError("Corrupt snappy compressed data."))
+    False
+    """
+    for link in _chain(exc):
+        if isinstance(link, (PermissionError, FileNotFoundError)):
+            return True
+        if isinstance(link, (OSError, pa.ArrowIOError)) and any(word in str(link) for word in _REFUSED):
+            return True
+    return False
+
+
+def skippable(exc: BaseException) -> bool:
+    """Return whether an error reading a row group may skip it (``on_error="skip"``): its bytes do not decode.
+
+    Not a transient error (it is tried again), not a refusal (access denied,
+    no such object: the storage's or the credentials' doing, which skipping
+    would turn into a whole file lost), not an error of another kind (a bug).
+
+    Examples
+    --------
+    >>> skippable(OSError("Corrupt snappy compressed data.")), skippable(PermissionError("Forbidden"))
+    (True, False)
+    >>> skippable(OSError("AWS Error SLOW_DOWN during GetObject")), skippable(KeyError("x"))
+    (False, False)
+    """
+    return isinstance(exc, READ_ERRORS) and not transient(exc) and not refused(exc)
+
+
+def error_text(exc: BaseException) -> str:
+    """Return ``str(exc)``, and what it was raised while handling, when a chained error says more.
+
+    Examples
+    --------
+    >>> error_text(OSError("Parquet magic bytes not found in footer"))
+    'Parquet magic bytes not found in footer'
+    >>> try:
+    ...     try:
+    ...         raise ConnectionResetError("Connection reset by peer")
+    ...     except ConnectionResetError:
+    ...         raise IndexError("tuple index out of range")
+    ... except IndexError as exc:
+    ...     error_text(exc)
+    'tuple index out of range (IndexError, raised while handling ConnectionResetError: Connection reset by peer)'
+    """
+    text = str(exc) or type(exc).__name__
+    said = next((link for link in _chain(exc)[1:] if str(link) and str(link) not in text), None)
+    if said is None:
+        return text
+    return f"{text} ({type(exc).__name__}, raised while handling {type(said).__name__}: {said})"
