@@ -1185,6 +1185,22 @@ MUTANTS = [
         "                if False:\n                    warned.add(shard)",
         ("tests/test_skip.py",),
     ),
+    Mutant(
+        "footer-reads-never-retried",
+        "a transient error reading a footer when the dataset opens ends the open at once",
+        "arrowstream/io/footer.py",
+        "            if attempt < attempts and transient(exc):\n                pause(backoff, attempt)",
+        "            if False:\n                pause(backoff, attempt)",
+        ("tests/test_storage.py",),
+    ),
+    Mutant(
+        "botocore-codes-not-transient",
+        "only an OSError's text is read for throttling words: s3fs's EBUSY over botocore's SlowDown is not retried",
+        "arrowstream/io/failures.py",
+        "        if any(word in str(link) for word in _TRANSIENT):",
+        "        if isinstance(link, OSError) and any(word in str(link) for word in _TRANSIENT):",
+        ("tests/test_storage.py",),
+    ),
 ]
 
 

@@ -356,3 +356,16 @@ def test_through_s3fs_a_refused_dataset_is_an_error_not_an_empty_stream(
         with pytest.raises(ShardError, match=r"part-\d+\.parquet', row group \d+.*AccessDenied"):
             _batches(ds)
         proxy.set(Faults())
+
+
+def test_through_s3fs_footer_reads_are_retried_when_the_dataset_opens(
+    server: S3Server, proxy: FaultProxy, local: Path
+) -> None:
+    want = _batches(_pipeline(local))
+    fs = _s3fs(server, proxy, attempts=1, retries={"max_attempts": 1})
+    fs.ls(f"{BUCKET}/docs")  # the listing (not retried by arrowstream) taken before the faults
+    proxy.set(Faults(slow_down=0.5, seed=1))
+    ds = _pipeline(f"{BUCKET}/docs", filesystem=fs)  # every footer read here, half the GETs answered 503
+    assert any(r.fault == "slow_down" for r in proxy.requests), "footer reads met 503s"
+    proxy.set(Faults())
+    assert _batches(ds) == want

@@ -11,9 +11,15 @@ alone.
 
 from __future__ import annotations
 
+import os
+import random
+import time
+
 import pyarrow as pa
 
-__all__ = ["READ_ERRORS", "error_text", "refused", "skippable", "transient"]
+from arrowstream.errors import ConfigError
+
+__all__ = ["READ_ERRORS", "error_text", "pause", "refused", "retry_settings", "skippable", "transient"]
 
 #: What reading a file raises when the file is bad or unreachable: pyarrow's errors, ``OSError``
 #: (fsspec's too), and ``IndexError``, which s3fs raises in place of a timed-out read (it looks
@@ -27,6 +33,8 @@ _TRANSIENT = (
     "SLOW_DOWN", "SlowDown", "SERVICE_UNAVAILABLE", "INTERNAL_FAILURE", "NETWORK_CONNECTION",
     "REQUEST_TIMEOUT", "Timeout was reached", "timed out", "Connection reset", "Broken pipe",
     "HTTP status 500", "HTTP status 502", "HTTP status 503", "HTTP status 504",
+    # botocore's error codes (s3fs, through a ClientError it turns into an OSError)
+    "(SlowDown)", "(ServiceUnavailable)", "(InternalError)", "(RequestTimeout)", "(Throttling)",
 )
 
 #: Classes of Python storage clients (by name, anywhere in an error's class hierarchy) worth
@@ -54,7 +62,9 @@ def transient(exc: BaseException) -> bool:
 
     Any error of the chain may say so: a timeout or dropped connection
     (``TimeoutError``, ``ConnectionError`` or a storage client's class of
-    them), or an ``OSError`` whose text names throttling or a server error.
+    them), or a text that names throttling or a server error (pyarrow's
+    words, botocore's codes: s3fs turns a 503 SlowDown into ``OSError(EBUSY)``
+    raised from botocore's ``ClientError``).
 
     Examples
     --------
@@ -78,7 +88,7 @@ def transient(exc: BaseException) -> bool:
             return True
         if _TRANSIENT_CLASSES.intersection(c.__name__ for c in type(link).__mro__):
             return True
-        if isinstance(link, (OSError, pa.ArrowIOError)) and any(word in str(link) for word in _TRANSIENT):
+        if any(word in str(link) for word in _TRANSIENT):
             return True
     return False
 
@@ -143,3 +153,23 @@ def error_text(exc: BaseException) -> str:
     if said is None:
         return text
     return f"{text} ({type(exc).__name__}, raised while handling {type(said).__name__}: {said})"
+
+
+def retry_settings() -> tuple[int, float]:
+    """Return (attempts, first backoff in seconds) of a read: ``ARROWSTREAM_READ_ATTEMPTS`` (3), ``ARROWSTREAM_READ_BACKOFF`` (0.5)."""
+    try:
+        attempts = int(os.environ.get("ARROWSTREAM_READ_ATTEMPTS", "3"))
+        backoff = float(os.environ.get("ARROWSTREAM_READ_BACKOFF", "0.5"))
+    except ValueError as exc:
+        raise ConfigError(f"ARROWSTREAM_READ_ATTEMPTS and ARROWSTREAM_READ_BACKOFF should be numbers: {exc}") from exc
+    if attempts < 1 or backoff < 0:
+        raise ConfigError(
+            f"ARROWSTREAM_READ_ATTEMPTS should be at least 1 and ARROWSTREAM_READ_BACKOFF at least 0, got "
+            f"{attempts} and {backoff}"
+        )
+    return attempts, backoff
+
+
+def pause(backoff: float, attempt: int) -> None:
+    """Wait before attempt ``attempt + 1``: exponential from ``backoff`` seconds, with jitter."""
+    time.sleep(backoff * 2 ** (attempt - 1) * (0.5 + random.random()))

@@ -9,9 +9,6 @@ cheap to create and never pickled.
 
 from __future__ import annotations
 
-import os
-import random
-import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -21,8 +18,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from arrowstream.errors import ConfigError, DataLossWarning, SchemaError, ShardError
-from arrowstream.io.failures import error_text, refused, skippable, transient
+from arrowstream.errors import DataLossWarning, SchemaError, ShardError
+from arrowstream.io.failures import error_text, pause, refused, retry_settings, skippable, transient
 from arrowstream.io.manifest import Manifest
 
 __all__ = ["Reader", "ShardReader", "innermost", "transient", "warn_skipped"]
@@ -47,21 +44,6 @@ def innermost(reader: Any, attribute: str) -> Any:
     while not hasattr(reader, attribute) and hasattr(reader, "inner"):
         reader = reader.inner
     return reader
-
-
-def _retry_settings() -> tuple[int, float]:
-    """Return (attempts, first backoff in seconds) from the environment, checked."""
-    try:
-        attempts = int(os.environ.get("ARROWSTREAM_READ_ATTEMPTS", "3"))
-        backoff = float(os.environ.get("ARROWSTREAM_READ_BACKOFF", "0.5"))
-    except ValueError as exc:
-        raise ConfigError(f"ARROWSTREAM_READ_ATTEMPTS and ARROWSTREAM_READ_BACKOFF should be numbers: {exc}") from exc
-    if attempts < 1 or backoff < 0:
-        raise ConfigError(
-            f"ARROWSTREAM_READ_ATTEMPTS should be at least 1 and ARROWSTREAM_READ_BACKOFF at least 0, got "
-            f"{attempts} and {backoff}"
-        )
-    return attempts, backoff
 
 
 class Reader(Protocol):
@@ -147,7 +129,7 @@ class ShardReader:
         """
         info = self.manifest.shard(shard)
         where = f"{info.path!r}, row group {info.row_group}, columns {columns!r}"
-        attempts, backoff = _retry_settings()
+        attempts, backoff = retry_settings()
         for attempt in range(1, attempts + 1):
             try:
                 table = self._open(info.path).read_row_group(
@@ -162,7 +144,7 @@ class ShardReader:
                 if attempt < attempts and cause is not None and transient(cause):
                     self._forget(info.path)  # a fresh connection, and the file's identity checked again
                     self.retries += 1
-                    time.sleep(backoff * 2 ** (attempt - 1) * (0.5 + random.random()))
+                    pause(backoff, attempt)
                     continue
                 if isinstance(exc, ShardError):
                     raise
