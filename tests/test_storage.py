@@ -369,3 +369,22 @@ def test_through_s3fs_footer_reads_are_retried_when_the_dataset_opens(
     assert any(r.fault == "slow_down" for r in proxy.requests), "footer reads met 503s"
     proxy.set(Faults())
     assert _batches(ds) == want
+
+
+def test_through_s3fs_an_object_replaced_after_its_manifest_was_written_is_refused_by_its_etag(
+    server: S3Server, proxy: FaultProxy, local: Path, tmp_path: Path
+) -> None:
+    """fsspec files state no ETag in their metadata: it comes from the filesystem's ``info`` (before, only the size)."""
+    manifest = tmp_path / "manifest.parquet"
+    write_manifest(f"{BUCKET}/docs", manifest, filesystem=_s3fs(server, proxy))
+    client = server.client()
+    original = client.get_object(Bucket=BUCKET, Key="docs/part-002.parquet")["Body"].read()
+    try:
+        changed = bytearray(original)
+        changed[len(changed) // 3] ^= 0xFF  # the same size, other bytes: read with the old footer, other batches
+        client.put_object(Bucket=BUCKET, Key="docs/part-002.parquet", Body=bytes(changed))
+        ds = _pipeline(f"{BUCKET}/docs", filesystem=_s3fs(server, proxy), manifest=manifest)
+        with pytest.raises(ShardError, match=r"'corpus/docs/part-002\.parquet' changed since the dataset was opened: its ETag"):
+            _batches(ds)
+    finally:
+        client.put_object(Bucket=BUCKET, Key="docs/part-002.parquet", Body=original)

@@ -81,7 +81,7 @@ def read_footer(fs: pafs.FileSystem, root: str, path: str, size: int, mtime_ns: 
     for attempt in range(1, attempts + 1):
         try:
             with fs.open_input_file(path) as handle:
-                etag = entity_tag(handle)
+                etag = entity_tag(handle, fs, path)
                 meta = pq.ParquetFile(handle).metadata
             break
         except Exception as exc:  # a Python filesystem's client raises classes of its own (aiohttp's, say)
@@ -118,15 +118,28 @@ def file_info(
     )
 
 
-def entity_tag(handle: Any) -> str | None:
-    """Return the ETag an open object-store file states (``None`` for a local file or a store without one)."""
+def entity_tag(handle: Any, fs: pafs.FileSystem | None = None, path: str | None = None) -> str | None:
+    """Return the ETag an open object-store file states (``None`` for a local file or a store without one).
+
+    pyarrow's own clients give it in the file's metadata. An fsspec
+    filesystem (``fs``, wrapped in pyarrow's ``PyFileSystem``) does not: it
+    is taken from its ``info(path)`` (s3fs ``ETag``, gcsfs and adlfs
+    ``etag``; s3fs answers from the listing it keeps, with no request).
+    """
     try:
         value = (handle.metadata() or {}).get("ETag")
     except (AttributeError, NotImplementedError, OSError):
-        return None
+        value = None
+    inner = getattr(getattr(fs, "handler", None), "fs", None)  # the fsspec filesystem, if any
+    if not value and inner is not None and path is not None:
+        try:
+            info = inner.info(path)
+        except Exception:  # noqa: BLE001 - no ETag known: the size alone pins the file
+            return None
+        value = info.get("ETag") or info.get("etag")
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
-    return value or None
+    return str(value) if value else None
 
 
 def _list_values(meta: pq.FileMetaData, schema: pa.Schema) -> tuple[dict[str, tuple[int, int] | None], ...]:

@@ -258,7 +258,7 @@ class Manifest:
         size = handle.size()
         if size != f.size:
             changes.append(f"its size was {f.size:,} bytes, now {size:,}")
-        etag = entity_tag(handle) if f.etag is not None else None
+        etag = entity_tag(handle, self.filesystem, path) if f.etag is not None else None
         if etag is not None and etag != f.etag:
             changes.append(f"its ETag was {f.etag}, now {etag}")
         if f.etag is None and f.mtime_ns is not None and isinstance(self.filesystem, pafs.LocalFileSystem):
