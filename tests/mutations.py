@@ -1209,6 +1209,14 @@ MUTANTS = [
         "    if False:",
         ("tests/test_storage.py",),
     ),
+    Mutant(
+        "fsspec-filesystem-kept-after-fork",
+        "a forked DataLoader worker reads through the parent's async fsspec filesystem, which refuses it ('not fork-safe')",
+        "arrowstream/io/manifest.py",
+        "        if inner is not None and getattr(inner, \"_pid\", None) not in (None, os.getpid()):",
+        "        if False:",
+        ("tests/test_storage.py",),
+    ),
 ]
 
 

@@ -107,7 +107,7 @@ class Manifest:
         num_empty_files: int,
         num_empty_row_groups: int,
     ) -> None:
-        self.filesystem = filesystem
+        self._filesystem = filesystem
         self.root = root
         self.schema = schema
         self.drift = dict(drift or {})
@@ -243,6 +243,23 @@ class Manifest:
     def footer(self, path: str) -> pq.FileMetaData | None:
         """Return file ``path``'s parsed footer, kept from discovery or a manifest file (``None`` if not kept)."""
         return self._files[self._by_path[path]].meta
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        """The dataset's filesystem; in a process forked since, an fsspec one is made again from its arguments.
+
+        An async fsspec filesystem (s3fs, gcsfs, adlfs...) refuses to be used
+        in a forked process ("This class is not fork-safe"), as DataLoader
+        workers are: the worker makes its own from the same arguments
+        (``storage_args``, ``storage_options``). Attributes set on the object
+        after it was made are not carried over.
+        """
+        fs = self._filesystem
+        inner = getattr(getattr(fs, "handler", None), "fs", None)  # the fsspec filesystem, if any
+        if inner is not None and getattr(inner, "_pid", None) not in (None, os.getpid()):
+            fresh = type(inner)(*inner.storage_args, **inner.storage_options)
+            self._filesystem = fs = pafs.PyFileSystem(pafs.FSSpecHandler(fresh))
+        return fs
 
     def check_pin(self, path: str, handle: Any) -> None:
         """Raise :class:`~arrowstream.errors.ShardError` when the open file ``handle`` is not the one discovered.
