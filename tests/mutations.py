@@ -1189,8 +1189,8 @@ MUTANTS = [
         "footer-reads-never-retried",
         "a transient error reading a footer when the dataset opens ends the open at once",
         "arrowstream/io/footer.py",
-        "            if attempt < attempts and transient(exc):\n                pause(backoff, attempt)",
-        "            if False:\n                pause(backoff, attempt)",
+        "        etag, meta = retried(read)",
+        "        etag, meta = read()",
         ("tests/test_storage.py",),
     ),
     Mutant(
@@ -1215,6 +1215,14 @@ MUTANTS = [
         "arrowstream/io/manifest.py",
         "        if inner is not None and getattr(inner, \"_pid\", None) not in (None, os.getpid()):",
         "        if False:",
+        ("tests/test_storage.py",),
+    ),
+    Mutant(
+        "listing-never-retried",
+        "a transient error listing the dataset's files while it opens ends the open at once",
+        "arrowstream/io/discover.py",
+        "        infos = retried(lambda: fs.get_file_info(pafs.FileSelector(base, recursive=True)))",
+        "        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))",
         ("tests/test_storage.py",),
     ),
 ]

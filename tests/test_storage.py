@@ -358,15 +358,15 @@ def test_through_s3fs_a_refused_dataset_is_an_error_not_an_empty_stream(
         proxy.set(Faults())
 
 
-def test_through_s3fs_footer_reads_are_retried_when_the_dataset_opens(
+def test_through_s3fs_the_listing_and_footer_reads_are_retried_when_the_dataset_opens(
     server: S3Server, proxy: FaultProxy, local: Path
 ) -> None:
     want = _batches(_pipeline(local))
     fs = _s3fs(server, proxy, attempts=1, retries={"max_attempts": 1})
-    fs.ls(f"{BUCKET}/docs")  # the listing (not retried by arrowstream) taken before the faults
     proxy.set(Faults(slow_down=0.5, seed=1))
-    ds = _pipeline(f"{BUCKET}/docs", filesystem=fs)  # every footer read here, half the GETs answered 503
-    assert any(r.fault == "slow_down" for r in proxy.requests), "footer reads met 503s"
+    ds = _pipeline(f"{BUCKET}/docs", filesystem=fs)  # listed and every footer read here, half the GETs 503
+    faults = [r for r in proxy.requests if r.fault == "slow_down"]
+    assert any(r.is_list for r in faults) and any(not r.is_list for r in faults), "the listing and footer reads met 503s"
     proxy.set(Faults())
     assert _batches(ds) == want
 
@@ -416,3 +416,18 @@ def test_forked_workers_read_through_an_s3fs_filesystem_the_parent_created_and_u
     assert out.returncode == 0, out.stderr[-2000:]
     count, same = out.stdout.split()
     assert int(count) > 50 and same == "True", "the workers read the whole corpus, as the parent did"
+
+
+def test_the_listing_and_footer_reads_are_retried_when_the_dataset_opens(
+    server: S3Server, proxy: FaultProxy, local: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    want = _batches(_pipeline(local))
+    monkeypatch.setenv("ARROWSTREAM_READ_ATTEMPTS", "8")  # half the GETs fail: a few in a row, now and then
+    monkeypatch.setenv("ARROWSTREAM_READ_BACKOFF", "0.01")
+    fs = _fs(server, proxy, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))  # the client's off
+    proxy.set(Faults(slow_down=0.5, seed=1))
+    ds = _pipeline(f"{BUCKET}/docs", filesystem=fs)
+    faults = [r for r in proxy.requests if r.fault == "slow_down"]
+    assert any(r.is_list for r in faults) and any(not r.is_list for r in faults), "the listing and footer reads met 503s"
+    proxy.set(Faults())
+    assert _batches(ds) == want

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from arrowstream.errors import ConfigError, ShardError
+from arrowstream.io.failures import error_text, retried
 
 __all__ = ["discover", "relpath", "resolve_filesystem"]
 
@@ -98,10 +99,12 @@ def discover(
                     found[info.path] = (info.size, info.mtime_ns)
             continue
         try:
-            info = fs.get_file_info(path)
-        except (OSError, pa.ArrowInvalid) as exc:  # unreachable storage, bad credentials, a malformed path
+            info = retried(lambda: fs.get_file_info(path))  # type: ignore[union-attr]
+        except Exception as exc:  # unreachable storage, bad credentials, a malformed path, a client's own class
+            if isinstance(exc, MemoryError):
+                raise
             raise ShardError(
-                f"cannot look up {os.fspath(item)!r}: {exc}; check the path or URI and the storage's "
+                f"cannot look up {os.fspath(item)!r}: {error_text(exc)}; check the path or URI and the storage's "
                 "credentials"
             ) from exc
         if info.type == pafs.FileType.NotFound:
@@ -121,9 +124,11 @@ def discover(
 
 def _list_files(fs: pafs.FileSystem, base: str, *, original: str) -> list[pafs.FileInfo]:
     try:
-        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
-    except (FileNotFoundError, OSError) as exc:
-        raise ShardError(f"cannot list {original!r}: {exc}") from exc
+        infos = retried(lambda: fs.get_file_info(pafs.FileSelector(base, recursive=True)))
+    except Exception as exc:  # a transient error is tried again first; a client may raise a class of its own
+        if isinstance(exc, MemoryError):
+            raise
+        raise ShardError(f"cannot list {original!r}: {error_text(exc)}") from exc
     if isinstance(fs, pafs.LocalFileSystem):
         _check_links(base)
     return [i for i in infos if i.type == pafs.FileType.File]

@@ -14,12 +14,16 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pyarrow as pa
 
 from arrowstream.errors import ConfigError
 
-__all__ = ["READ_ERRORS", "error_text", "pause", "refused", "retry_settings", "skippable", "transient"]
+T = TypeVar("T")
+
+__all__ = ["READ_ERRORS", "error_text", "pause", "refused", "retried", "retry_settings", "skippable", "transient"]
 
 #: What reading a file raises when the file is bad or unreachable: pyarrow's errors, ``OSError``
 #: (fsspec's too), and ``IndexError``, which s3fs raises in place of a timed-out read (it looks
@@ -173,3 +177,30 @@ def retry_settings() -> tuple[int, float]:
 def pause(backoff: float, attempt: int) -> None:
     """Wait before attempt ``attempt + 1``: exponential from ``backoff`` seconds, with jitter."""
     time.sleep(backoff * 2 ** (attempt - 1) * (0.5 + random.random()))
+
+
+def retried(call: Callable[[], T]) -> T:
+    """Return ``call()``, called again after a transient error as the read settings allow; the last error raises.
+
+    Examples
+    --------
+    >>> tries = []
+    >>> def flaky():
+    ...     tries.append(1)
+    ...     if len(tries) < 2:
+    ...         raise ConnectionResetError("Connection reset by peer")
+    ...     return "listed"
+    >>> import os; os.environ["ARROWSTREAM_READ_BACKOFF"] = "0"
+    >>> retried(flaky), len(tries)
+    ('listed', 2)
+    >>> del os.environ["ARROWSTREAM_READ_BACKOFF"]
+    """
+    attempts, backoff = retry_settings()
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except Exception as exc:
+            if isinstance(exc, MemoryError) or attempt == attempts or not transient(exc):
+                raise
+            pause(backoff, attempt)
+    raise AssertionError("unreachable: the last attempt returns or raises")

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from arrowstream.errors import ShardError
 from arrowstream.io.discover import relpath
-from arrowstream.io.failures import error_text, pause, refused, retry_settings, transient
+from arrowstream.io.failures import error_text, refused, retried
 from arrowstream.io.statistics import FileStatistics
 
 __all__ = ["FileInfo", "entity_tag", "file_info", "read_footer"]
@@ -73,32 +73,26 @@ def read_footer(fs: pafs.FileSystem, root: str, path: str, size: int, mtime_ns: 
     """Read the footer of ``path``; a transient storage error is tried again as a row group's read is.
 
     Up to ``ARROWSTREAM_READ_ATTEMPTS`` attempts with backoff (see
-    :func:`~arrowstream.io.failures.retry_settings`), on top of the storage
-    client's own retries; any other error, or the last, is a ``ShardError``
-    naming the file.
+    :func:`~arrowstream.io.failures.retried`), on top of the storage client's
+    own retries; any other error, or the last, is a ``ShardError`` naming the
+    file.
     """
-    attempts, backoff = retry_settings()
-    for attempt in range(1, attempts + 1):
-        try:
-            with fs.open_input_file(path) as handle:
-                etag = entity_tag(handle, fs, path)
-                meta = pq.ParquetFile(handle).metadata
-            break
-        except Exception as exc:  # a Python filesystem's client raises classes of its own (aiohttp's, say)
-            if isinstance(exc, MemoryError):
-                raise
-            if attempt < attempts and transient(exc):
-                pause(backoff, attempt)
-                continue
-            tried = f" (after {attempt} attempts)" if attempt > 1 else ""
-            advice = (
-                "the storage refused it: check the credentials and that the object exists" if refused(exc)
-                else "the file is not Parquet or is truncated or corrupt, or the storage unreachable: "
-                "remove or rewrite it, or check the storage"
-            )
-            raise ShardError(
-                f"cannot read the Parquet footer of {path!r} ({size} bytes){tried}: {error_text(exc)}; {advice}"
-            ) from exc
+
+    def read() -> tuple[str | None, pq.FileMetaData]:
+        with fs.open_input_file(path) as handle:
+            return entity_tag(handle, fs, path), pq.ParquetFile(handle).metadata
+
+    try:
+        etag, meta = retried(read)
+    except Exception as exc:  # a Python filesystem's client raises classes of its own (aiohttp's, say)
+        if isinstance(exc, MemoryError):
+            raise
+        advice = (
+            "the storage refused it: check the credentials and that the object exists" if refused(exc)
+            else "the file is not Parquet or is truncated or corrupt, or the storage unreachable: "
+            "remove or rewrite it, or check the storage"
+        )
+        raise ShardError(f"cannot read the Parquet footer of {path!r} ({size} bytes): {error_text(exc)}; {advice}") from exc
     return file_info(path, relpath(path, root), size, meta, mtime_ns=mtime_ns, etag=etag)
 
 
