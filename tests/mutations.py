@@ -1225,6 +1225,14 @@ MUTANTS = [
         "        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))",
         ("tests/test_storage.py",),
     ),
+    Mutant(
+        "path-lookup-never-retried",
+        "a transient error looking up the path a dataset is opened from ends the open at once",
+        "arrowstream/io/discover.py",
+        "            info = retried(lambda: fs.get_file_info(path))  # type: ignore[union-attr]",
+        "            info = fs.get_file_info(path)  # type: ignore[union-attr]",
+        ("tests/test_storage.py",),
+    ),
 ]
 
 

@@ -389,16 +389,19 @@ def test_through_s3fs_an_object_replaced_after_its_manifest_was_written_is_refus
 
 
 
-def test_the_listing_and_footer_reads_are_retried_when_the_dataset_opens(
+def test_the_lookup_listing_and_footer_reads_are_retried_when_the_dataset_opens(
     server: S3Server, proxy: FaultProxy, local: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     want = _batches(_pipeline(local))
     monkeypatch.setenv("ARROWSTREAM_READ_ATTEMPTS", "8")  # half the GETs fail: a few in a row, now and then
     monkeypatch.setenv("ARROWSTREAM_READ_BACKOFF", "0.01")
     fs = _fs(server, proxy, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))  # the client's off
-    proxy.set(Faults(slow_down=0.5, seed=1))
+    proxy.set(Faults(slow_down=0.5, seed=5))  # seed 5: the first GET is answered 503
     ds = _pipeline(f"{BUCKET}/docs", filesystem=fs)
-    faults = [r for r in proxy.requests if r.fault == "slow_down"]
-    assert any(r.is_list for r in faults) and any(not r.is_list for r in faults), "the listing and footer reads met 503s"
+    gets = [r for r in proxy.requests if r.method == "GET"]
+    # the path's lookup asks for one key under it (a HEAD, then this LIST): its first answer was a 503
+    assert gets[0].is_list and "max-keys=1" in gets[0].query and gets[0].fault == "slow_down", gets[0]
+    faults = [r for r in gets if r.fault == "slow_down"]
+    assert any(r.is_list for r in faults[1:]) and any(not r.is_list for r in faults), "the listing and footer reads met 503s"
     proxy.set(Faults())
     assert _batches(ds) == want

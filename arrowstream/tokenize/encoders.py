@@ -294,7 +294,7 @@ class Encoder(DocumentSample):
         Examples
         --------
         >>> from arrowstream.testing.data import sample_tokenizer
-        >>> enc = Encoder(sample_tokenizer(300))
+        >>> enc = Encoder(sample_tokenizer(317), cache_dir=None)  # a tokenizer no verdict is known for yet
         >>> enc.describe()["checks_pending"]
         True
         >>> enc.verify().describe()["checks_pending"], enc.backend in ("tokie", "tiktoken")
