@@ -1233,6 +1233,30 @@ MUTANTS = [
         "            info = fs.get_file_info(path)  # type: ignore[union-attr]",
         ("tests/test_storage.py",),
     ),
+    Mutant(
+        "empty-batch-share-cut-inside-a-document",
+        "a consumer with no token (fewer batches than consumers) gets an empty range inside a document",
+        "arrowstream/distributed/tokens.py",
+        "    if hi <= lo:  # fewer batches than consumers",
+        "    if False:  # fewer batches than consumers",
+        ("tests/test_exact_batches.py",),
+    ),
+    Mutant(
+        "concat-drop-last-counts-no-documents",
+        "concat's drop_last counts the tokens it drops but not the documents",
+        "arrowstream/pack/concat.py",
+        "                self.ledger.add(\"dropped_docs\", sum(_untouched(c, a) for c, a, _ in pieces))\n",
+        "",
+        ("tests/test_pack.py",),
+    ),
+    Mutant(
+        "not-utf8-unnamed",
+        "a document that is not UTF-8 escapes as a UnicodeDecodeError naming no file, row group or column",
+        "arrowstream/tokenize/text.py",
+        "        raise invalid_utf8(column, values, chunk, exc) from exc",
+        "        raise",
+        ("tests/test_errors.py",),
+    ),
 ]
 
 

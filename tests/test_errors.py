@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -57,6 +58,44 @@ def test_text_column_of_wrong_type_is_a_schema_error(tmp_path: Path, tokenizer: 
     write_parts(tmp_path, [{"text": [1, 2]}])
     with pytest.raises(SchemaError, match=r"`text` has type int64.*part-000.parquet"):
         read_parquet(tmp_path).tokenize(tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("values", "advice"),
+    [
+        (pa.array([b"a", b"b"], pa.large_binary()), "holds bytes, not text"),
+        (pa.array(["a", "b"]).dictionary_encode(), "dictionary-encoded"),
+        (pa.array([[1], [2]], pa.list_(pa.int32())), r"token ids use `\.tokenize\(None"),
+    ],
+)
+def test_a_text_column_of_another_type_says_what_to_do_with_it(
+    tmp_path: Path, tokenizer: Tokenizer, values: pa.Array, advice: str
+) -> None:
+    pq.write_table(pa.table({"text": values}), tmp_path / "part-000.parquet")
+    with pytest.raises(SchemaError, match=r"`text` has type .*part-000.parquet.*needs text \(string\); .*" + advice):
+        read_parquet(tmp_path).tokenize(tokenizer)
+
+
+def _not_utf8(tmp_path: Path) -> Path:
+    """A string column whose row 6 (row 1 of row group 1) holds a byte that is not UTF-8 (pyarrow writes it as is)."""
+    raw = [b"good text"] * 5 + [b"bad \xff bytes"] + [b"more words"] * 4
+    offsets = pa.py_buffer(np.cumsum([0] + [len(r) for r in raw]).astype(np.int32).tobytes())
+    values = pa.Array.from_buffers(pa.string(), len(raw), [None, offsets, pa.py_buffer(b"".join(raw))])
+    pq.write_table(pa.table({"text": values}), tmp_path / "part-000.parquet", row_group_size=4)
+    return tmp_path
+
+
+def test_text_that_is_not_utf8_names_file_row_group_column_and_row(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    from arrowstream.analysis import analyze
+
+    root = _not_utf8(tmp_path)
+    with pytest.raises(SchemaError, match=r"part-000\.parquet', row group 1, rows 0\.\.3: column `text` holds bytes "
+                       r"that are not UTF-8 text in row 1 \(byte 4 of the document: invalid start byte\)"):
+        list(read_parquet(root).tokenize(tokenizer).pack(seq_len=32, batch_size=1))
+    with pytest.raises(SchemaError, match=r"shuffle window over .*row group 1.*not UTF-8 text in document \d"):
+        list(read_parquet(root).shuffle(seed=1, window=2).tokenize(tokenizer).pack(seq_len=32, batch_size=1))
+    with pytest.raises(SchemaError, match=r"cannot measure column `text` of '.*part-000\.parquet'.*not UTF-8"):
+        analyze(root, tokenizer=tokenizer)
 
 
 def test_token_column_of_wrong_type_is_a_schema_error(tmp_path: Path) -> None:

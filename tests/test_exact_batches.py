@@ -99,6 +99,34 @@ def test_every_strategy_counts_exactly_and_drops_nothing(
     assert len(set(steps)) == 1  # every rank takes the same steps
 
 
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize(("world", "workers"), [(8, 1), (4, 2), (3, 3)])
+def test_fewer_batches_than_consumers_start_fresh_and_pad(tmp_path: Path, strategy: str, world: int, workers: int) -> None:
+    """An evaluation set smaller than the job: consumers with no token pad to the others' count, from a fresh start."""
+    from collections import Counter
+
+    docs = named_docs([20, 9, 14])  # 46 tokens with their EOS: 2 batches of 32 tokens at most
+    write_parts(tmp_path, [{"input_ids": pa.array(docs, pa.list_(pa.int32()))}], row_group_size=2)
+    ds = STRATEGIES[strategy](read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0))
+    seen: Counter = Counter()
+    steps = []
+    for rank in range(world):
+        steps.append(0)
+        for worker in range(workers):
+            it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
+            for batch in it:
+                steps[-1] += 1
+                seen.update(_emitted(batch))
+    assert seen == Counter(t for doc in docs for t in doc)  # every token once
+    assert len(set(steps)) == 1 and steps[0] >= 1  # every rank takes the same steps
+    empty = next(c for c in range(world * workers)  # a consumer with no document resumes too
+                 if ds.iter(rank=c // workers, world_size=world, worker=c % workers,
+                            num_workers=workers).state_dict()["work"]["segments"][0][1:3] == [0, 0])
+    assert assert_resumes_identically(
+        lambda: ds.iter(rank=empty // workers, world_size=world, worker=empty % workers, num_workers=workers)
+    ) >= 0
+
+
 def test_text_is_estimated(tmp_path: Path, tokenizer: Tokenizer) -> None:
     write_parts(tmp_path, [{"text": ["some words here"] * 30}], row_group_size=10)
     assert Plan.of(read_parquet(tmp_path).tokenize(tokenizer).pack(seq_len=16, batch_size=2)).token_counts is None

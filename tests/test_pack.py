@@ -157,6 +157,18 @@ def test_drop_last_drops_and_counts_the_tail(tmp_path: Path) -> None:
     assert stats["dropped_tokens"] == 4 and stats["tokens"] == 36 and stats["padding_tokens"] == 0
 
 
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+def test_drop_last_counts_every_document_it_drops_whole(tmp_path: Path, strategy: str) -> None:
+    docs = [[i + 1] * 3 for i in range(10)]  # 30 tokens: one batch of 16 goes out, the rest is dropped
+    write_parts(tmp_path, [{"input_ids": pa.array(docs, pa.list_(pa.int32()))}])
+    ds = read_parquet(tmp_path).tokenize(None, column="input_ids", add_eos=False)
+    it = ds.pack(seq_len=4, batch_size=4, drop_last=True, strategy=strategy).iter()
+    out = {int(t) for b in it for t in b["input_ids"].ravel() if t > 0}  # a document's id: it went out
+    stats = it.state_dict()["stats"]
+    assert stats["dropped_docs"] > 0 and len(out) + stats["dropped_docs"] == len(docs)
+    assert stats["tokens"] + stats["dropped_tokens"] == 30
+
+
 def test_batches_never_span_epochs(tmp_path: Path) -> None:
     write_parts(tmp_path, [{"input_ids": pa.array([[1, 2, 3, 4]], pa.list_(pa.int32()))}])
     batches = _stream(tmp_path, seq_len=3, batch_size=1, num_epochs=3)

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from arrowstream.errors import ConfigError
+from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.io.reader import ShardReader
 from arrowstream.tokenize.encoders import Encoder
 
@@ -72,7 +72,35 @@ def _length_counts(ds: Any, column: str, by: str | None, is_text: bool) -> pl.Da
         sources: Any = list(manifest.paths)
     else:  # polars reaches object stores by URI
         sources = [f"{manifest.filesystem.type_name}://{p}" for p in manifest.paths]
-    lf = pl.scan_parquet(sources, include_file_paths="__file", missing_columns="insert")
+    try:
+        frame = _count_lengths(pl.scan_parquet(sources, include_file_paths="__file", missing_columns="insert"),
+                               column, by, is_text)
+    except pl.exceptions.PolarsError as exc:
+        raise _named(exc, sources, column, by, is_text) from exc
+    if by == "file":  # relative paths read better than absolute ones
+        rel = dict(zip(sources, manifest.relpaths))
+        frame = frame.with_columns(pl.col("group").replace_strict(rel, default=pl.col("group")))
+    return frame
+
+
+def _named(exc: Exception, sources: list[str], column: str, by: str | None, is_text: bool) -> SchemaError:
+    """The error polars gave over all ``sources``, with the first file it comes from (each read again alone)."""
+    for source in sources:
+        try:
+            _count_lengths(pl.scan_parquet(source, include_file_paths="__file"), column, by, is_text)
+        except pl.exceptions.PolarsError as own:
+            exc = own
+            where = f" of {source!r}"
+            break
+    else:
+        where = ""
+    hint = (" (the column holds bytes that are not UTF-8 text: write the files again with the text as UTF-8)"
+            if "utf8" in str(exc).lower() or "utf-8" in str(exc).lower() else "")
+    return SchemaError(f"cannot measure column `{column}`{where}: polars could not read it: {exc}{hint}")
+
+
+def _count_lengths(lf: pl.LazyFrame, column: str, by: str | None, is_text: bool) -> pl.DataFrame:
+    """Documents per distinct length (and group) in ``lf``, with polars' streaming engine."""
     col = pl.col(column)
     if is_text:
         lengths = [col.str.len_chars().alias("chars"), col.str.len_bytes().alias("bytes")]
@@ -86,17 +114,13 @@ def _length_counts(ds: Any, column: str, by: str | None, is_text: bool) -> pl.Da
         group = [pl.col("__file").alias("group")]
     elif by is not None:
         group = [pl.col(by).cast(pl.String).alias("group")]
-    frame = (
+    return (
         lf.filter(keep)
         .select([*lengths, *group])
         .group_by([*keys, *(["group"] if group else [])])
         .agg(pl.len().alias("n"))
         .collect(engine="streaming")
     )
-    if by == "file":  # relative paths read better than absolute ones
-        rel = dict(zip(sources, manifest.relpaths))
-        frame = frame.with_columns(pl.col("group").replace_strict(rel, default=pl.col("group")))
-    return frame
 
 
 def _summary_row(name: str, counts: pl.DataFrame, key: str, seq_len: int | None) -> dict[str, Any]:

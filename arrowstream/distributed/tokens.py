@@ -375,6 +375,8 @@ def batch_share(layout: Layout, counts: TokenCounts, cut: BatchCut, consumer: in
     [[(0, 0, 3, 0, 0), (1, 0, 1, 0, 2)], [(1, 0, 5, 2, 0)], [(2, 0, 4, 0, 0)]]
     """
     lo, hi = int(cut.ends[consumer]), int(cut.ends[consumer + 1])
+    if hi <= lo:  # fewer batches than consumers: this one has no token (it pads to the others' count)
+        return [(consumer, 0, 0, 0, 0)]
     out: list[RowRange] = []
     for k in range(consumer, layout.num_streams):
         a, b = int(cut.starts[k]), int(cut.starts[k + 1])

@@ -278,6 +278,7 @@ class _ConcatRun(PackRun):
                 continue
             if got < need and self.p.drop_last and self.target is None:
                 self.ledger.add("dropped_tokens", got)
+                self.ledger.add("dropped_docs", sum(_untouched(c, a) for c, a, _ in pieces))
                 continue
             self.emitted += 1
             return self._layout(pieces, got, B)
@@ -317,12 +318,8 @@ class _ConcatRun(PackRun):
             if head is None or head.epoch > self.epoch:
                 return
             assert head.offsets is not None
-            starts = head.offsets[:-1]
             self.ledger.add("dropped_tokens", int(head.offsets[-1]) - self.cursor)
-            untouched = int((starts >= self.cursor).sum())
-            if head.head_skip and self.cursor == 0:
-                untouched -= 1  # its first tokens went out before a resume
-            self.ledger.add("dropped_docs", untouched)
+            self.ledger.add("dropped_docs", _untouched(head, self.cursor))
             self.cursor = int(head.offsets[-1])
 
     def _layout(self, pieces: list[tuple[Chunk, int, int]], got: int, B: int) -> Layout:
@@ -419,3 +416,12 @@ def _gather(
     masked = cut[0][0].mask is not None
     mask = np.concatenate([c.mask[a:b] for c, a, b in cut]) if masked else None  # type: ignore[index]
     return tokens, starts, ends, mask
+
+
+def _untouched(chunk: Chunk, cursor: int) -> int:
+    """How many of ``chunk``'s documents have no token before token ``cursor`` (none of theirs went out)."""
+    assert chunk.offsets is not None
+    untouched = int((chunk.offsets[:-1] >= cursor).sum())
+    if chunk.head_skip and cursor == 0:
+        untouched -= 1  # its first document's first tokens went out before a resume, or to another consumer
+    return untouched

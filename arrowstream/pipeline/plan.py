@@ -461,11 +461,11 @@ class Plan:
         """Name the file, row group and rows of ``chunk``, for error messages."""
         m = self.manifest
         if chunk.mixed:
+            shards = list(dict.fromkeys(chunk.mixed))  # each row group once, in the window's order
             groups = ", ".join(
-                f"{m.paths[int(m.shard_file[s])]!r} row group {int(m.shard_row_group[s])}"
-                for s in chunk.mixed[:4]
+                f"{m.paths[int(m.shard_file[s])]!r} row group {int(m.shard_row_group[s])}" for s in shards[:4]
             )
-            more = f" and {len(chunk.mixed) - 4} more" if len(chunk.mixed) > 4 else ""
+            more = f" and {len(shards) - 4} more" if len(shards) > 4 else ""
             return f"in a shuffle window over {groups}{more}"
         path = m.paths[int(m.shard_file[chunk.shard])]
         rows = f"{chunk.row_start}..{chunk.row_start + chunk.seq_end - chunk.seq_start - 1}"

@@ -46,6 +46,7 @@ from arrowstream.tokenize.encoders import (
 )
 from arrowstream.tokenize.known import known_tokens
 from arrowstream.tokenize.lengths import LengthIndex
+from arrowstream.tokenize.text import text_advice, texts_of
 from arrowstream.tokenize.slicing import SLICE_BYTES, TOKIE_SLICE_BYTES, slice_bounds, slice_budgets
 from arrowstream.tokenize.tokenizer import _special_tokens, check_tokenizer, find_eos_id
 
@@ -289,8 +290,7 @@ class Tokenize(Stage):
         if self.tokenizer is not None and not pa.types.is_string(dtype):
             raise SchemaError(
                 f"column `{self.column}` has type {dtype} (first file {manifest.paths[0]!r}) but "
-                "a tokenizer needs text (string); for a column of token ids use "
-                "`.tokenize(None, column=...)`"
+                f"a tokenizer needs text (string); {text_advice(dtype)}"
             )
         if self.tokenizer is None and not (
             pa.types.is_list(dtype) and pa.types.is_integer(dtype.value_type)
@@ -407,7 +407,7 @@ class Tokenize(Stage):
 
     def _encode(self, chunk: Chunk) -> Chunk:
         assert self.encoder is not None and chunk.batch is not None
-        flat, lens = self.encoder.encode(chunk.batch.column(self.column).to_pylist())
+        flat, lens = self.encoder.encode(texts_of(chunk, self.column))
         return self._finish(chunk, flat, lens)
 
     def _from_ids(self, chunk: Chunk, col: pa.Array) -> Chunk:
