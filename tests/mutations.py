@@ -1257,6 +1257,14 @@ MUTANTS = [
         "        raise",
         ("tests/test_errors.py",),
     ),
+    Mutant(
+        "float-bounds-prune",
+        "a floating-point column's bounds (NaN left out) rule row groups out",
+        "arrowstream/io/statistics.py",
+        "            if pa.types.is_floating(field.type):  # bounds leave NaN out",
+        "            if False:  # bounds leave NaN out",
+        ("tests/test_statistics.py",),
+    ),
 ]
 
 

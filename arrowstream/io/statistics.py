@@ -9,6 +9,11 @@ footer stated, and lets ``pyarrow.dataset`` decide which row groups an
 expression can match. pyarrow's own rules decide, so the verdict is the one
 it gives on the source files.
 
+Floating-point columns rule nothing out: Parquet's bounds leave NaN out
+(so does pyarrow's writer), and a filter true for NaN (``~(x > 0.5)``,
+``x != 1``) would otherwise lose the rows that hold one, as pyarrow's own
+``read_table(filters=...)`` does. Their filters still run on every row.
+
 String and binary bounds longer than :data:`BOUND_BYTES` are cut to a
 shorter bound that still holds (a prefix for the minimum, a prefix with its
 last character raised for the maximum), so a text column's statistics stay
@@ -70,6 +75,9 @@ class FileStatistics:
         known = np.zeros((rows, len(fields)), dtype=bool)
         columns = []
         for c, field in enumerate(fields):
+            if pa.types.is_floating(field.type):  # bounds leave NaN out: no bound holds for every row
+                columns.append(pa.nulls(3 * rows, type=field.type))
+                continue
             values: list[object] = []
             j = leaf[field.name]
             for r, group in enumerate(groups):
