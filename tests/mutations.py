@@ -1265,6 +1265,22 @@ MUTANTS = [
         "            if False:  # bounds leave NaN out",
         ("tests/test_statistics.py",),
     ),
+    Mutant(
+        "stage-output-unchecked",
+        "a stage that slices its batch without with_rows loses rows with no error and no count",
+        "arrowstream/core/execute.py",
+        "        return _in_step(stage, _located(stage, piece, where, lambda: stage.run(piece)), where)",
+        "        return _located(stage, piece, where, lambda: stage.run(piece))",
+        ("tests/test_stage.py",),
+    ),
+    Mutant(
+        "token-rate-sample-never-skips",
+        "with on_error='skip', the token-rate sample of estimated even batches raises on an unreadable row group",
+        "arrowstream/distributed/balance.py",
+        "                if skip_unreadable and exc.__cause__ is not None and skippable(exc.__cause__):",
+        "                if False:",
+        ("tests/test_skip.py",),
+    ),
 ]
 
 

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from arrowstream import SchemaError, ShardError, read_manifest, read_parquet
+from arrowstream import ConfigError, SchemaError, ShardError, read_manifest, read_parquet
 from arrowstream.io.manifest import normalize_type
 
 from .conftest import write_parts
@@ -144,6 +144,36 @@ def test_drift_in_a_column_nobody_reads_does_not_matter(tmp_path: Path, tokenize
     assert len(list(packed)) >= 1
     with pytest.raises(SchemaError, match="schema drift"):
         ds.tokenize(tokenizer, column="n")
+
+
+def test_types_that_hold_the_same_values_agree_and_read_as_the_widest(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    """Token ids as list<int32> here and list<int64> there; a column pandas wrote all-None (type null) beside text."""
+    pq.write_table(pa.table({"ids": pa.array([[1, 2, 3]] * 4, pa.list_(pa.int32())),
+                             "text": pa.nulls(4, pa.null())}), tmp_path / "a.parquet", row_group_size=2)
+    pq.write_table(pa.table({"ids": pa.array([[4, 5]] * 4, pa.list_(pa.int64())),
+                             "text": ["one two"] * 4}), tmp_path / "b.parquet", row_group_size=2)
+    m = read_manifest(tmp_path)
+    assert m.drift == {} and m.schema.field("ids").type == pa.list_(pa.int64())
+    assert m.schema.field("text").type == pa.string()
+    ids = read_parquet(tmp_path).shuffle(seed=1, window=4).tokenize(None, column="ids", eos_id=0)
+    batches = list(ids.pack(seq_len=4, batch_size=1).iter())  # 28 tokens with EOS: 7 rows of 4
+    assert len(batches) == 7 and sorted(int(t) for b in batches for t in b["input_ids"].ravel()) == sorted(
+        [1, 2, 3, 0] * 4 + [4, 5, 0] * 4)
+    it = read_parquet(tmp_path).shuffle(seed=1, window=4).tokenize(tokenizer).pack(seq_len=8, batch_size=1).iter()
+    list(it)
+    assert (it.stats["null"], it.stats["docs"]) == (4, 4)  # the all-None rows are nulls, counted
+    pq.write_table(pa.table({"ids": pa.array([["6"]], pa.list_(pa.string()))}), tmp_path / "c.parquet")
+    with pytest.raises(SchemaError, match=r"`ids` has type list<item: int64> in '.*b\.parquet' but list<item: string>"):
+        read_manifest(tmp_path, columns=["ids"])
+
+
+def test_a_column_only_a_later_file_has_is_named_with_both_files(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    pq.write_table(pa.table({"n": [1, 2]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"n": [3, 4], "text": ["a", "b"]}), tmp_path / "b.parquet")
+    with pytest.raises(SchemaError, match=r"`text` is in '.*b\.parquet' but missing from '.*a\.parquet'"):
+        read_parquet(tmp_path).tokenize(tokenizer)
+    with pytest.raises(ConfigError, match=r"`columns` should be a list of column names, got the string 'n': pass \['n'\]"):
+        read_parquet(tmp_path, columns="n")
 
 
 def test_selecting_columns_does_not_change_the_data_fingerprint(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 from arrowstream import ConfigError, DataLossWarning, ShardError, read_parquet
 from arrowstream.testing import assert_resumes_identically
 
-from .conftest import BASE, write_named_docs
+from .conftest import BASE, write_named_docs, write_parts
 
 LENGTHS = [int(n) for n in np.random.default_rng(2).integers(5, 60, size=60)]
 
@@ -114,3 +114,22 @@ def test_a_dataset_none_of_whose_row_groups_decode_is_an_error_not_an_empty_stre
     it = _pipeline(root, on_error="skip").iter()
     with pytest.warns(DataLossWarning, match=r"counting tokens skipped the unreadable row group \d of '.*part-00\d"):
         assert list(it) == []  # asked for: every row group skipped, and said (no share holds a token of them)
+
+
+def test_text_on_several_ranks_skips_too_estimated_batches_stay_even(tmp_path: Path, tokenizer: Any) -> None:
+    """The token-rate sample of estimated even batches reads row groups first: it leaves an unreadable one out too."""
+    texts = [f"document {i} " + "word " * (i % 17) for i in range(80)]
+    write_parts(tmp_path, [{"text": texts[:40]}, {"text": texts[40:]}], row_group_size=10)
+    _corrupt(tmp_path / "part-000.parquet", 0)  # the first row group: the sample's first pick
+    for strategy in ("concat", "best_fit"):
+        steps, unreadable, docs = [], 0, 0
+        for rank in range(2):
+            it = read_parquet(tmp_path, on_error="skip").tokenize(tokenizer).pack(
+                seq_len=32, batch_size=2, strategy=strategy).iter(rank=rank, world_size=2)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DataLossWarning)
+                steps.append(sum(1 for _ in it))
+            unreadable += it.stats["unreadable"]
+            docs += it.stats["docs"]
+        assert len(set(steps)) == 1 and steps[0] > 0 and (unreadable, docs) == (10, 70), strategy
+

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -9,7 +11,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from arrowstream import ConfigError, Stage, StateMismatchError, read_parquet
+from arrowstream import ConfigError, SchemaError, Stage, StateMismatchError, read_parquet
 from arrowstream.io.chunk import Chunk
 from arrowstream.testing import assert_resumes_identically
 
@@ -51,6 +53,29 @@ def test_a_piped_stage_filters_counts_and_resumes(text_dir: Callable[..., Path],
     other = read_parquet(root, num_epochs=2, batch_rows=4).pipe(DropMultiples(4)).tokenize(tokenizer)
     with pytest.raises(StateMismatchError, match="stages.0.k"):
         other.pack(seq_len=16, batch_size=2).iter(state)
+
+
+class Broken(DropMultiples):
+    """Slices its batch without ``with_rows`` (rows lost, uncounted), or raises an error of its own."""
+
+    name = "broken"
+
+    def run(self, piece: Chunk) -> Chunk:
+        assert piece.batch is not None
+        if self.k == 0:
+            raise ValueError("my own stage's error")
+        return dataclasses.replace(piece, batch=piece.batch.slice(0, 2))
+
+
+def test_a_stage_that_loses_rows_or_fails_is_named_with_where(text_dir: Callable[..., Path]) -> None:
+    root = text_dir()
+    with pytest.raises(SchemaError, match=r"part-000\.parquet', row group 0, rows 0\.\.3: stage `broken` gave 4 "
+                       r"documents \(`seq`\) but 2 rows in `batch`: .*`chunk\.with_rows\(keep, reason\)`"):
+        list(read_parquet(root, batch_rows=4).pipe(Broken(3)))
+    with pytest.raises(ValueError, match="my own stage's error") as info:  # its own type, kept
+        list(read_parquet(root, batch_rows=4).pipe(Broken(0)))
+    if sys.version_info >= (3, 11):
+        assert any("stage `broken` in '" in note and "row group 0" in note for note in info.value.__notes__)
 
 
 def test_pipe_takes_only_stages(text_dir: Callable[..., Path]) -> None:

@@ -8,8 +8,12 @@ thread pool busy between calls, where one call at a time leaves a core idle
 while the slowest document of a slice finishes. Output never depends on the
 pool: pieces are independent and their order is kept.
 
-Any error raised while splitting or running gets the file, row group and rows
-it happened in prepended, keeping its type.
+Any error of the library's raised while splitting or running gets the file,
+row group and rows it happened in prepended, keeping its type; another
+(raised by a stage of the user's own) keeps its message, with a note of
+where. Every chunk a stage gives back must keep its batch's rows, its
+documents and its token offsets in step: rows dropped without
+``Chunk.with_rows`` (which counts them) would be lost silently.
 """
 
 from __future__ import annotations
@@ -90,12 +94,13 @@ def _run_stage(
         for chunk in stream:
             pieces = _located(stage, chunk, where, lambda: list(stage.split(chunk, warm=warm)))
             warm += len(pieces)
-            yield from pieces
+            for piece in pieces:
+                yield _in_step(stage, piece, where)
 
     pieces = split_all()
 
     def run(piece: Chunk) -> Chunk:
-        return _located(stage, piece, where, lambda: stage.run(piece))
+        return _in_step(stage, _located(stage, piece, where, lambda: stage.run(piece)), where)
 
     if pool is None or not stage.expensive or in_flight < 2:
         return map(run, pieces)
@@ -109,3 +114,23 @@ def _located(stage: Stage, chunk: Chunk, where: Callable[[Chunk], str], call: Ca
         raise type(exc)(f"{where(chunk)}: {exc}") from exc
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
         raise SchemaError(f"{where(chunk)}: `{stage.name}` failed: {exc}") from exc
+    except Exception as exc:  # a stage of the user's own (`.pipe`): its error keeps its type, with a note of where
+        if hasattr(exc, "add_note"):  # Python 3.11 on
+            exc.add_note(f"arrowstream: raised by stage `{stage.name}` {where(chunk)}")
+        raise
+
+
+def _in_step(stage: Stage, chunk: Chunk, where: Callable[[Chunk], str]) -> Chunk:
+    """``chunk``, once its rows, documents and token offsets are checked to agree (a stage's own may not)."""
+    docs = chunk.num_docs
+    rows = None if chunk.batch is None else chunk.batch.num_rows
+    offsets = None if chunk.offsets is None else chunk.offsets.size - 1
+    if (rows is not None and rows != docs) or (offsets is not None and offsets != docs):
+        raise SchemaError(
+            f"{where(chunk)}: stage `{stage.name}` gave {docs} documents (`seq`) but "
+            f"{'' if rows is None else f'{rows} rows in `batch`'}"
+            f"{'' if rows is None or offsets is None else ' and '}"
+            f"{'' if offsets is None else f'{offsets} documents of tokens (`offsets`)'}: a stage keeps them in "
+            "step; to drop rows use `chunk.with_rows(keep, reason)`, which counts them"
+        )
+    return chunk

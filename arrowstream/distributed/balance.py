@@ -46,7 +46,9 @@ import numpy as np
 from arrowstream.core.execute import run_stages
 from arrowstream.core.stage import Stage
 from arrowstream.distributed.topology import RowRange
+from arrowstream.errors import ShardError
 from arrowstream.io.chunk import Chunk
+from arrowstream.io.failures import skippable
 from arrowstream.io.layout import Layout
 from arrowstream.io.manifest import Manifest
 from arrowstream.io.reader import ShardReader
@@ -107,6 +109,8 @@ def measure_sample(
     stages: Sequence[Stage],
     where: Callable[[Chunk], str],
     shard_bytes: np.ndarray,
+    *,
+    skip_unreadable: bool = False,
 ) -> Sample:
     """Run rows spread over ``shards`` through ``stages``; return the rows, bytes and lengths.
 
@@ -114,7 +118,9 @@ def measure_sample(
     shards, 1,024 rows in all, so a corpus whose parts differ (sources in
     turn, sorted files) is measured across them, not by its first row group;
     each sampled row group's own token rate is kept too (see
-    :func:`token_estimates`).
+    :func:`token_estimates`). With ``skip_unreadable`` (``on_error="skip"``)
+    a row group whose bytes do not decode is left out of the sample, as the
+    run leaves it out (and warns there).
     """
     reader = ShardReader(manifest, columns)
     rows_read, tokens, nbytes = 0, 0, 0.0
@@ -126,7 +132,12 @@ def measure_sample(
         for shard in shards[picks].tolist():
             total = int(manifest.shard_rows[shard])
             rows = min(per_shard, total)
-            table = reader.read(shard)
+            try:
+                table = reader.read(shard)
+            except ShardError as exc:
+                if skip_unreadable and exc.__cause__ is not None and skippable(exc.__cause__):
+                    continue
+                raise
             batch = table.slice(0, rows).combine_chunks().to_batches()[0]
             chunk = Chunk(
                 epoch=0, shard=shard, seq_start=0, seq_end=rows, row_start=0,

@@ -44,25 +44,43 @@ def check_schemas(
 ) -> tuple[pa.Schema, dict[str, str]]:
     """Return the schema of the selected columns and, for ``columns=None``, the drifted ones.
 
-    With explicit ``columns`` any difference is an error. With ``columns=None``
-    a column that is missing from a file or changes type is left out of the
-    schema and described in the returned dict; using it later is an error.
+    Types that hold the same values agree: integers of several widths read
+    as the widest (token ids written as ``list<int32>`` in one file and
+    ``list<int64>`` in another), and a column of type ``null`` (what pandas
+    writes for a column that is all ``None``) as the other files' type; the
+    reader casts each file's columns to it. With explicit ``columns`` any
+    other difference is an error. With ``columns=None`` (every column of any
+    file) a column that is missing from a file or changes type is left out of
+    the schema and described in the returned dict; using it later is an error.
     ``files`` have a ``path`` and a ``schema`` (the manifest's file records).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as File
+    >>> a = File(path="a.parquet", schema=pa.schema([("ids", pa.list_(pa.int32())), ("note", pa.null())]))
+    >>> b = File(path="b.parquet", schema=pa.schema([("ids", pa.list_(pa.int64())), ("note", pa.string())]))
+    >>> schema, drift = check_schemas([a, b], None)
+    >>> schema.types, drift
+    ([ListType(list<item: int64>), DataType(string)], {})
     """
+    if isinstance(columns, (str, bytes)):
+        raise ConfigError(f"`columns` should be a list of column names, got the string {columns!r}: pass [{columns!r}]")
     first = files[0]
-    names = list(columns) if columns is not None else list(first.schema.names)
-    if columns is not None and len(set(names)) != len(names):
-        raise ConfigError(f"`columns` lists a column twice: {names!r}")
+    if columns is not None:
+        names = list(columns)
+        if len(set(names)) != len(names):
+            raise ConfigError(f"`columns` lists a column twice: {names!r}")
+        for name in names:
+            if first.schema.get_field_index(name) < 0:
+                raise SchemaError(
+                    f"column `{name}` is missing from {first.path!r}; it has columns "
+                    f"{first.schema.names!r}: fix `columns=` or the data"
+                )
+    else:  # every column of any file, the first file's in its order
+        names = list(dict.fromkeys(name for info in files for name in info.schema.names))
     fields, drift = [], {}
     for name in names:
-        idx = first.schema.get_field_index(name)
-        if idx < 0:
-            raise SchemaError(
-                f"column `{name}` is missing from {first.path!r}; it has columns "
-                f"{first.schema.names!r}: fix `columns=` or the data"
-            )
-        field = pa.field(name, normalize_type(first.schema.field(idx).type))
-        problem = _drift(field, first, files[1:])
+        field, problem = _common_field(name, files)
         if problem is None:
             fields.append(field)
         elif columns is not None:
@@ -72,18 +90,56 @@ def check_schemas(
     return pa.schema(fields), drift
 
 
-def _drift(field: pa.Field, first: Any, others: Sequence[Any]) -> str | None:
-    for info in others:
-        idx = info.schema.get_field_index(field.name)
-        if idx < 0:
-            return (
-                f"column `{field.name}` is in {first.path!r} but missing from {info.path!r} "
-                "(schema drift): select common columns with `columns=` or fix the files"
-            )
-        other = normalize_type(info.schema.field(idx).type)
-        if other != field.type:
-            return (
-                f"column `{field.name}` has type {field.type} in {first.path!r} but {other} in "
+def _common_field(name: str, files: Sequence[Any]) -> tuple[pa.Field | None, str | None]:
+    """The type column ``name`` reads as in every file, or why there is none (missing from one, types that differ)."""
+    have = [info for info in files if info.schema.get_field_index(name) >= 0]
+    if len(have) < len(files):
+        missing = next(info for info in files if info.schema.get_field_index(name) < 0)
+        return None, (
+            f"column `{name}` is in {have[0].path!r} but missing from {missing.path!r} "
+            "(schema drift): select common columns with `columns=` or fix the files"
+        )
+    dtype, since = normalize_type(have[0].schema.field(name).type), have[0]
+    for info in have[1:]:
+        other = normalize_type(info.schema.field(name).type)
+        common = _common_type(dtype, other)
+        if common is None:
+            return None, (
+                f"column `{name}` has type {dtype} in {since.path!r} but {other} in "
                 f"{info.path!r} (schema drift): rewrite the files with one type"
             )
+        if common != dtype:
+            dtype, since = common, info
+    return pa.field(name, dtype), None
+
+
+def _common_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The type both ``a`` and ``b`` cast to without loss (``None`` when there is none).
+
+    Examples
+    --------
+    >>> _common_type(pa.int32(), pa.int64()), _common_type(pa.uint32(), pa.int16())
+    (DataType(int64), DataType(int64))
+    >>> _common_type(pa.null(), pa.string()), _common_type(pa.string(), pa.int64())
+    (DataType(string), None)
+    """
+    if a == b:
+        return a
+    if pa.types.is_null(a) or pa.types.is_null(b):
+        return b if pa.types.is_null(a) else a
+    if pa.types.is_integer(a) and pa.types.is_integer(b):
+        signed = pa.types.is_signed_integer(a) or pa.types.is_signed_integer(b)
+        bits = max(_bits(a, signed), _bits(b, signed))
+        if bits > 64:
+            return None  # uint64 beside a signed type: no integer type holds both
+        return {8: pa.int8(), 16: pa.int16(), 32: pa.int32(), 64: pa.int64()}[bits] if signed else {
+            8: pa.uint8(), 16: pa.uint16(), 32: pa.uint32(), 64: pa.uint64()}[bits]
+    if pa.types.is_list(a) and pa.types.is_list(b):
+        inner = _common_type(a.value_type, b.value_type)
+        return None if inner is None else pa.list_(inner)
     return None
+
+
+def _bits(dtype: pa.DataType, signed: bool) -> int:
+    """Bits a signed (``signed``) or unsigned integer type needs to hold every value of ``dtype``."""
+    return dtype.bit_width * 2 if signed and pa.types.is_unsigned_integer(dtype) else dtype.bit_width

@@ -437,7 +437,8 @@ class Plan:
         """Return the stages' output on a fixed sample of rows (see :mod:`~arrowstream.distributed.balance`)."""
         if self._sample is None:
             self._sample = measure_sample(
-                self.manifest, self.columns, self.shards, self.stages, self.where, self.read_bytes()
+                self.manifest, self.columns, self.shards, self.stages, self.where, self.read_bytes(),
+                skip_unreadable=self.skip_unreadable,
             )
         return self._sample
 
