@@ -23,6 +23,7 @@ from arrowstream.errors import (
     StateMismatchError,
 )
 from arrowstream.filter import Filter
+from arrowstream.io.chunk import Chunk
 from arrowstream.io.manifest import Manifest, Shard, read_manifest
 from arrowstream.io.manifest_file import merge_manifests, write_manifest
 from arrowstream.mixture import Mixture, MixtureIterator, PackedMixture, mix
@@ -43,6 +44,7 @@ __all__ = [
     "BucketPacker",
     "CacheError",
     "CacheWarning",
+    "Chunk",
     "ConcatPacker",
     "ConfigError",
     "DataLossWarning",

@@ -1281,6 +1281,38 @@ MUTANTS = [
         "                if False:",
         ("tests/test_skip.py",),
     ),
+    Mutant(
+        "producer-warns-in-its-own-thread",
+        "a warning of the prefetch thread names the thread's start, not the user's line",
+        "arrowstream/io/prefetch.py",
+        "    forward_warnings(outbox.append)  # warned again by the consumer, at the user's line\n",
+        "",
+        ("tests/test_prefetch.py", "tests/test_skip.py"),
+    ),
+    Mutant(
+        "pool-warns-in-its-own-thread",
+        "a warning of an encoder-pool thread names the thread's start, not the user's line",
+        "arrowstream/core/execute.py",
+        "    forward_warnings(sink)\n    try:\n        return fn(item)",
+        "    try:\n        return fn(item)",
+        ("tests/test_prefetch.py",),
+    ),
+    Mutant(
+        "integer-widths-drift",
+        "token ids written as list<int32> in one file and list<int64> in another are refused as drift",
+        "arrowstream/io/schema.py",
+        "        common = _common_type(dtype, other)",
+        "        common = dtype if dtype == other else None",
+        ("tests/test_manifest.py",),
+    ),
+    Mutant(
+        "closed-iterator-starts-again",
+        "next() on a closed iterator fails instead of ending the stream",
+        "arrowstream/pipeline/iterator.py",
+        "        if self._closed:  # as a closed generator: the stream has ended\n            raise StopIteration\n",
+        "",
+        ("tests/test_state.py",),
+    ),
 ]
 
 

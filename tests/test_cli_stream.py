@@ -119,7 +119,7 @@ def test_stream_continues_on_data_with_files_added_when_told(
         (["--max-batches", "0"], "--max-batches: must be a whole number of at least 1, got '0'"),
         (["--max-batches", "-3"], "--max-batches: must be a whole number of at least 1, got '-3'"),
         (["--num-epochs", "2", "--endless"], "--endless: not allowed with argument --num-epochs"),
-        (["--filter", "len(text) > 3"], "--filter 'len(text) > 3': `len(text)` (column 1) compares no column"),
+        (["--filter", "len(text) > 3"], "--filter 'len(text) > 3': `len(text)` (at character 1) compares no column"),
         (["--filter", "n >"], "--filter 'n >': invalid syntax"),
         (["--strategy", "best_fit", "--seq-len", "-"], "--seq-len: must be a whole number"),
         (["--rank", "2", "--world-size", "2"], "--rank must be in 0..1"),
@@ -266,7 +266,7 @@ def test_errors_and_warnings_speak_in_flags(
     err = capsys.readouterr().err
     assert "--seq-len was 16, now 32" in err and "--shuffle was None" in err and not _python_words(err), err
     for command, message in [
-        ([*common, "--column", "n"], "this command tokenizes text: pass a text column with --column"),
+        ([*common, "--column", "n"], "needs text (string); pass the name of a text column with --column"),
         ([*common, "--filter", "n > 'a'"], "compare each column with a value of its type"),
         (["analyze", str(root), "--json", str(tmp_path / "file" / "x.json")], "is a file, not a directory"),
     ]:
@@ -362,6 +362,18 @@ def test_a_mixture_file_streams_and_reports_from_the_command_line(
     for _ in range(30):
         next(it)
     assert json.loads(state.read_text())["stats"] == it.state_dict()["stats"]
+    # other weights: refused in the command line's words; with "reweight": true, the run goes on from there
+    (tmp_path / "other.json").write_text(json.dumps({**spec, "weights": {"low": 1, "high": 1}, "num_tokens": 16 * 4 * 40}))
+    other = ["stream", "--mixture", str(tmp_path / "other.json"), *common[3:], "--resume", str(state)]
+    assert main(other) == 2
+    err = capsys.readouterr().err
+    assert "another mixture: the weights (`weights` in the mixture file) was [[0, [3, 1]]], now [[0, [1, 1]]]" in err
+    assert 'set `"reweight": true` in the mixture file to go on' in err and "reweight=True" not in err
+    (tmp_path / "other.json").write_text(json.dumps(
+        {**spec, "weights": {"low": 1, "high": 1}, "num_tokens": 16 * 4 * 40, "reweight": True}))
+    assert main(other) == 0 and "10 batches" in capsys.readouterr().out  # steps 30..39 of the new budget
+    (tmp_path / "other.json").write_text(json.dumps({**spec, "reweight": "yes"}))
+    assert main(other) == 2 and "`reweight` should be true or false, got 'yes'" in capsys.readouterr().err
     for extra, message in [
         (["--filter", "n > 1"], "--filter (give each source's `filter` in the file) does not apply to --mixture"),
         ([str(root)], "give PATH or --mixture FILE, not both"),

@@ -78,3 +78,39 @@ def test_close_from_the_producer_thread_stops_it_without_joining_itself() -> Non
     p._thread.join(timeout=10)
     assert errors == [] and not p._thread.is_alive()
     assert list(p) == []  # closed: nothing more
+
+
+def test_warnings_of_the_producer_and_pool_threads_name_the_consumers_line() -> None:
+    """A warning raised in a library thread is warned again in the consumer's, at the user's line, in order."""
+    import sys
+    import warnings
+    from concurrent.futures import ThreadPoolExecutor
+
+    from arrowstream.core.execute import ordered_map
+    from arrowstream.errors import DataLossWarning, warn_user
+
+    def items():
+        for i in range(3):
+            warn_user(f"item {i}", DataLossWarning)
+            yield i
+
+    def square(x: int) -> int:
+        warn_user(f"square {x}", DataLossWarning)
+        return x * x
+
+    lines = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lines.append(sys._getframe().f_lineno + 1)
+        assert list(Prefetcher(items, depth=1)) == [0, 1, 2]
+        with ThreadPoolExecutor(2) as pool:
+            lines.append(sys._getframe().f_lineno + 1)
+            assert list(ordered_map(pool, square, range(3), in_flight=2)) == [0, 1, 4]
+        with ThreadPoolExecutor(2) as pool:  # a pool run from a producer thread: its warnings go the same way
+            lines.append(sys._getframe().f_lineno + 1)
+            assert list(Prefetcher(lambda: ordered_map(pool, square, range(2), in_flight=2))) == [0, 1]
+    assert [(str(w.message), w.filename, w.lineno) for w in caught] == [
+        *[(f"item {i}", __file__, lines[0]) for i in range(3)],
+        *[(f"square {i}", __file__, lines[1]) for i in range(3)],
+        *[(f"square {i}", __file__, lines[2]) for i in range(2)],
+    ]

@@ -100,3 +100,18 @@ def test_a_malformed_envelope_names_the_field() -> None:
     ]:
         with pytest.raises(StateError, match=match):
             State.from_dict({**good, key: value})
+
+
+def test_a_closed_iterator_ends_keeps_its_position_and_starts_again_from_a_state() -> None:
+    from arrowstream.testing import example_dir
+
+    ds = read_parquet(example_dir(), num_epochs=2).tokenize(None, column="ids", eos_id=0).pack(seq_len=4, batch_size=2)
+    reference = [b["input_ids"].tobytes() for b in ds.iter()]
+    it = ds.iter()
+    next(it)
+    state = json.loads(json.dumps(it.state_dict()))
+    it.close()
+    assert list(it) == [] and it.state_dict()["position"] == state["position"]  # ended, as a closed generator
+    it.close()  # twice is fine
+    it.load_state_dict(state)
+    assert [b["input_ids"].tobytes() for b in it] == reference[1:]

@@ -62,7 +62,7 @@ def parse_filter(text: str) -> pc.Expression:
     >>> parse_filter("len(text) > 3")
     Traceback (most recent call last):
     ...
-    arrowstream.cli.expressions.FilterSyntaxError: `len(text)` (column 1) compares no column: ...
+    arrowstream.cli.expressions.FilterSyntaxError: `len(text)` (at character 1) compares no column: ...
     """
     try:
         tree = ast.parse(text.strip(), mode="eval")
@@ -74,7 +74,7 @@ def parse_filter(text: str) -> pc.Expression:
 
 
 def _where(node: ast.AST, text: str) -> str:
-    return f"`{ast.get_source_segment(text.strip(), node)}` (column {getattr(node, 'col_offset', 0) + 1})"
+    return f"`{ast.get_source_segment(text.strip(), node)}` (at character {getattr(node, 'col_offset', 0) + 1})"
 
 
 def _condition(node: ast.AST, text: str) -> pc.Expression:

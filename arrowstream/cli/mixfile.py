@@ -35,7 +35,7 @@ from arrowstream.pipeline.dataset import read_parquet
 
 __all__ = ["load_mixture"]
 
-_KEYS = {"sources", "weights", "seed", "max_epochs", "num_tokens"}
+_KEYS = {"sources", "weights", "seed", "max_epochs", "num_tokens", "reweight"}
 _SOURCE_KEYS = {"path", "column", "filter", "manifest"}
 
 
@@ -87,8 +87,11 @@ def load_mixture(
     weights = spec["weights"]
     if isinstance(weights, list):
         weights = [tuple(stage) if isinstance(stage, list) else stage for stage in weights]
+    reweight = spec.get("reweight", False)
+    if not isinstance(reweight, bool):
+        raise UsageError(f"{where}: `reweight` should be true or false, got {reweight!r}")
     try:
-        mixture = mix(sources, weights, seed=spec.get("seed", 0), max_epochs=spec.get("max_epochs"))
+        mixture = mix(sources, weights, seed=spec.get("seed", 0), max_epochs=spec.get("max_epochs"), reweight=reweight)
     except ArrowStreamError as exc:
         raise UsageError(f"{where}: {exc}") from exc
     budget = spec.get("num_tokens")

@@ -47,6 +47,7 @@ _WORDS: dict[str, tuple[tuple[str, str], ...]] = {
         ("select common columns with `columns=` or fix the files", "fix the files"),
         ("add the columns it uses to `columns=` or fix the expression", "fix the column names in --filter"),
         ("for a column of token ids use `.tokenize(None, column=...)`", "this command tokenizes text: pass a text column with --column"),
+        ("pass the name of a text column with `column=`", "pass the name of a text column with --column"),
         (
             "(rank x DataLoader worker): load the state saved by this consumer",
             "(--rank and --world-size): pass the --rank and --world-size the state was saved with",
@@ -73,6 +74,21 @@ _OPTION_FLAGS = (
 )
 
 
+#: A mixture's options (as a state mismatch names them) and what sets them on the command line.
+_MIXTURE_FLAGS = (
+    (r"`seq_len`", "--seq-len"),
+    (r"`batch_size`", "--batch-size"),
+    (r"`strategy`", "--strategy"),
+    (r"`window`", "--window"),
+    (r"`stages`", "the weights (`weights` in the mixture file)"),
+    (r"`sources`", "the sources (`sources` in the mixture file)"),
+    (r"`seed`", "the seed (`seed` in the mixture file)"),
+    (r"`max_epochs`", "`max_epochs` in the mixture file"),
+    (r"Build the mixture with the saved sources and weights", "Use the mixture file and flags the state was saved with"),
+    (r"pass reweight=True to mix\(\)", 'set `"reweight": true` in the mixture file'),
+)
+
+
 def as_flags(message: str, command: str | None) -> str:
     """Return ``message`` with the library's Python advice in the flags of ``command``.
 
@@ -85,7 +101,8 @@ def as_flags(message: str, command: str | None) -> str:
         for python, flags in table:
             message = message.replace(python, flags)
     if command == "stream":
-        for pattern, flag in _OPTION_FLAGS:
+        flags = _MIXTURE_FLAGS if "another mixture" in message else _OPTION_FLAGS
+        for pattern, flag in flags:
             message = re.sub(pattern, flag, message)
     return message
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from arrowstream.core.stage import Stage
-from arrowstream.errors import ArrowStreamError, SchemaError
+from arrowstream.errors import ArrowStreamError, SchemaError, Sink, forward_warnings, warn_user, warnings_sink
 from arrowstream.io.chunk import Chunk
 
 __all__ = ["ordered_map", "run_stages"]
@@ -54,17 +54,35 @@ def ordered_map(
     """
     pending: deque[Future[R]] = deque()
     done = 0
+    outbox: deque[Any] = deque()  # the pool's warnings, warned here (or sent where this thread's go)
+    sink = warnings_sink() or outbox.append
+
+    def result() -> R:
+        out = pending.popleft().result()
+        while outbox:
+            warn_user(*outbox.popleft())
+        return out
+
     try:
         for item in items:
-            pending.append(pool.submit(fn, item))
+            pending.append(pool.submit(_warning_to, sink, fn, item))
             if len(pending) >= min(in_flight, done + 1):
-                yield pending.popleft().result()
+                yield result()
                 done += 1
         while pending:
-            yield pending.popleft().result()
+            yield result()
     finally:
         for future in pending:
             future.cancel()
+
+
+def _warning_to(sink: Sink | None, fn: Callable[[T], R], item: T) -> R:
+    """``fn(item)`` in a pool thread, its warnings sent to ``sink`` (that of the thread that submitted it)."""
+    forward_warnings(sink)
+    try:
+        return fn(item)
+    finally:
+        forward_warnings(None)
 
 
 def run_stages(

@@ -15,7 +15,6 @@ Stages hold no per-iterator state, so a resume needs nothing from them.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from arrowstream.errors import DataLossWarning, ShardError
+from arrowstream.errors import DataLossWarning, ShardError, warn_user
 from arrowstream.io.chunk import Chunk
 from arrowstream.io.failures import skippable
 from arrowstream.io.manifest import Manifest
@@ -69,11 +68,10 @@ class KnownTokens:
                 if shard not in warned:
                     warned.add(shard)
                     info = manifest.shard(shard)
-                    warnings.warn(
+                    warn_user(
                         f"counting tokens skipped the unreadable row group {info.row_group} of {info.path!r} "
                         f"({info.num_rows:,} rows: no token), as on_error='skip' asks: {exc.__cause__}",
                         DataLossWarning,
-                        stacklevel=2,
                     )
                 return np.zeros(int(manifest.shard_rows[shard]), dtype=np.int64)
 

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import atexit
 import queue
+from collections import deque
 import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from arrowstream.errors import forward_warnings, warn_user
 
 __all__ = ["AHEAD_BYTES", "AHEAD_MOST", "Prefetcher", "close_all", "depth_for"]
 
@@ -53,7 +56,10 @@ def _put(q: queue.Queue[object], stop: threading.Event, item: object) -> bool:
     return False
 
 
-def _produce(make: Callable[[], Iterator[T]], q: queue.Queue[object], stop: threading.Event) -> None:
+def _produce(
+    make: Callable[[], Iterator[T]], q: queue.Queue[object], stop: threading.Event, outbox: deque[Any]
+) -> None:
+    forward_warnings(outbox.append)  # warned again by the consumer, at the user's line
     try:
         try:
             for item in make():
@@ -108,13 +114,14 @@ class Prefetcher(Generic[T]):
 
     def __init__(self, make: Callable[[], Iterator[T]], *, depth: int = 2) -> None:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max(1, depth))
+        self._warnings: deque[Any] = deque()  # the producer's, warned in the consumer's thread
         self._stop = threading.Event()
         self._finished = False
         # The thread must not reference ``self``: an abandoned prefetcher is then
         # collected, and the finalizer stops its thread.
         self._thread = threading.Thread(
             target=_produce,
-            args=(make, self._queue, self._stop),
+            args=(make, self._queue, self._stop, self._warnings),
             name="arrowstream-prefetch",
             daemon=True,
         )
@@ -137,6 +144,8 @@ class Prefetcher(Generic[T]):
             self._started = True
             self._thread.start()
         item = self._queue.get()
+        while self._warnings:
+            warn_user(*self._warnings.popleft())
         if item is _DONE:
             self._finished = True
             raise StopIteration

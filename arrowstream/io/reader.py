@@ -9,7 +9,6 @@ cheap to create and never pickled.
 
 from __future__ import annotations
 
-import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -18,7 +17,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from arrowstream.errors import DataLossWarning, SchemaError, ShardError
+from arrowstream.errors import DataLossWarning, SchemaError, ShardError, warn_user
 from arrowstream.io.failures import error_text, pause, refused, retry_settings, skippable, transient
 from arrowstream.io.manifest import Manifest
 
@@ -31,11 +30,10 @@ def warn_skipped(manifest: Manifest, shard: int, unreadable: dict[int, str], war
     if shard in unreadable and shard not in warned:
         warned.add(shard)
         info = manifest.shard(shard)
-        warnings.warn(
+        warn_user(
             f"skipped the unreadable row group {info.row_group} of {info.path!r} ({info.num_rows:,} rows, "
             f"counted as `unreadable`), as on_error='skip' asks: {unreadable[shard]}",
             DataLossWarning,
-            stacklevel=4,
         )
 
 

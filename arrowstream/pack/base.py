@@ -13,7 +13,6 @@ and :mod:`~arrowstream.pack.bucket`.
 from __future__ import annotations
 
 import copy
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from arrowstream.checks import check_int
-from arrowstream.errors import ConfigError, DataLossWarning
+from arrowstream.errors import ConfigError, DataLossWarning, warn_user
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack.assemble import BATCH_KEYS
 from arrowstream.state import Position
@@ -43,7 +42,7 @@ def drop_at_target(ledger: Ledger, epoch: int, drop: Callable[[], None]) -> None
     docs = ledger.counts.get("dropped_docs", 0) - docs
     tokens = ledger.counts.get("dropped_tokens", 0) - tokens
     if docs or tokens:
-        warnings.warn(
+        warn_user(
             DataLossWarning(
                 f"this consumer reached its estimated batch count for epoch {epoch} with data left "
                 "that it cannot carry into a later epoch (the last epoch, or even_batches='drop'): "
@@ -53,7 +52,6 @@ def drop_at_target(ledger: Ledger, epoch: int, drop: Callable[[], None]) -> None
                 "token cache, and no filter; `ds.balance` says which applies), or pass "
                 "even_batches=False"
             ),
-            stacklevel=3,
         )
 
 

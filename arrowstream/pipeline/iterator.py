@@ -151,6 +151,7 @@ class DatasetIterator:
         self._run: PackRun | None = None
         self._saved = saved
         self._started = False
+        self._closed = False  # a state loaded after close() starts it again
         if saved is not None:  # what a loaded state implies is checked at the call that loads it
             self._start()
 
@@ -339,6 +340,8 @@ class DatasetIterator:
         return self
 
     def __next__(self) -> Any:
+        if self._closed:  # as a closed generator: the stream has ended
+            raise StopIteration
         if not self._started:
             self._start()
         assert self._chunks is not None
@@ -393,7 +396,12 @@ class DatasetIterator:
         return self._run
 
     def close(self) -> None:
-        """Release open files."""
+        """Release open files and threads; the stream then ends, as a closed generator's does.
+
+        ``state_dict()`` still gives the position reached; ``load_state_dict``
+        starts the iterator again from a state.
+        """
+        self._closed = True
         if self._chunks is not None:
             self._chunks.close()
             self._chunks = None

@@ -48,7 +48,7 @@ from arrowstream.tokenize.known import known_tokens
 from arrowstream.tokenize.lengths import LengthIndex
 from arrowstream.tokenize.text import text_advice, texts_of
 from arrowstream.tokenize.slicing import SLICE_BYTES, TOKIE_SLICE_BYTES, slice_bounds, slice_budgets
-from arrowstream.tokenize.tokenizer import _special_tokens, check_tokenizer, find_eos_id
+from arrowstream.tokenize.tokenizer import check_tokenizer, find_eos_id, no_eos_message
 
 __all__ = ["Tokenize", "check_tokenizer", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
 
@@ -184,13 +184,7 @@ class Tokenize(Stage):
             named = getattr(tokenizer, "eos_token_id", None) if tokenizer is not self.tokenizer else None
             eos_id = named if isinstance(named, int) else find_eos_id(self.tokenizer)
         if add_eos and eos_id is None:
-            found = "" if self.tokenizer is None else (
-                f" among the tokenizer's special tokens {sorted(_special_tokens(self.tokenizer))!r}"
-            )
-            raise ConfigError(
-                f"`add_eos=True` needs an EOS id and none was found{found}: pass `eos_id=` "
-                "(for example `tokenizer.token_to_id('<|endoftext|>')`) or `add_eos=False`"
-            )
+            raise ConfigError(no_eos_message(self.tokenizer, column))
         if eos_id is not None and (
             isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer))
             or not 0 <= int(eos_id) <= _INT32_MAX

@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import tempfile
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from arrowstream.errors import CacheError, CacheWarning
+from arrowstream.errors import CacheError, CacheWarning, warn_user
 from arrowstream.io.manifest import Manifest
 from arrowstream.io.reader import ShardReader
 
@@ -195,9 +194,8 @@ class TokenCache:
                 f"token cache entry {str(path)!r} does not match the data: {why}; rebuild the cache "
                 "(`arrowstream cache ...`) or delete the entry"
             )
-        warnings.warn(
+        warn_user(
             CacheWarning(f"token cache entry {str(path)!r} is stale ({why}): tokenizing again"),
-            stacklevel=4,
         )
         return None
 
@@ -223,13 +221,12 @@ class TokenCache:
                 self.write(manifest, shard, ids)
             except OSError as exc:  # a full disk, a file-size limit, no permission: train on, uncached
                 self.writable = False
-                warnings.warn(
+                warn_user(
                     CacheWarning(
                         f"cannot write to the token cache {str(self.dir)!r} ({exc.strerror or exc}): "
                         "tokenizing without keeping the ids from now on (the output is the same); "
                         "free space or fix the permissions, or pass cache_write=False"
                     ),
-                    stacklevel=4,
                 )
         return ids
 

@@ -55,7 +55,6 @@ import hashlib
 import json
 import os
 import threading
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -66,7 +65,7 @@ import tokenizers
 from tokenizers import Tokenizer
 
 from arrowstream.checks import check_int
-from arrowstream.errors import ConfigError, EncoderFallbackWarning
+from arrowstream.errors import ConfigError, EncoderFallbackWarning, warn_user
 from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible
 from arrowstream.tokenize.fast import (
     _convert,
@@ -449,9 +448,8 @@ class Encoder(DocumentSample):
 
 
 def _warn(message: str) -> None:
-    warnings.warn(
+    warn_user(
         f"{message}; ids stay exact. Force a backend with `Encoder(tokenizer, backend=...)` and "
         "pass it to `.tokenize(...)`",
         EncoderFallbackWarning,
-        stacklevel=4,
     )

@@ -33,7 +33,6 @@ import os
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from arrowstream.errors import CacheError, CacheWarning
+from arrowstream.errors import CacheError, CacheWarning, warn_user
 from arrowstream.io.manifest import Manifest, resolve_filesystem
 from arrowstream.io.reader import ShardReader
 
@@ -155,7 +154,7 @@ class LengthIndex:
             message = f"cannot look for a length index in {self.dir!r}: {exc}"
             if self.explicit:
                 raise CacheError(f"{message}; check the path and the storage's credentials") from exc
-            warnings.warn(CacheWarning(f"{message}: even batches are estimated"), stacklevel=4)
+            warn_user(CacheWarning(f"{message}: even batches are estimated"))
             return False
 
     # -- reading ------------------------------------------------------------------------
@@ -200,9 +199,8 @@ class LengthIndex:
         message = f"length index entry {path!r} does not match the data: {why}"
         if self.explicit:
             raise CacheError(f"{message}; rebuild it with `arrowstream index` or delete the entry")
-        warnings.warn(
+        warn_user(
             CacheWarning(f"{message}: even batches are estimated; rebuild it with `arrowstream index`"),
-            stacklevel=5,
         )
         return None
 

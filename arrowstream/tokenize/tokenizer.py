@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from arrowstream.errors import ConfigError
 
-__all__ = ["check_tokenizer", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
+__all__ = ["check_tokenizer", "find_eos_id", "load_tokenizer", "no_eos_message", "tokenizer_hash"]
 
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
 
@@ -187,3 +187,25 @@ def _load_tokenizer(tokenizer: Tokenizer | str | os.PathLike[str] | Any, *, shar
         "`tokenizer` must be a tokenizers.Tokenizer, a transformers fast tokenizer, a path to a "
         f"tokenizer.json, or None for a column of token ids; got {type(tokenizer).__name__!r}"
     )
+
+
+def no_eos_message(tokenizer: Tokenizer | None, column: str) -> str:
+    """What to do when ``add_eos=True`` finds no EOS id (``tokenizer=None``: the column must hold token ids).
+
+    Examples
+    --------
+    >>> print(no_eos_message(None, "text"))  # doctest: +ELLIPSIS
+    `add_eos=True` needs an EOS id: with `tokenizer=None` column `text` must hold token ids, and `eos_id=` ...
+    """
+    if tokenizer is None:
+        return (
+            f"`add_eos=True` needs an EOS id: with `tokenizer=None` column `{column}` must hold token ids, "
+            "and `eos_id=` the id of the end-of-text token that tokenized them (or `add_eos=False` when "
+            "they already end with it); to tokenize text, pass a tokenizer"
+        )
+    return (
+        "`add_eos=True` needs an EOS id and none was found among the tokenizer's special tokens "
+        f"{sorted(_special_tokens(tokenizer))!r}: pass `eos_id=` "
+        "(for example `tokenizer.token_to_id('<|endoftext|>')`) or `add_eos=False`"
+    )
+

@@ -24,14 +24,13 @@ from __future__ import annotations
 import json
 import os
 import threading
-import warnings
 from pathlib import Path
 from typing import Any
 
 import tiktoken
 import tokenizers
 
-from arrowstream.errors import EncoderFallbackWarning
+from arrowstream.errors import EncoderFallbackWarning, warn_user
 
 __all__ = ["CACHE_ENV", "default_verdict_dir"]
 
@@ -108,11 +107,10 @@ def _store_verdict(key: str, verdict: dict[str, Any], cache_dir: Path | None) ->
         tmp.write_text(json.dumps(verdict, indent=1), encoding="utf-8")
         os.replace(tmp, cache_dir / f"{key}.json")
     except OSError as exc:  # a cache that cannot be written costs time, not correctness
-        warnings.warn(
+        warn_user(
             f"cannot write the encoder check cache in {str(cache_dir)!r}: {exc}; the checks run "
             "again next time: pass a writable `cache_dir` or None",
             EncoderFallbackWarning,
-            stacklevel=5,
         )
 
 
