@@ -5,7 +5,7 @@ and iterate. Every iterator has ``state_dict()`` / ``load_state_dict()``.
 :func:`analyze` shows the data's lengths and what each batching strategy costs.
 """
 
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 from arrowstream.checkpoint import load_state, save_state
 from arrowstream.core.stage import Stage
@@ -80,11 +80,11 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from arrowstream.analysis import Analysis, analyze
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     # The analysis (polars, the report) loads on first use: a training job never pays for it.
     if name in ("Analysis", "analyze"):
         from arrowstream import analysis

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
@@ -405,3 +406,19 @@ def test_a_mixture_file_streams_and_reports_from_the_command_line(
     (tmp_path / "bad.json").write_text(json.dumps({**spec, "weight": 1}))
     assert main(["stream", "--mixture", str(tmp_path / "bad.json"), *common[3:]]) == 2
     assert "unknown key(s) ['weight']" in capsys.readouterr().err
+
+
+def test_a_run_with_no_batch_says_why(tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pq.write_table(pa.table({"text": ["hello world there", "another small doc"]}), tmp_path / "a.parquet")
+    common = ["stream", str(tmp_path), "--tokenizer", str(tokenizer_path), "--seq-len", "8", "--batch-size", "1"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # the drop's DataLossWarning, printed by the command in its words
+        assert main([*common, "--rank", "0", "--world-size", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert "warning: this consumer reached its estimated batch count" in err and "`arrowstream inspect PATH" in err
+    assert "hint: no batch came out: the documents this rank read were dropped at its estimated batch count" in out
+    assert "--world-size 3" in out and "even_batches=False" not in out + err and "ds.balance" not in out + err
+    assert main([*common, "--rank", "1", "--world-size", "3"]) == 0
+    assert "hint: no batch came out: this rank read no row" in capsys.readouterr().out
+    assert main([*common, "--filter", "text == 'nothing like it'"]) == 0
+    assert "hint: no batch came out: this rank read no row" in capsys.readouterr().out  # pruned by the statistics

@@ -316,3 +316,23 @@ def test_a_path_the_filesystem_cannot_look_up_is_a_shard_error_naming_it() -> No
 
     with pytest.raises(ShardError, match=r"cannot look up '/data/a\\x00b'.*check the path"):
         read_parquet("/data/a\x00b")  # pyarrow refuses the path itself (ArrowInvalid before)
+
+
+def test_a_hand_changed_hash_a_mixture_state_and_no_list_are_named(tmp_path: Path) -> None:
+    from arrowstream import merge_states, mix
+    from arrowstream.testing import example_dir
+
+    ids = read_parquet(example_dir()).tokenize(None, column="ids", eos_id=0)
+    ds = ids.pack(seq_len=4, batch_size=2)
+    it = ds.iter()
+    next(it)
+    state = it.state_dict()
+    with pytest.raises(StateError, match=r"`options_hash` is None but its options, the same as this pipeline's, hash"):
+        ds.iter({k: v for k, v in state.items() if k != "options_hash"})
+    mixed = mix({"a": ids, "b": ids}, {"a": 1, "b": 1}).pack(seq_len=4, batch_size=2).iter()
+    next(mixed)
+    with pytest.raises(StateError, match=r"this is a mixture's state \(kind 'mixture', from `mix\(\.\.\.\)`\)"):
+        ds.iter(mixed.state_dict())
+    for wrong in (None, state):
+        with pytest.raises(StateError, match=r"`merge_states` takes a list of states"):
+            merge_states(wrong)  # type: ignore[arg-type]

@@ -260,7 +260,22 @@ def run(args: argparse.Namespace) -> int:
             f"hint: nothing was left to stream: the state is at the end of its run of {args.num_epochs} "
             "epoch(s); raise --num-epochs to go on, or start without --resume"
             if state is not None
-            else "hint: no batch came out: the filter kept no document, or the data has no text"
+            else f"hint: no batch came out: {_why_none(final['stats'], args)}"
         )
     return 0
+
+
+def _why_none(stats: dict[str, int], args: argparse.Namespace) -> str:
+    """Why a fresh run gave no batch, from its counters."""
+    if stats.get("rows", 0) == 0:
+        return "this rank read no row (more ranks than the data's row groups can feed, or every row group pruned)"
+    if stats.get("dropped_tokens", 0) or stats.get("dropped_docs", 0):
+        return (
+            f"the documents this rank read were dropped at its estimated batch count ({stats.get('dropped_docs', 0):,} "
+            f"documents, {stats.get('dropped_tokens', 0):,} tokens; see the warning): the data is small for "
+            f"--world-size {args.world_size} (`arrowstream inspect PATH --tokenizer T` says how batch counts are made equal)"
+        )
+    if stats.get("filtered", 0) and not stats.get("docs", 0):
+        return "the filter kept no document"
+    return "no document had text (counted as null or empty)"
 

@@ -48,6 +48,8 @@ _WORDS: dict[str, tuple[tuple[str, str], ...]] = {
         ("add the columns it uses to `columns=` or fix the expression", "fix the column names in --filter"),
         ("for a column of token ids use `.tokenize(None, column=...)`", "this command tokenizes text: pass a text column with --column"),
         ("pass the name of a text column with `column=`", "pass the name of a text column with --column"),
+        ("; `ds.balance` says which applies), or pass even_batches=False",
+         "; `arrowstream inspect PATH --tokenizer T` says which applies)"),
         (
             "(rank x DataLoader worker): load the state saved by this consumer",
             "(--rank and --world-size): pass the --rank and --world-size the state was saved with",

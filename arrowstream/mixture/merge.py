@@ -54,6 +54,11 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     >>> merged["kind"], merged["rows"]
     ('mixture-global', 12)
     """
+    if isinstance(states, (dict, str, bytes)) or not isinstance(states, (list, tuple)):
+        raise StateError(
+            f"`merge_states` takes a list of states (every consumer's `state_dict()`, or every rank's "
+            f"`StatefulLoader.state_dict()`), got {type(states).__name__}"
+        )
     flat = [own for st in states for own in (st.get("states") or [] if _is_rank(st) else [st])]
     if not any(isinstance(st, dict) and st.get("kind") == KIND for st in flat):
         return topology.merge_states(states)

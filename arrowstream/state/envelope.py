@@ -228,6 +228,11 @@ def check_identity(
     if state.get("options_hash") != options_hash:
         saved_opts = state.get("options", {})
         diffs = sorted(_diff(saved_opts, options), key=_weight)  # what a user set first
+        if not diffs:  # the options agree: the hash was changed (or dropped) by hand
+            raise StateError(
+                f"the state's `options_hash` is {state.get('options_hash')!r} but its options, the same as "
+                f"this pipeline's, hash to {options_hash!r}: the state was edited; pass what `state_dict()` returned"
+            )
         shown = diffs[:_SHOWN] + ([f"and {len(diffs) - _SHOWN} more"] if len(diffs) > _SHOWN else [])
         raise StateMismatchError(
             "the state was saved with other pipeline options: "
@@ -238,6 +243,11 @@ def check_identity(
 
 def _check_envelope(state: Any) -> None:
     """Raise unless ``state`` is a dict naming this format, a readable version and a dataset."""
+    if isinstance(state, dict) and str(state.get("kind", "")).startswith("mixture"):
+        raise StateError(
+            f"this is a mixture's state (kind {state['kind']!r}, from `mix(...)`): load it into the same "
+            "mixture's iterator, not a single pipeline's"
+        )
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         got = type(state).__name__ if not isinstance(state, dict) else sorted(state)[:6]
         raise StateError(
