@@ -1313,6 +1313,14 @@ MUTANTS = [
         "",
         ("tests/test_state.py",),
     ),
+    Mutant(
+        "reweighted-report-forgets-the-old-weights",
+        "after a re-weighting the report's target counts the new weights over the whole span of its counters",
+        "arrowstream/mixture/reweight.py",
+        "    prior = dict(own.get(\"prior\") or {})\n    if own.get(\"stages\"):",
+        "    prior = dict(own.get(\"prior\") or {})\n    if False:",
+        ("tests/test_mixture.py",),
+    ),
 ]
 
 

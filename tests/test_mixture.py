@@ -438,6 +438,28 @@ def test_reweighting_on_resume_starts_a_stage_at_the_row_reached(sources: dict[s
     assert [next(again)["input_ids"].tolist() for _ in range(5)] == [next(resumed)["input_ids"].tolist() for _ in range(5)]
 
 
+def test_after_a_reweighting_the_report_targets_the_same_span_as_its_counters(sources: dict[str, Path]) -> None:
+    """The counters run from the start; so does the target: the old weights before the row reached, the new after."""
+    it = _mixture({k: sources[k] for k in ("web", "code")}, {"web": 0.75, "code": 0.25}).iter()
+    for _ in range(20):  # 80 rows at 3:1
+        next(it)
+    saved = json.loads(json.dumps(it.state_dict()))
+    assert "prior" not in saved  # a run never re-weighted: its states as before
+    resumed = _mixture(sources, {"web": 2, "code": 1, "books": 1}, reweight=True).iter(saved)
+    for _ in range(40):  # 160 rows at 2:1:1
+        next(resumed)
+    report = resumed.report()
+    assert report["rows"].to_list() == [140, 60, 40]
+    assert report["target_share"].to_list() == pytest.approx([140 / 240, 60 / 240, 40 / 240])  # not 2:1:1
+    state = json.loads(json.dumps(resumed.state_dict()))
+    assert state["prior"] == {"web": 60.0, "code": 20.0}
+    again = _mixture(sources, {"web": 2, "code": 1, "books": 1}).iter(state)  # the history goes on
+    for _ in range(20):
+        next(again)
+    assert again.report()["target_share"].to_list() == pytest.approx([180 / 320, 80 / 320, 60 / 320])
+    assert again.report()["row_share"].to_list() == pytest.approx([180 / 320, 80 / 320, 60 / 320])
+
+
 def test_a_source_left_out_keeps_its_place_for_later(sources: dict[str, Path]) -> None:
     three = {"web": 0.4, "code": 0.2, "books": 0.4}
     it = _mixture(sources, three).iter()

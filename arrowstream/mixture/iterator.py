@@ -118,6 +118,7 @@ class MixtureIterator:
         self._batches = 0 if own is None else own["batches"]
         self._origin = 0 if own is None else own["origin"]
         self._dormant = {} if own is None else own["dormant"]  # sources left out by a re-weighting
+        self._prior = {} if own is None else dict(own.get("prior") or {})  # targets of earlier weights
         self._stats = self._zero_stats()
         self._stat_keys = [[(key, f"{name}.{key}") for key in _ROW_COUNTS] for name in self.mixture.names]
         if own is not None:
@@ -183,6 +184,7 @@ class MixtureIterator:
             "stages": stages,
             "sources": dict(state["sources"]),
             "dormant": dict(state.get("dormant") or {}),
+            "prior": {str(k): float(v) for k, v in (state.get("prior") or {}).items()},
             "stats": state["stats"],
         }
 
@@ -225,6 +227,7 @@ class MixtureIterator:
                 "stages": [[s.start, list(s.counts)] for s in self.schedule.stages],
                 "position": {"batches": self._batches, "origin": self._origin},
                 "stats": dict(self._stats),
+                **({"prior": dict(self._prior)} if self._prior else {}),
             },
             {name: it.snapshot() for name, it in self._sources.items()},
             dict(self._dormant),
@@ -264,7 +267,9 @@ class MixtureIterator:
         self._settle()
         end = self._origin + self._step() * self.world_size * self.mixture.slots
         states = {name: it.state_dict() for name, it in self._sources.items()}
-        return progress_report(self.mixture.names, self._stats, states, self.schedule.stages, (self._origin, end))
+        return progress_report(
+            self.mixture.names, self._stats, states, self.schedule.stages, (self._origin, end), self._prior
+        )
 
     def source_stats(self) -> dict[str, dict[str, int]]:
         """Each source's own pipeline counters (rows read, documents, skips, epochs begun...)."""

@@ -5,7 +5,9 @@ this consumer has emitted, the source epoch it is in, its achieved shares of
 rows and tokens, and the target share: the share of slots the schedule gives
 the source over the same span (each stage's weights over its part of it), so
 a re-weighting or a stage change shows as a target between the old and new
-weights.
+weights. A re-weighting replaces the schedule from the row the run reached:
+what the earlier weights gave each source before it is kept in the state
+(``prior``), so the target covers the same span as the counters.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from arrowstream.mixture.schedule import Stage
+from arrowstream.mixture.schedule import Stage, target_slots
 
 __all__ = ["progress_report", "target_shares"]
 
@@ -24,21 +26,15 @@ __all__ = ["progress_report", "target_shares"]
 def target_shares(stages: Sequence[Stage], start: int, end: int) -> np.ndarray:
     """Return each source's share of the global slots ``start..end-1`` by the schedule's stages.
 
-    Slots before the first stage count with its weights (a re-weighting
-    starts its stage at the row it reached; the counters may begin earlier).
+    Slots before the first stage count with its weights (a state saved before
+    re-weightings were recorded: see :func:`~arrowstream.mixture.schedule.target_slots`).
 
     Examples
     --------
     >>> target_shares([Stage(0, (1, 1)), Stage(100, (1, 3))], 0, 200).tolist()
     [0.375, 0.625]
     """
-    total = np.zeros(len(stages[0].counts))
-    for k, stage in enumerate(stages):
-        lo = start if k == 0 else max(start, stage.start)
-        hi = end if k + 1 == len(stages) else min(end, stages[k + 1].start)
-        if hi > lo:
-            counts = np.asarray(stage.counts, dtype=np.float64)
-            total += (hi - lo) * counts / counts.sum()
+    total = target_slots(stages, start, end, before_first=True)
     span = total.sum()
     return total / span if span else total
 
@@ -49,13 +45,23 @@ def progress_report(
     sources: dict[str, dict[str, Any]],
     stages: Sequence[Stage],
     span: tuple[int, int],
+    prior: dict[str, float] | None = None,
 ) -> pl.DataFrame:
     """Return one row per source: ``rows``, ``tokens``, ``docs``, ``epoch``, ``row_share``, ``token_share``, ``target_share``.
 
     ``stats`` are the mixture consumer's counters, ``sources`` each source's
-    own state, ``span`` the global slots those counters cover.
+    own state, ``span`` the global slots those counters cover, ``prior`` the
+    slots earlier weights gave each source (by name, those left out too)
+    over the part of the span before a re-weighting's stage.
     """
-    target = target_shares(stages, *span)
+    if prior:
+        slots = target_slots(stages, *span)
+        mine = dict(zip(names, slots.tolist()))
+        every = {**dict.fromkeys(prior, 0.0), **mine}
+        total = sum(every.values()) + sum(prior.values())
+        target = np.array([(mine[n] + prior.get(n, 0.0)) / total if total else 0.0 for n in names])
+    else:
+        target = target_shares(stages, *span)
     rows_all = max(1, stats["rows"])
     tokens_all = max(1, stats["tokens"])
     out = []

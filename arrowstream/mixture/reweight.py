@@ -21,7 +21,7 @@ from typing import Any
 
 from arrowstream.errors import StateError
 from arrowstream.mixture.merge import slots_per_batch
-from arrowstream.mixture.schedule import Stage
+from arrowstream.mixture.schedule import Stage, target_slots
 
 __all__ = ["REWEIGHTABLE", "fixed_changes", "reweighted", "row_reached"]
 
@@ -73,16 +73,25 @@ def reweighted(
 
     Examples
     --------
-    >>> own = {"stages": [], "sources": {"a": {"s": 1}, "b": {"s": 2}}, "dormant": {}}
+    >>> own = {"stages": [Stage(0, (3, 1))], "sources": {"a": {"s": 1}, "b": {"s": 2}}, "dormant": {}}
     >>> out = reweighted(own, 40, ("b", "c"), [Stage(0, (1, 1)), Stage(60, (1, 3))])
     >>> [(s.start, s.counts) for s in out["stages"]], out["sources"], out["dormant"]
     ([(40, (1, 1)), (60, (1, 3))], {'b': {'s': 2}, 'c': None}, {'a': {'s': 1}})
+    >>> out["prior"]   # rows 0..39 by the old weights, 3:1
+    {'a': 30.0, 'b': 10.0}
     """
     current = [s for s in stages if s.start <= row][-1]
     later = [s for s in stages if s.start > row]
     known = {**own.get("dormant", {}), **own["sources"]}
+    # what the weights so far gave each source over the counters' span up to the row reached
+    prior = dict(own.get("prior") or {})
+    if own.get("stages"):
+        old = target_slots(own["stages"], int(own.get("origin", 0)), row, before_first=not prior)
+        for name, slots in zip(own["sources"], old.tolist()):
+            prior[name] = prior.get(name, 0.0) + slots
     return {
         **own,
+        "prior": prior,
         "stages": [Stage(row, current.counts), *later],
         "sources": {name: known.get(name) for name in names},
         "dormant": {name: st for name, st in known.items() if name not in names},

@@ -42,7 +42,7 @@ import numpy as np
 
 from arrowstream.errors import ConfigError
 
-__all__ = ["MAX_PERIOD", "Schedule", "Stage", "exact_weights", "step_rows", "steps_rows"]
+__all__ = ["MAX_PERIOD", "Schedule", "Stage", "exact_weights", "step_rows", "steps_rows", "target_slots"]
 
 #: The longest period (rows) of a stage's schedule; weights needing more are approximated.
 MAX_PERIOD = 1 << 16
@@ -293,3 +293,25 @@ def steps_rows(steps: Sequence[int], slot: int, slots: int, rows_per_slot: int) 
     offsets = np.array([int(math.modf((int(k) + 1) * _STEP)[0] * n) for k in steps], dtype=np.int64)
     positions = (slot * rows_per_slot + offsets[:, None] + np.arange(rows_per_slot)) % n
     return (steps[:, None] * n + positions).reshape(-1)
+
+
+def target_slots(stages: Sequence[Stage], start: int, end: int, *, before_first: bool = False) -> np.ndarray:
+    """Return the global slots ``start..end-1`` the schedule's stages give each source (fractions of slots).
+
+    ``before_first``: slots before the first stage count with its weights;
+    otherwise they count for nothing (a re-weighted run records what the
+    earlier weights gave them, as ``prior``).
+
+    Examples
+    --------
+    >>> target_slots([Stage(40, (1, 3))], 0, 80).tolist()   # 40..79 by the stage; 0..39 recorded apart
+    [10.0, 30.0]
+    """
+    total = np.zeros(len(stages[0].counts))
+    for k, stage in enumerate(stages):
+        lo = start if k == 0 and before_first else max(start, stage.start)
+        hi = end if k + 1 == len(stages) else min(end, stages[k + 1].start)
+        if hi > lo:
+            counts = np.asarray(stage.counts, dtype=np.float64)
+            total += (hi - lo) * counts / counts.sum()
+    return total

@@ -102,4 +102,5 @@ class MixtureSnapshot:
             "stats": own["stats"],
             "sources": {name: snap.to_dict() for name, snap in self.sources.items()},
             "dormant": copy.deepcopy(self.dormant),
+            **({"prior": own["prior"]} if own.get("prior") else {}),
         }
