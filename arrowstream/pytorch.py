@@ -55,6 +55,7 @@ from arrowstream.errors import ConfigError, StateError
 from arrowstream.handover import AUTO, ByValue, by_value_limit, check_sharing, handed, one_storage, state_tag, use_sharing
 from arrowstream.io.prefetch import AHEAD_MOST, Prefetcher, close_all, depth_for
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
+from arrowstream.state.checksum import verify_checksum, with_checksum
 from arrowstream.state.ranks import pick_consumer, whole_rank
 from arrowstream.state.sealed import SealStream, opened
 from arrowstream.state.snapshot import Snapshot, take_snapshot
@@ -457,13 +458,13 @@ class StatefulLoader:
             if snap is not None:
                 self._plans[index] = it.plan
             states.append(it.state_dict() if snap is None else snap.with_plan(it.plan).to_dict())
-        return {
+        return with_checksum({
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "kind": "rank",
             "states": states,
             "next_worker": self._next,
-        }
+        })
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a rank state (same topology) or a global state (any topology).
@@ -472,8 +473,10 @@ class StatefulLoader:
         ------
         StateError
             A rank state saved with another number of DataLoader workers, or
-            by another rank (checked here, not later in a worker).
+            by another rank (checked here, not later in a worker), or changed
+            after it was saved (its checksum).
         """
+        verify_checksum(state)
         if isinstance(state, dict) and state.get("kind") == "rank":
             consumers, count = self._consumers()
             saved = [own.get("consumer") for own in state.get("states", []) if isinstance(own, dict)]

@@ -74,6 +74,7 @@ from harness import (
 from tokenizers import Tokenizer
 
 import arrowstream
+from arrowstream.state.checksum import with_checksum
 
 # -- constants ----------------------------------------------------------------------
 
@@ -551,6 +552,7 @@ def measure_resume(args: argparse.Namespace, corpus: Path, tok_path: Path, workd
         first_chunk_rows[f"{round(p * 100)}%"] = chunk_rows_from(manifest, ds.batch_rows, seq)
         st = json.loads(json.dumps(saved))
         st["position"].update(seq=seq, token_offset=0, file=where["file"], row_group=where["row_group"], row=where["row"])
+        with_checksum(st)  # edited on purpose: sealed again
         key = f"{round(p * 100)}%"
         states[key] = st
         text = pq.ParquetFile(where["path"]).read_row_group(where["row_group"], columns=["text"]).column(0)[where["row"]].as_py()

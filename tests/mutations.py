@@ -859,8 +859,8 @@ MUTANTS = [
         "mixture-snapshot-shares-stats",
         "a mixture snapshot keeps the live counters",
         "arrowstream/mixture/iterator.py",
-        '                "stats": dict(self._stats),\n            },\n',
-        '                "stats": self._stats,\n            },\n',
+        '                "stats": dict(self._stats),\n',
+        '                "stats": self._stats,\n',
         ("tests/test_snapshot.py",),
     ),
     Mutant(
@@ -1320,6 +1320,22 @@ MUTANTS = [
         "    prior = dict(own.get(\"prior\") or {})\n    if own.get(\"stages\"):",
         "    prior = dict(own.get(\"prior\") or {})\n    if False:",
         ("tests/test_mixture.py",),
+    ),
+    Mutant(
+        "edited-states-accepted",
+        "a state whose checksum does not match its contents is resumed from",
+        "arrowstream/state/checksum.py",
+        "    if saved != actual:",
+        "    if False:",
+        ("tests/test_state.py", "tests/test_errors.py"),
+    ),
+    Mutant(
+        "mixture-state-unchecked",
+        "a mixture's state changed after it was saved is resumed from",
+        "arrowstream/mixture/iterator.py",
+        "        verify_checksum(state)\n",
+        "",
+        ("tests/test_state.py",),
     ),
 ]
 

@@ -181,7 +181,10 @@ def test_a_changed_strategy_is_named_first_and_the_implied_options_counted(tmp_p
 def test_malformed_and_foreign_states_are_state_errors(tmp_path: Path) -> None:
     write_parts(tmp_path, [{"text": ["a", "b"]}])
     ds = read_parquet(tmp_path)
-    good = ds.iter().state_dict()
+    sealed = ds.iter().state_dict()
+    with pytest.raises(StateError, match="the state was changed after it was saved: its checksum"):
+        ds.iter({**sealed, "position": {**sealed["position"], "seq": 1}})  # any edit: well-formed or not
+    good = {k: v for k, v in sealed.items() if k != "checksum"}  # the checks below the checksum, as for old states
     with pytest.raises(StateError, match="expected an arrowstream state"):
         ds.iter({"epoch": 3})
     with pytest.raises(StateError, match="version"):
@@ -301,6 +304,9 @@ def test_a_refused_state_leaves_the_iterator_as_it_was(tmp_path: Path) -> None:
     it = ds.iter()
     next(it)
     before = it.state_dict()
+    with pytest.raises(StateError, match="changed after it was saved"):
+        it.load_state_dict({**before, "stats": {**before["stats"], "rows": 0}})
+    before = {k: v for k, v in before.items() if k != "checksum"}  # the checks below it
     bad = {**before, "work": {"num_streams": 1, "segments": [[0, 0, 99, 0]]}}
     with pytest.raises(StateError, match="work"):
         it.load_state_dict(bad)
@@ -308,7 +314,7 @@ def test_a_refused_state_leaves_the_iterator_as_it_was(tmp_path: Path) -> None:
         it.load_state_dict({**before, "work": {"num_streams": 1, "segments": [["x", 0, 1, 0]]}})
     with pytest.raises(StateError, match="json.load"):
         it.load_state_dict("state.json")  # type: ignore[arg-type]
-    assert it.state_dict() == before
+    assert {k: v for k, v in it.state_dict().items() if k != "checksum"} == before
 
 
 def test_a_path_the_filesystem_cannot_look_up_is_a_shard_error_naming_it() -> None:
@@ -328,7 +334,7 @@ def test_a_hand_changed_hash_a_mixture_state_and_no_list_are_named(tmp_path: Pat
     next(it)
     state = it.state_dict()
     with pytest.raises(StateError, match=r"`options_hash` is None but its options, the same as this pipeline's, hash"):
-        ds.iter({k: v for k, v in state.items() if k != "options_hash"})
+        ds.iter({k: v for k, v in state.items() if k not in ("options_hash", "checksum")})
     mixed = mix({"a": ids, "b": ids}, {"a": 1, "b": 1}).pack(seq_len=4, batch_size=2).iter()
     next(mixed)
     with pytest.raises(StateError, match=r"this is a mixture's state \(kind 'mixture', from `mix\(\.\.\.\)`\)"):

@@ -102,6 +102,7 @@ def test_a_state_saved_before_the_ramp_goes_on_without_it(corpus: Path, strategy
     reference = now.iter().state_dict()  # the options and their hash as version 6 wrote them
     assert "ramp" not in reference["options"]["pack"]
     old = {**state, "version": 6, "options": reference["options"], "options_hash": reference["options_hash"]}
+    del old["checksum"]  # version 6 states had none
     old["packer"] = {k: v for k, v in state["packer"].items() if k not in ("ramp", "windows")}
     assert _bytes(list(now.iter(old))) == _bytes(rest)
     ramped = now.iter()

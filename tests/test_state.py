@@ -73,7 +73,7 @@ def test_every_state_reads_into_its_types_and_back_unchanged(tmp_path: Path, str
     for _ in range(12):
         state = json.loads(json.dumps(it.state_dict()))
         typed = State.from_dict(state)
-        assert typed.to_dict() == state
+        assert {**typed.to_dict(), "checksum": state["checksum"]} == state  # the checksum seals the typed parts
         seen["held"] |= typed.held is not None
         seen["packer"] |= bool(typed.packer)
         next(it)
@@ -84,7 +84,7 @@ def test_every_state_reads_into_its_types_and_back_unchanged(tmp_path: Path, str
         own, _ = own_share(merged, Consumer(consumer, 3), Plan.of(ds).fresh_deal)
         assert State.from_dict(own).packer == {}  # a re-dealt share: nothing held
         resumed = ds.iter(merged, rank=consumer, world_size=3).state_dict()
-        assert State.from_dict(resumed).to_dict() == resumed
+        assert {**State.from_dict(resumed).to_dict(), "checksum": resumed["checksum"]} == resumed
 
 
 def test_a_malformed_envelope_names_the_field() -> None:
@@ -115,3 +115,44 @@ def test_a_closed_iterator_ends_keeps_its_position_and_starts_again_from_a_state
     it.close()  # twice is fine
     it.load_state_dict(state)
     assert [b["input_ids"].tobytes() for b in it] == reference[1:]
+
+
+def test_a_state_changed_after_it_was_saved_is_refused_whatever_its_kind(tmp_path: Path) -> None:
+    """A checksum seals every kind of state: an edit that keeps it well-formed would lose or repeat data silently."""
+    from arrowstream import mix
+    from arrowstream.pytorch import StatefulLoader
+    from arrowstream.state.checksum import with_checksum
+
+    root = write_named_docs(tmp_path, heavy_tail(120, cap=40))
+    ids = read_parquet(root, num_epochs=2).tokenize(None, column="input_ids", eos_id=0)
+    ds = ids.pack(seq_len=32, batch_size=2, strategy="best_fit", window=32)
+    its = [ds.iter(rank=r, world_size=2) for r in range(2)]
+    for it in its:
+        for _ in range(3):
+            next(it)
+    own = its[0].state_dict()
+    merged = merge_states([it.state_dict() for it in its])
+    loader = StatefulLoader(ds.to_torch())
+    for _, _ in zip(range(2), loader):
+        pass
+    mixed = mix({"a": ids, "b": ids}, {"a": 1, "b": 1}).pack(seq_len=32, batch_size=2)
+    mits = [mixed.iter(rank=r, world_size=2) for r in range(2)]
+    for it in mits:
+        next(it)
+    cases = [  # (a state as saved, an edit, how it is loaded)
+        (own, lambda s: s["packer"]["out"].pop(0), lambda s: ds.iter(s, rank=0, world_size=2)),  # a held document gone
+        (merged, lambda s: s["consumers"][1]["stats"].update(rows=0), lambda s: ds.iter(s)),
+        (loader.state_dict(), lambda s: s.update(next_worker=1), lambda s: StatefulLoader(ds.to_torch()).load_state_dict(s)),
+        (mits[0].state_dict(), lambda s: s["position"].update(batches=0), lambda s: mixed.iter(s, rank=0, world_size=2)),
+        (merge_states([it.state_dict() for it in mits]), lambda s: s.update(rows=0), lambda s: mixed.iter(s)),
+        (own, lambda s: s["stats"].update(rows=1), lambda s: merge_states([s, its[1].state_dict()])),
+    ]
+    for state, edit, load in cases:
+        assert "checksum" in state
+        again = json.loads(json.dumps(state, indent=3, sort_keys=True))  # formatting and key order: as saved
+        load(again)
+        edited = json.loads(json.dumps(state))
+        edit(edited)
+        with pytest.raises(StateError, match="the state was changed after it was saved: its checksum"):
+            load(edited)
+        load(with_checksum(json.loads(json.dumps(state))))  # sealed again, as a tool that edits on purpose does

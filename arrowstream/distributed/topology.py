@@ -30,6 +30,7 @@ from typing import Any
 from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError, StateError, StateMismatchError
 from arrowstream.state import Held, Position, RowRange, Work
+from arrowstream.state.checksum import verify_checksum, with_checksum
 
 __all__ = [
     "WHOLE_RUN_COUNTERS",
@@ -361,8 +362,12 @@ def merge_states(states: list[dict[str, Any]], *, drift: bool = False) -> dict[s
     >>> sorted(rest)  # one consumer now reads what both had left
     [3, 4, 5, 9, 10, 11]
     """
+    for st in states:  # as saved: an edited consumer state would spread into every share
+        verify_checksum(st)
     # a loader's rank state holds one state per DataLoader worker
     states = [own for st in states for own in (st["states"] if _is_rank(st) else [st])]
+    for st in states:
+        verify_checksum(st)
     if not states:
         raise StateError("`merge_states` needs the states of every consumer, got none")
     for st in states:
@@ -433,4 +438,4 @@ def merge_states(states: list[dict[str, Any]], *, drift: bool = False) -> dict[s
             "epoch_stats": [{"epoch": e, **row} for e, row in sorted(per_epoch.items())],
         }
     )
-    return merged
+    return with_checksum(merged)

@@ -30,6 +30,7 @@ from arrowstream.mixture.schedule import Schedule, Stage, step_rows, steps_rows
 from arrowstream.mixture.snapshot import MixturePlans, MixtureSnapshot
 from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.state import STATE_FORMAT
+from arrowstream.state.checksum import verify_checksum
 
 if TYPE_CHECKING:
     import polars as pl
@@ -126,6 +127,7 @@ class MixtureIterator:
 
     def _own(self, state: dict[str, Any]) -> dict[str, Any]:
         """Return what this consumer continues from: batches, origin, stages, sources' states, stats."""
+        verify_checksum(state)
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise StateError(f"expected a mixture state (from `state_dict()`), got {type(state).__name__}")
         here = {"index": self.consumer.index, "count": self.consumer.count}

@@ -21,6 +21,7 @@ from typing import Any
 from arrowstream.distributed import topology
 from arrowstream.errors import StateError, StateMismatchError
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
+from arrowstream.state.checksum import verify_checksum, with_checksum
 
 __all__ = ["GLOBAL_KIND", "KIND", "merge_states", "slots_per_batch"]
 
@@ -59,6 +60,8 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
             f"`merge_states` takes a list of states (every consumer's `state_dict()`, or every rank's "
             f"`StatefulLoader.state_dict()`), got {type(states).__name__}"
         )
+    for st in states:
+        verify_checksum(st)
     flat = [own for st in states for own in (st.get("states") or [] if _is_rank(st) else [st])]
     if not any(isinstance(st, dict) and st.get("kind") == KIND for st in flat):
         return topology.merge_states(states)
@@ -116,7 +119,7 @@ def _merge_mixture(states: list[dict[str, Any]]) -> dict[str, Any]:
     for st in states:
         for key, value in st["stats"].items():
             stats[key] = stats.get(key, 0) + int(value)
-    return {
+    return with_checksum({
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
         "kind": GLOBAL_KIND,
@@ -136,7 +139,7 @@ def _merge_mixture(states: list[dict[str, Any]]) -> dict[str, Any]:
             name: topology.merge_states([by_index[q]["dormant"][name] for q in range(count)], drift=True)
             for name in first.get("dormant") or {}
         },
-    }
+    })
 
 
 def slots_per_batch(options: dict[str, Any]) -> int:

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from arrowstream.errors import ConfigError
 from arrowstream.mixture.merge import KIND
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
+from arrowstream.state.checksum import with_checksum
 from arrowstream.state.sealed import shared_rows
 from arrowstream.state.snapshot import Snapshot
 
@@ -90,7 +91,7 @@ class MixtureSnapshot:
                 "iterator over the same mixture, state and consumer with `snapshot.with_plan(iterator.plan)`"
             )
         own = copy.deepcopy(self.own)
-        return {
+        return with_checksum({
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "kind": KIND,
@@ -103,4 +104,4 @@ class MixtureSnapshot:
             "sources": {name: snap.to_dict() for name, snap in self.sources.items()},
             "dormant": copy.deepcopy(self.dormant),
             **({"prior": own["prior"]} if own.get("prior") else {}),
-        }
+        })

@@ -32,6 +32,7 @@ from arrowstream.pipeline.plan import Plan
 from arrowstream.pipeline.reading import iter_chunks
 from arrowstream.pipeline.snapshot import IteratorSnapshot, where_of, work_of
 from arrowstream.state import Position, State, Work, check_identity, check_state
+from arrowstream.state.checksum import verify_checksum
 
 __all__ = ["DatasetIterator"]
 
@@ -467,6 +468,7 @@ def _epoch_of(state: dict[str, Any]) -> int:
 
 def _own_of_rank(state: dict[str, Any], consumer: Consumer) -> dict[str, Any]:
     """Return ``consumer``'s own state from a loader's rank state, or say how to load that state."""
+    verify_checksum(state)
     owns = state.get("states") or []
     here = {"index": consumer.index, "count": consumer.count}
     for own in owns:

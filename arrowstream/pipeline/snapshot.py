@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from arrowstream.distributed.topology import Consumer
 from arrowstream.errors import ConfigError
 from arrowstream.state import Position, State, Work
+from arrowstream.state.checksum import with_checksum
+
 from arrowstream.state.sealed import shared_rows
 from arrowstream.state.snapshot import Snapshot
 
@@ -129,4 +131,4 @@ class IteratorSnapshot:
             later_work=tuple(ahead[1:]),
         ).to_dict()
         state["held"] = held
-        return state
+        return with_checksum(state)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arrowstream.errors import StateError, StateMismatchError
+from arrowstream.state.checksum import verify_checksum
 from arrowstream.state.parts import Held, Position, Work, count
 
 __all__ = [
@@ -242,7 +243,8 @@ def check_identity(
 
 
 def _check_envelope(state: Any) -> None:
-    """Raise unless ``state`` is a dict naming this format, a readable version and a dataset."""
+    """Raise unless ``state`` is a dict naming this format, a readable version and a dataset, as saved."""
+    verify_checksum(state)
     if isinstance(state, dict) and str(state.get("kind", "")).startswith("mixture"):
         raise StateError(
             f"this is a mixture's state (kind {state['kind']!r}, from `mix(...)`): load it into the same "
