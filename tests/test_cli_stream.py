@@ -343,6 +343,11 @@ def test_a_mixture_file_streams_and_reports_from_the_command_line(
     assert main(["analyze", "--mixture", mix_file, "--tokenizer", str(tokenizer_path), "--seq-len", "16"]) == 0
     out = capsys.readouterr().out
     assert "a run of 1,920 tokens" in out and "low" in out and "1,440 tokens" in out and "high" in out
+    # a budget the cap cannot give: flagged, and the status says so (a check CI can run)
+    assert main(["analyze", "--mixture", mix_file, "--tokenizer", str(tokenizer_path), "--seq-len", "16",
+                 "--tokens", str(10**7)]) == 1
+    out, err = capsys.readouterr()
+    assert "high" in out and "<- runs out" in out and "error: high run(s) out before the budget" in err
     state = tmp_path / "s.json"
     common = ["stream", "--mixture", mix_file, "--tokenizer", str(tokenizer_path), "--seq-len", "16", "--batch-size", "4"]
     assert main([*common, "--max-batches", "10", "--save-state", str(state)]) == 0

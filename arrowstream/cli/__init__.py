@@ -299,6 +299,11 @@ def _analyze_mixture(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(report.write_json())
         print(f"wrote {args.json}")
+    short = [row["source"] for row in report.iter_rows(named=True) if row["runs_out"]]
+    if short:  # a check a script or CI can act on: the run as planned would not get its budget
+        print(f"error: {', '.join(short)} run(s) out before the budget: raise max_epochs or lower the weight",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -405,7 +410,7 @@ def _cache(args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"{tokens:,} tokens")
     reader.close()
     seconds = time.perf_counter() - t0
-    part = f" (part {i} of {n}: every {n}th from row group {i})" if n > 1 else ""
+    part = f" (part {i} of {n}: row groups {i}, {i + n}, {i + 2 * n}, ...)" if n > 1 else ""
     print(
         f"token cache {cache.dir}: {len(mine):,} row groups{part} "
         f"({len(mine) - hits:,} tokenized now, {hits:,} already there), "
