@@ -56,7 +56,7 @@ from arrowstream.handover import AUTO, ByValue, by_value_limit, check_sharing, h
 from arrowstream.io.prefetch import AHEAD_MOST, Prefetcher, close_all, depth_for
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 from arrowstream.state.checksum import verify_checksum, with_checksum
-from arrowstream.state.ranks import pick_consumer, whole_rank
+from arrowstream.state.ranks import next_worker, pick_consumer, whole_rank
 from arrowstream.state.sealed import SealStream, opened
 from arrowstream.state.snapshot import Snapshot, take_snapshot
 
@@ -255,6 +255,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             use_sharing(self.sharing)
             self._by_value_at_most = by_value_limit(self.sharing, sys._getframe())
         self._it = it = self.iterator()
+        self._pending = self._pending if get_worker_info() else None  # here: a loaded state starts this pass only
         self._handed = None
         if self.prefetch == 0:
             yield from self._batches(it)
@@ -289,10 +290,9 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             if held is not None:
                 yield (held, held[STATE_KEY]["snapshot"]) if with_state else held
             held = out
-        if held is not None:
-            # the state after the end: what an estimated target made the consumer drop is in it
-            held[STATE_KEY] = state_tag(it, last=True, stream=stream)
-            yield (held, held[STATE_KEY]["snapshot"]) if with_state else held
+        held = {} if held is None else held  # no batch (a target of 0): the end state alone, for the loader
+        held[STATE_KEY] = state_tag(it, last=True, stream=stream)
+        yield (held, held[STATE_KEY]["snapshot"]) if with_state else held
 
     def state_dict(self) -> dict[str, Any]:
         """Return the state of this process's consumer after the last batch it produced.
@@ -356,8 +356,9 @@ class StatefulLoader:
         self.kwargs = dataloader_kwargs
         self._latest: dict[int, Snapshot] = {}  # the snapshot of each worker's last batch handed over
         self._plans: dict[int, Any] = {}  # each worker's plan, made here for its snapshots' states
-        self._loaded: dict[str, Any] | None = None
-        self._next = 0  # the worker whose batch comes next
+        self._loaded: dict[str, Any] | None = None  # the state the next pass starts from
+        self._start: dict[str, Any] | None = None  # the state this pass started from
+        self._next = self._first = 0  # the worker whose batch comes next (first, in the next pass)
 
     def _consumers(self) -> tuple[list[int], int]:
         rank, world, _, _ = self.dataset.topology()
@@ -366,8 +367,9 @@ class StatefulLoader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self.dataset.attach_state = True
-        if self._loaded is not None:
-            self.dataset.load_state_dict(self._loaded)
+        # a loaded state starts the next pass only: a later one starts afresh, as a DataLoader's does
+        self._start, self._loaded, self._next, self._first = self._loaded, None, self._first, 0
+        self.dataset.load_state_dict(self._start)
         self._latest = {}
         consumers, _ = self._consumers()
         n = len(consumers)
@@ -417,6 +419,8 @@ class StatefulLoader:
             self._latest[tag["consumer"]] = tag["snapshot"]
             if tag["last"]:
                 done[self._next] = True
+            if not batch:  # a worker that made no batch: its state alone, not a turn
+                continue
             self._next = (self._next + 1) % n
             yield batch
 
@@ -451,7 +455,8 @@ class StatefulLoader:
                 continue
             # no batch from that worker yet, or its plan not made here yet (made once per load)
             worker = index - consumers[0]
-            start = whole_rank(self._loaded, pick_consumer(self._loaded, index, count))
+            begun = self._loaded if self._loaded is not None else self._start
+            start = whole_rank(begun, pick_consumer(begun, index, count))
             it = self.dataset.dataset.iter(
                 start, rank=rank, world_size=world, worker=worker, num_workers=len(consumers)
             )
@@ -463,7 +468,7 @@ class StatefulLoader:
             "version": STATE_VERSION,
             "kind": "rank",
             "states": states,
-            "next_worker": self._next,
+            "next_worker": self._first if self._loaded is not None else self._next,
         })
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -490,5 +495,4 @@ class StatefulLoader:
                 )
         self._loaded = copy.deepcopy(state)
         self._latest, self._plans = {}, {}
-        same = state.get("kind") == "rank" and len(state.get("states", [])) == len(self._consumers()[0])
-        self._next = int(state.get("next_worker", 0)) if same else 0
+        self._first = next_worker(state, *self._consumers())

@@ -342,3 +342,29 @@ def test_a_hand_changed_hash_a_mixture_state_and_no_list_are_named(tmp_path: Pat
     for wrong in (None, state):
         with pytest.raises(StateError, match=r"`merge_states` takes a list of states"):
             merge_states(wrong)  # type: ignore[arg-type]
+
+
+def test_a_state_on_files_rewritten_with_other_data_of_the_same_size_is_refused(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    """Paths, sizes and row counts agree; the footers (statistics) do not: other data, refused. Moved bytes resume."""
+    import shutil
+
+    data, moved = tmp_path / "data", tmp_path / "moved"
+    data.mkdir()
+    first = [f"alpha document {i:03d} " * 30 for i in range(50)]
+    second = [("zzzzz qqqqqqqq %03d " % i) * 30 for i in range(50)]  # the same lengths: the same file size
+    pq.write_table(pa.table({"text": first}), data / "a.parquet", compression="none", row_group_size=10)
+    ds = read_parquet(data).tokenize(tokenizer).pack(seq_len=64, batch_size=2)
+    it = ds.iter()
+    for _ in range(7):
+        next(it)
+    state = json.loads(json.dumps(it.state_dict()))
+    rest = [b["input_ids"].tobytes() for b in it]
+    shutil.copytree(data, moved)  # the same bytes elsewhere: the same data
+    again = read_parquet(moved).tokenize(tokenizer).pack(seq_len=64, batch_size=2).iter(state)
+    assert [b["input_ids"].tobytes() for b in again] == rest
+    size = (data / "a.parquet").stat().st_size
+    pq.write_table(pa.table({"text": second}), data / "a.parquet", compression="none", row_group_size=10)
+    assert (data / "a.parquet").stat().st_size == size
+    with pytest.raises(StateMismatchError, match=r"same relative paths, sizes and row counts .* but other contents"):
+        read_parquet(data).tokenize(tokenizer).pack(seq_len=64, batch_size=2).iter(state)
+

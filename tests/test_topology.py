@@ -373,3 +373,28 @@ def test_a_global_state_from_other_data_is_named_so_before_anything_is_re_dealt(
             _pipeline(other, shuffle=False).iter(merged, rank=0, world_size=world)
     with pytest.raises(StateError, match="malformed|work"):  # the same data: malformed indeed
         _pipeline(root, shuffle=False).iter(merged, rank=0, world_size=3)
+
+
+def test_consumers_epochs_apart_merge_with_drift_and_emit_every_document_once_per_epoch(tmp_path: Path) -> None:
+    """Rows, not tokens, per consumer: with long documents first, one consumer goes round faster, epochs apart."""
+    from collections import Counter
+
+    docs = [[i + 1] * (40 if i < 100 else 10) for i in range(200)]
+    write_parts(tmp_path, [{"input_ids": pa.array(docs, pa.list_(pa.int32()))}], row_group_size=10)
+    ds = read_parquet(tmp_path, num_epochs=6).tokenize(None, column="input_ids", eos_id=0)
+    ds = ds.pack(seq_len=32, batch_size=4, even_batches=False)
+    seen: Counter = Counter()
+    its = [ds.iter(rank=r, world_size=2) for r in range(2)]
+    epochs = [0, 0]
+    while max(epochs) - min(epochs) < 2:
+        for it in its:
+            seen.update(t for t in next(it)["input_ids"].ravel().tolist() if t)
+        epochs = [it.state_dict()["position"]["epoch"] for it in its]
+    states = [json.loads(json.dumps(it.state_dict())) for it in its]
+    with pytest.raises(StateError, match=r"more than one apart: .*pass `drift=True`"):
+        merge_states(states)
+    merged = merge_states(states, drift=True)
+    for rank in range(3):
+        for batch in ds.iter(merged, rank=rank, world_size=3):
+            seen.update(t for t in batch["input_ids"].ravel().tolist() if t)
+    assert seen == Counter(t for doc in docs for t in doc * 6)  # every token of every document, once an epoch

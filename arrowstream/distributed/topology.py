@@ -401,7 +401,8 @@ def merge_states(states: list[dict[str, Any]], *, drift: bool = False) -> dict[s
     if epochs[-1] - epochs[0] > 1 and not drift:
         raise StateError(
             f"consumers are in epochs {epochs}, more than one apart: merge the states of one "
-            "training step of one run"
+            "training step of one run; if they are (an endless stream, num_epochs=None, or one without "
+            "even batches, whose consumers go round at different speeds), pass `drift=True`"
         )
     ordered = sorted(states, key=lambda st: st["consumer"]["index"])
     totals: dict[str, int] = {}

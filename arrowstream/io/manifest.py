@@ -130,8 +130,10 @@ class Manifest:
         self.shard_rows = np.asarray(rows, dtype=np.int64)
         self.shard_bytes = np.asarray(nbytes, dtype=np.int64)
         self.fingerprint = _fingerprint(self._files)
+        self.contents = _contents(self._files)
         self._identity = {
             "fingerprint": self.fingerprint,
+            "contents": self.contents,
             "num_files": len(self._files),
             "num_shards": int(self.shard_rows.size),
             "num_rows": int(self.shard_rows.sum()),
@@ -435,6 +437,19 @@ def _build(fs: pafs.FileSystem, root: str, infos: list[FileInfo], columns: Seque
         num_empty_files=num_empty_files,
         num_empty_row_groups=num_empty_rgs,
     )
+
+
+def _contents(files: Sequence[FileInfo]) -> str:
+    """A digest of every file's Parquet footer (statistics, sizes and offsets of every column chunk).
+
+    Beside the fingerprint (paths, sizes, row counts): a file rewritten with
+    other data of the same size and row counts almost always changes it, and
+    the same bytes anywhere (another directory, bucket or store) keep it.
+    """
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.footer.encode())
+    return digest.hexdigest()[:32]
 
 
 def _fingerprint(files: Sequence[FileInfo]) -> str:

@@ -29,11 +29,15 @@ __all__ = ["GLOBAL_KIND", "KIND", "merge_states", "slots_per_batch"]
 KIND, GLOBAL_KIND = "mixture", "mixture-global"
 
 
-def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_states(states: list[dict[str, Any]], *, drift: bool = False) -> dict[str, Any]:
     """Join the states of all consumers of one run, taken at one training step, into a global state.
 
     Accepts consumer states, or a loader's rank states, of a pipeline (see
     :func:`arrowstream.distributed.topology.merge_states`) or of a mixture.
+    ``drift``: accept a pipeline's consumers more than one epoch apart, as
+    those of an endless stream (``num_epochs=None``) or of one without even
+    batches are when their shares go round at different speeds (a mixture's
+    sources always may).
 
     Raises
     ------
@@ -64,7 +68,7 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
         verify_checksum(st)
     flat = [own for st in states for own in (st.get("states") or [] if _is_rank(st) else [st])]
     if not any(isinstance(st, dict) and st.get("kind") == KIND for st in flat):
-        return topology.merge_states(states)
+        return topology.merge_states(states, drift=drift)
     return _merge_mixture(flat)
 
 

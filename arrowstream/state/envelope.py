@@ -226,6 +226,12 @@ def check_identity(
             f"{_describe(saved)}, this pipeline reads {_describe(dataset)}; resume on the same "
             "files (same relative paths, sizes and row groups) or start without the state"
         )
+    if saved.get("contents") is not None and dataset.get("contents") not in (None, saved["contents"]):
+        raise StateMismatchError(
+            "the state was saved from other data: files with the same relative paths, sizes and row counts "
+            f"({_describe(dataset)}) but other contents (their Parquet footers differ: statistics, page "
+            "layout or writer); resume on the files it was saved on, or start without the state"
+        )
     if state.get("options_hash") != options_hash:
         saved_opts = state.get("options", {})
         diffs = sorted(_diff(saved_opts, options), key=_weight)  # what a user set first

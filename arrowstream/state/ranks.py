@@ -24,7 +24,7 @@ from typing import Any
 
 from arrowstream.errors import StateError
 
-__all__ = ["pick_consumer", "whole_rank"]
+__all__ = ["next_worker", "pick_consumer", "whole_rank"]
 
 
 def whole_rank(state: dict[str, Any] | None, own: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -50,3 +50,38 @@ def pick_consumer(state: dict[str, Any] | None, index: int, count: int) -> dict[
         "worker): the topology changed; merge every rank's state with "
         "`arrowstream.merge_states` and load the result"
     )
+
+
+def next_worker(state: dict[str, Any] | None, consumers: list[int], count: int) -> int:
+    """The DataLoader worker whose batch comes first when ``state`` resumes the rank of ``consumers`` (of ``count``).
+
+    A rank state says (``next_worker``). A merged state of the same topology
+    tells it from the batches each of the rank's workers gave: they take
+    turns, so after ``n`` batches of the rank worker ``n % workers`` is next
+    (while none of them has run out). Otherwise the first worker.
+
+    Examples
+    --------
+    >>> merged = {"kind": "global", "consumer_count": 2,
+    ...           "consumers": [{"stats": {"batches": 2}}, {"stats": {"batches": 1}}]}
+    >>> next_worker(merged, [0, 1], 2)   # 3 batches: worker 1 gave the third's turn back to worker 1
+    1
+    >>> next_worker({"kind": "rank", "states": [{}, {}], "next_worker": 1}, [0, 1], 2)
+    1
+    """
+    if not isinstance(state, dict):
+        return 0
+    n = len(consumers)
+    if state.get("kind") == "rank":
+        return int(state.get("next_worker", 0)) if len(state.get("states") or []) == n else 0
+    entries = state.get("consumers")
+    if not isinstance(entries, list) or len(entries) != count:
+        return 0
+    if state.get("kind") == "global":
+        batches = [int((entries[i].get("stats") or {}).get("batches", 0)) for i in consumers]
+    elif state.get("kind") == "mixture-global" and (state.get("topology") or {}).get("num_workers") == n:
+        batches = [int(entries[i].get("batches", 0)) for i in consumers]
+    else:
+        return 0
+    return sum(batches) % n
+
