@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -61,6 +62,21 @@ STRATEGIES = {
 }
 
 
+def _every_consumer(ds, world: int, workers: int) -> tuple[Counter, list[int], int]:
+    """Run every consumer (rank x worker) to its end: the tokens emitted, each rank's steps, the drops counted."""
+    seen: Counter = Counter()
+    steps, dropped = [], 0
+    for rank in range(world):
+        steps.append(0)
+        for worker in range(workers):
+            it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
+            for batch in it:
+                steps[-1] += 1
+                seen.update(_emitted(batch))
+            dropped += it.stats["dropped_docs"] + it.stats["dropped_tokens"]
+    return seen, steps, dropped
+
+
 def _emitted(batch) -> list[int]:
     ids, labels = batch["input_ids"], batch["labels"]
     real = batch["segment_ids"] > 0 if "segment_ids" in batch else batch["attention_mask"] > 0
@@ -84,16 +100,7 @@ def test_every_strategy_counts_exactly_and_drops_nothing(
         ds = ds.shuffle(seed=5, window=2)
     ds = STRATEGIES[strategy](ds.tokenize(None, column="input_ids", eos_id=0))
     assert ds.balance.startswith("counted: token ids")
-    seen: Counter = Counter()
-    steps, dropped = [], 0
-    for rank in range(world):
-        steps.append(0)
-        for worker in range(workers):
-            it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
-            for batch in it:
-                steps[-1] += 1
-                seen.update(_emitted(batch))
-            dropped += it.stats["dropped_docs"] + it.stats["dropped_tokens"]
+    seen, steps, dropped = _every_consumer(ds, world, workers)
     assert dropped == 0
     assert seen == Counter(t for doc in docs for t in doc)  # every document's tokens, once
     assert len(set(steps)) == 1  # every rank takes the same steps
@@ -103,20 +110,10 @@ def test_every_strategy_counts_exactly_and_drops_nothing(
 @pytest.mark.parametrize(("world", "workers"), [(8, 1), (4, 2), (3, 3)])
 def test_fewer_batches_than_consumers_start_fresh_and_pad(tmp_path: Path, strategy: str, world: int, workers: int) -> None:
     """An evaluation set smaller than the job: consumers with no token pad to the others' count, from a fresh start."""
-    from collections import Counter
-
     docs = named_docs([20, 9, 14])  # 46 tokens with their EOS: 2 batches of 32 tokens at most
     write_parts(tmp_path, [{"input_ids": pa.array(docs, pa.list_(pa.int32()))}], row_group_size=2)
     ds = STRATEGIES[strategy](read_parquet(tmp_path).tokenize(None, column="input_ids", eos_id=0))
-    seen: Counter = Counter()
-    steps = []
-    for rank in range(world):
-        steps.append(0)
-        for worker in range(workers):
-            it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
-            for batch in it:
-                steps[-1] += 1
-                seen.update(_emitted(batch))
+    seen, steps, _ = _every_consumer(ds, world, workers)
     assert seen == Counter(t for doc in docs for t in doc)  # every token once
     assert len(set(steps)) == 1 and steps[0] >= 1  # every rank takes the same steps
     empty = next(c for c in range(world * workers)  # a consumer with no document resumes too
