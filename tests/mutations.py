@@ -1369,6 +1369,14 @@ MUTANTS = [
         "",
         ("tests/test_pytorch.py",),
     ),
+    Mutant(
+        "tokenless-epoch-read-by-nobody",
+        "when no row holds a token (every row group unreadable, say), no consumer reads a row, and nothing is counted",
+        "arrowstream/distributed/tokens.py",
+        "    if int(cut.ends[-1]) == 0 and consumer == 0:",
+        "    if False:",
+        ("tests/test_skip.py",),
+    ),
 ]
 
 

@@ -113,8 +113,15 @@ def test_a_dataset_none_of_whose_row_groups_decode_is_an_error_not_an_empty_stre
     with pytest.raises(ShardError, match=r"part-00\d\.parquet', row group \d"):
         list(_pipeline(root))
     it = _pipeline(root, on_error="skip").iter()
-    with pytest.warns(DataLossWarning, match=r"counting tokens skipped the unreadable row group \d of '.*part-00\d"):
+    with pytest.warns(DataLossWarning, match=r"skipped the unreadable row group \d of '.*part-00\d") as caught:
         assert list(it) == []  # asked for: every row group skipped, and said (no share holds a token of them)
+    assert any(str(w.message).startswith("counting tokens skipped") for w in caught)
+    assert (it.stats["rows"], it.stats["unreadable"]) == (60, 60)  # and counted (no consumer read them before)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataLossWarning)
+        per_rank = [_pipeline(root, on_error="skip").iter(rank=r, world_size=2) for r in range(2)]
+        assert [list(it) for it in per_rank] == [[], []]
+    assert sum(it.stats["unreadable"] for it in per_rank) == 60
 
 
 def test_text_on_several_ranks_skips_too_estimated_batches_stay_even(tmp_path: Path, tokenizer: Any) -> None:

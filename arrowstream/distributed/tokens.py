@@ -375,6 +375,9 @@ def batch_share(layout: Layout, counts: TokenCounts, cut: BatchCut, consumer: in
     [[(0, 0, 3, 0, 0), (1, 0, 1, 0, 2)], [(1, 0, 5, 2, 0)], [(2, 0, 4, 0, 0)]]
     """
     lo, hi = int(cut.ends[consumer]), int(cut.ends[consumer + 1])
+    if int(cut.ends[-1]) == 0 and consumer == 0:  # no token at all (every row empty, null or unreadable):
+        # the first consumer still reads every row, so its counters say what became of them
+        return [(k, 0, layout.stream_rows(k), 0, 0) for k in range(layout.num_streams)]
     if hi <= lo:  # fewer batches than consumers: this one has no token (it pads to the others' count)
         return [(consumer, 0, 0, 0, 0)]
     out: list[RowRange] = []
