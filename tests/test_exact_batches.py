@@ -62,19 +62,20 @@ STRATEGIES = {
 }
 
 
-def _every_consumer(ds, world: int, workers: int) -> tuple[Counter, list[int], int]:
-    """Run every consumer (rank x worker) to its end: the tokens emitted, each rank's steps, the drops counted."""
+def _every_consumer(ds, world: int, workers: int) -> tuple[Counter, list[int], list[Counter]]:
+    """Run every consumer (rank x worker) to its end: the tokens emitted, each rank's steps and counters."""
     seen: Counter = Counter()
-    steps, dropped = [], 0
+    steps, stats = [], []
     for rank in range(world):
         steps.append(0)
+        stats.append(Counter())
         for worker in range(workers):
             it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
             for batch in it:
                 steps[-1] += 1
                 seen.update(_emitted(batch))
-            dropped += it.stats["dropped_docs"] + it.stats["dropped_tokens"]
-    return seen, steps, dropped
+            stats[-1].update(it.stats)
+    return seen, steps, stats
 
 
 def _emitted(batch) -> list[int]:
@@ -90,8 +91,6 @@ def _emitted(batch) -> list[int]:
 def test_every_strategy_counts_exactly_and_drops_nothing(
     tmp_path: Path, strategy: str, shuffle: bool, world: int, workers: int
 ) -> None:
-    from collections import Counter
-
     from .conftest import heavy_tail, named_docs
 
     docs = named_docs(heavy_tail(200, seed=3, cap=60))
@@ -100,8 +99,8 @@ def test_every_strategy_counts_exactly_and_drops_nothing(
         ds = ds.shuffle(seed=5, window=2)
     ds = STRATEGIES[strategy](ds.tokenize(None, column="input_ids", eos_id=0))
     assert ds.balance.startswith("counted: token ids")
-    seen, steps, dropped = _every_consumer(ds, world, workers)
-    assert dropped == 0
+    seen, steps, stats = _every_consumer(ds, world, workers)
+    assert sum(s["dropped_docs"] + s["dropped_tokens"] for s in stats) == 0
     assert seen == Counter(t for doc in docs for t in doc)  # every document's tokens, once
     assert len(set(steps)) == 1  # every rank takes the same steps
 
@@ -203,25 +202,15 @@ def test_the_dataset_says_how_batch_counts_are_made_equal(tmp_path: Path, tokeni
 def test_concat_shares_of_whole_batches_pad_a_rank_at_most_once(
     tmp_path: Path, shuffle: bool, world: int, workers: int, seq_len: int, batch_size: int
 ) -> None:
-    from collections import Counter
-
     docs = named_docs(heavy_tail(200, seed=3, cap=60))
     ds = read_parquet(_ids(tmp_path), batch_rows=8)
     if shuffle:
         ds = ds.shuffle(seed=6, window=2)
     # batches of 256 tokens, or of 16: then documents (up to 61 tokens) span several shares
     ds = ds.tokenize(None, column="input_ids", eos_id=0).pack(seq_len=seq_len, batch_size=batch_size)
-    per_rank, rank_padding, seen, totals = [], [], Counter(), Counter()
-    for rank in range(world):
-        per_rank.append(0)
-        rank_padding.append(0)
-        for worker in range(workers):
-            it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
-            for batch in it:
-                per_rank[-1] += 1
-                seen.update(_emitted(batch))
-            rank_padding[-1] += it.stats["padding_batches"]
-            totals.update({k: it.stats[k] for k in ("rows", "docs", "dropped_tokens", "tokens")})
+    seen, per_rank, stats = _every_consumer(ds, world, workers)
+    rank_padding = [s["padding_batches"] for s in stats]
+    totals = sum(stats, Counter())
     assert len(set(per_rank)) == 1  # every rank takes the same steps
     assert max(rank_padding) <= 1, rank_padding  # whole batches per share: a rank pads once at most
     assert seen == Counter(t for doc in docs for t in doc)  # every token once, split documents too
@@ -353,8 +342,6 @@ def test_counted_batches_hold_after_elastic_resumes_over_two_epochs(
     tmp_path: Path, strategy: str, before: int, after: int
 ) -> None:
     import json
-    from collections import Counter
-
     from arrowstream import merge_states
 
     from .conftest import heavy_tail, named_docs

@@ -144,11 +144,10 @@ def _in_step(stage: Stage, chunk: Chunk, where: Callable[[Chunk], str]) -> Chunk
     rows = None if chunk.batch is None else chunk.batch.num_rows
     offsets = None if chunk.offsets is None else chunk.offsets.size - 1
     if (rows is not None and rows != docs) or (offsets is not None and offsets != docs):
+        found = [f"{rows} rows in `batch`"] if rows is not None else []
+        found += [f"{offsets} documents of tokens (`offsets`)"] if offsets is not None else []
         raise SchemaError(
-            f"{where(chunk)}: stage `{stage.name}` gave {docs} documents (`seq`) but "
-            f"{'' if rows is None else f'{rows} rows in `batch`'}"
-            f"{'' if rows is None or offsets is None else ' and '}"
-            f"{'' if offsets is None else f'{offsets} documents of tokens (`offsets`)'}: a stage keeps them in "
-            "step; to drop rows use `chunk.with_rows(keep, reason)`, which counts them"
+            f"{where(chunk)}: stage `{stage.name}` gave {docs} documents (`seq`) but {' and '.join(found)}: a "
+            "stage keeps them in step; to drop rows use `chunk.with_rows(keep, reason)`, which counts them"
         )
     return chunk

@@ -64,8 +64,6 @@ def merge_states(states: list[dict[str, Any]], *, drift: bool = False) -> dict[s
             f"`merge_states` takes a list of states (every consumer's `state_dict()`, or every rank's "
             f"`StatefulLoader.state_dict()`), got {type(states).__name__}"
         )
-    for st in states:
-        verify_checksum(st)
     flat = [own for st in states for own in (st.get("states") or [] if _is_rank(st) else [st])]
     if not any(isinstance(st, dict) and st.get("kind") == KIND for st in flat):
         return topology.merge_states(states, drift=drift)
@@ -78,6 +76,7 @@ def _is_rank(state: Any) -> bool:
 
 def _merge_mixture(states: list[dict[str, Any]]) -> dict[str, Any]:
     for st in states:
+        verify_checksum(st)  # as saved: an edited consumer state would spread into every share
         if not isinstance(st, dict) or st.get("kind") != KIND:
             raise StateError(
                 "`merge_states` got a mixture's states mixed with others: pass every consumer's state "

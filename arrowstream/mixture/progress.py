@@ -56,10 +56,8 @@ def progress_report(
     """
     if prior:
         slots = target_slots(stages, *span)
-        mine = dict(zip(names, slots.tolist()))
-        every = {**dict.fromkeys(prior, 0.0), **mine}
-        total = sum(every.values()) + sum(prior.values())
-        target = np.array([(mine[n] + prior.get(n, 0.0)) / total if total else 0.0 for n in names])
+        total = float(slots.sum()) + sum(prior.values())  # sources left out keep their part of the span
+        target = np.array([(s + prior.get(n, 0.0)) / total if total else 0.0 for n, s in zip(names, slots.tolist())])
     else:
         target = target_shares(stages, *span)
     rows_all = max(1, stats["rows"])
