@@ -1377,6 +1377,22 @@ MUTANTS = [
         "    if False:",
         ("tests/test_skip.py",),
     ),
+    Mutant(
+        "report-ignores-consumer-shares",
+        "the budget report judges a capped source by the whole source, as if one consumer read it: a rank runs out unwarned",
+        "arrowstream/mixture/report.py",
+        "_most_epochs(plan, demand[:, i], walk) if count > 1",
+        "_most_epochs(plan, demand[:, i], walk) if False",
+        ("tests/test_mixture.py",),
+    ),
+    Mutant(
+        "report-fair-consumer-demand",
+        "the budget report takes every consumer's rows of a source at its weight, not the schedule's own draws",
+        "arrowstream/mixture/report.py",
+        "    counted = min(steps, max(1, _COUNTED_ROWS // per_step))",
+        "    counted = 0",
+        ("tests/test_mixture.py",),
+    ),
 ]
 
 

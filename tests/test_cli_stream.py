@@ -368,6 +368,19 @@ def test_a_mixture_file_streams_and_reports_from_the_command_line(
     for _ in range(30):
         next(it)
     assert json.loads(state.read_text())["stats"] == it.state_dict()["stats"]
+    # on 2 ranks x 2 workers a consumer's share runs out before the whole source would: said, and the status is 1
+    m = mix(src, {"low": 3, "high": 1}, max_epochs={"high": 1}).pack(seq_len=16, batch_size=8)
+    budget = next(b for b in range(500, 10**6, 500) if m.report(b, world_size=2, num_workers=2)["runs_out"][1])
+    assert not m.report(budget)["runs_out"][1]
+    ask = ["analyze", "--mixture", mix_file, "--tokenizer", str(tokenizer_path), "--seq-len", "16", "--tokens", str(budget)]
+    capsys.readouterr()
+    assert main(ask) == 0
+    assert "share" not in capsys.readouterr().out
+    assert main([*ask, "--world-size", "2", "--workers", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "on 2 rank(s) x 2 worker(s)" in out and "a consumer's share" in out and "<- runs out" in out
+    assert main(["analyze", str(root), "--world-size", "2"]) == 2
+    assert "--world-size and --workers go with --mixture" in capsys.readouterr().err
     # other weights: refused in the command line's words; with "reweight": true, the run goes on from there
     (tmp_path / "other.json").write_text(json.dumps({**spec, "weights": {"low": 1, "high": 1}, "num_tokens": 16 * 4 * 40}))
     other = ["stream", "--mixture", str(tmp_path / "other.json"), *common[3:], "--resume", str(state)]

@@ -520,3 +520,39 @@ def test_the_budget_report_says_what_a_run_takes_from_each_source(sources: dict[
         rows.update(b["source_ids"].tolist())
     for k, name in enumerate(NAMES):  # what the run took, within a row of the report's target
         assert abs(rows[k] * 16 - by[name]["target_tokens"]) <= 16
+
+
+def _runs_out(mixture: Any, world_size: int, num_workers: int) -> bool:
+    """Whether some consumer of the topology raises that a capped source ran out."""
+    short = False
+    for rank in range(world_size):
+        for worker in range(num_workers):
+            try:
+                for _ in mixture.iter(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers):
+                    pass
+            except ConfigError as exc:
+                assert "ran out" in str(exc)
+                short = True
+    return short
+
+
+def test_the_budget_report_counts_each_consumers_share_on_a_topology(sources: dict[str, Path]) -> None:
+    # books: one row group of 3 documents per file, so two consumers' shares differ by hundreds of tokens, and
+    # the schedule gives a consumer some more books rows than another: one runs out where one consumer would not
+    weights = {"web": 0.5, "code": 0.3, "books": 0.2}
+    topologies = [(1, 1), (2, 1), (3, 1), (1, 2)]
+    seen = Counter()
+    for budget in range(10_000, 24_001, 2_000):
+        mixture = _mixture(sources, weights, max_epochs={"books": 3}, num_tokens=budget)
+        for world_size, num_workers in topologies:
+            row = mixture.report(budget, world_size=world_size, num_workers=num_workers).row(2, named=True)
+            assert row["source"] == "books"
+            if world_size * num_workers == 1:
+                assert row["consumer_epochs"] == row["epochs"]
+            short = _runs_out(mixture, world_size, num_workers)
+            # never a false all-clear; and a source over its cap by a tenth does run out somewhere
+            assert short or not (row["consumer_epochs"] > 1.1 * 3), (budget, world_size, num_workers, row)
+            assert row["runs_out"] or not short, (budget, world_size, num_workers, row)
+            seen[(world_size * num_workers > 1, row["runs_out"], row["epochs"] > 3)] += 1
+    # budgets where the whole source holds enough but a consumer's share does not: said, and it happens
+    assert seen[(True, True, False)] and seen[(False, False, False)] and seen[(False, True, True)]

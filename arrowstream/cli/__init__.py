@@ -123,6 +123,11 @@ def _parser() -> argparse.ArgumentParser:
         "epochs a run takes from each source (with --tokenizer, --seq-len, --tokens)",
     )
     p.add_argument("--tokens", type=positive_int, help="the run's token budget for --mixture (default: the file's num_tokens)")
+    p.add_argument(
+        "--world-size", type=positive_int, default=1,
+        help="with --mixture: the run's ranks (each reads its own share of every source, so one may run out first)",
+    )
+    p.add_argument("--workers", type=positive_int, default=1, help="with --mixture: DataLoader workers per rank")
     p.add_argument("--column", default="text", help="text column, or a column of token ids")
     p.add_argument("--tokenizer", help="path to a tokenizer.json, for token lengths and strategies")
     p.add_argument("--seq-len", type=positive_int, default=2048, help="training sequence length")
@@ -286,15 +291,19 @@ def _analyze_mixture(args: argparse.Namespace) -> int:
     budget = args.tokens or budget
     if budget is None:
         raise UsageError(f"--mixture {args.mixture}: give the run's budget with --tokens N (or `num_tokens` in the file)")
-    report = mixture.pack(seq_len=args.seq_len, batch_size=args.batch_size).report(budget)
-    print(f"a run of {budget:,} tokens (rows of {args.seq_len}):")
+    packed = mixture.pack(seq_len=args.seq_len, batch_size=args.batch_size)
+    report = packed.report(budget, world_size=args.world_size, num_workers=args.workers)
+    consumers = args.world_size * args.workers
+    on = f" on {args.world_size} rank(s) x {args.workers} worker(s)" if consumers > 1 else ""
+    print(f"a run of {budget:,} tokens (rows of {args.seq_len}){on}:")
     for row in report.iter_rows(named=True):
         how = "counted" if row["counted"] else "estimated"
         cap = f", max_epochs {row['max_epochs']}" if row["max_epochs"] is not None else ""
         warn = "  <- runs out: raise max_epochs or lower the weight" if row["runs_out"] else ""
+        share = f", a consumer's share {row['consumer_epochs']:.2f} epochs" if consumers > 1 else ""
         print(
             f"  {row['source']:<12} weight {row['weight']:.3f}  {row['target_tokens']:>16,} tokens  "
-            f"{row['epochs']:8.2f} epochs of {row['epoch_tokens']:,} ({how}){cap}{warn}"
+            f"{row['epochs']:8.2f} epochs of {row['epoch_tokens']:,} ({how}){share}{cap}{warn}"
         )
     if args.json:
         Path(args.json).write_text(report.write_json())
@@ -314,6 +323,8 @@ _FIGURES = (".png", ".pdf", ".svg")
 def _analyze(args: argparse.Namespace) -> int:
     if args.mixture or args.path is None:
         return _analyze_mixture(args)
+    if (args.world_size, args.workers) != (1, 1):
+        raise UsageError("--world-size and --workers go with --mixture (the epochs each consumer's share of a source takes)")
     if args.tokens is not None:
         raise UsageError("--tokens is the budget of --mixture; without one there is nothing to budget")
     if args.tokenizer is not None:

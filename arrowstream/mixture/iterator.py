@@ -409,8 +409,9 @@ class MixtureIterator:
             raise ConfigError(
                 f"source {name!r} ran out at global row {row}: this consumer "
                 f"({self.consumer.index} of {self.consumer.count}) has read its share of all "
-                f"{cap} epoch(s) of it (max_epochs). Raise max_epochs[{name!r}], lower its "
-                "weight, or drop the cap"
+                f"{cap} epoch(s) of it (max_epochs); other consumers may run out later, or not. "
+                f"Raise max_epochs[{name!r}], lower its weight, or drop the cap; before a run, "
+                "`mixture.report(num_tokens, world_size=..., num_workers=...)` says which sources run out"
             ) from None
 
     def _take(self, name: str, need: int, row: int) -> list[Taken]:

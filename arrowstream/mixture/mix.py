@@ -297,16 +297,18 @@ class PackedMixture:
         step = world_size * self.slots
         return [Stage(math.ceil(start / (self.unit * step)) * step, counts) for start, counts in self.mixture.stages]
 
-    def report(self, num_tokens: int) -> pl.DataFrame:
+    def report(self, num_tokens: int, *, world_size: int = 1, num_workers: int = 1) -> pl.DataFrame:
         """Return, per source, what a run of ``num_tokens`` takes from it and the epochs that implies.
 
         See :func:`~arrowstream.mixture.report.budget_report`: weight, target
-        tokens, tokens an epoch holds (counted or estimated), epochs, cap, and
-        whether the source would run out.
+        tokens, tokens an epoch holds (counted or estimated), epochs, the
+        most epochs of its own share a consumer of ``world_size`` ranks x
+        ``num_workers`` DataLoader workers reads, cap, and whether the
+        source would run out on that topology.
         """
         from arrowstream.mixture.report import budget_report
 
-        return budget_report(self, num_tokens)
+        return budget_report(self, num_tokens, world_size=world_size, num_workers=num_workers)
 
     def iter(
         self,
