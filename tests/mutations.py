@@ -1393,6 +1393,14 @@ MUTANTS = [
         "    counted = 0",
         ("tests/test_mixture.py",),
     ),
+    Mutant(
+        "capped-source-shares-by-rows",
+        "a capped mixture source's consumers get shares of equal rows, so one comes round (and runs out) well before another",
+        "arrowstream/mixture/mix.py",
+        "balanced=name in caps)",
+        "balanced=False)",
+        ("tests/test_mixture.py",),
+    ),
 ]
 
 

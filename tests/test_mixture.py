@@ -537,12 +537,12 @@ def _runs_out(mixture: Any, world_size: int, num_workers: int) -> bool:
 
 
 def test_the_budget_report_counts_each_consumers_share_on_a_topology(sources: dict[str, Path]) -> None:
-    # books: one row group of 3 documents per file, so two consumers' shares differ by hundreds of tokens, and
-    # the schedule gives a consumer some more books rows than another: one runs out where one consumer would not
+    # the schedule gives one consumer some more books rows than another (tens of rows in a short run), and shares
+    # differ by up to a batch's tokens: one consumer runs out where a lone one would not
     weights = {"web": 0.5, "code": 0.3, "books": 0.2}
     topologies = [(1, 1), (2, 1), (3, 1), (1, 2)]
     seen = Counter()
-    for budget in range(10_000, 24_001, 2_000):
+    for budget in range(10_000, 24_001, 1_000):
         mixture = _mixture(sources, weights, max_epochs={"books": 3}, num_tokens=budget)
         for world_size, num_workers in topologies:
             row = mixture.report(budget, world_size=world_size, num_workers=num_workers).row(2, named=True)
@@ -556,3 +556,22 @@ def test_the_budget_report_counts_each_consumers_share_on_a_topology(sources: di
             seen[(world_size * num_workers > 1, row["runs_out"], row["epochs"] > 3)] += 1
     # budgets where the whole source holds enough but a consumer's share does not: said, and it happens
     assert seen[(True, True, False)] and seen[(False, False, False)] and seen[(False, True, True)]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_capped_sources_consumers_get_shares_of_equal_tokens(sources: dict[str, Path], world_size: int) -> None:
+    # books' two row groups hold 3 documents of 100-300 tokens each: shares of equal rows would differ by hundreds
+    # of tokens an epoch; a capped source's consumers get shares of whole batches of tokens, so they come round
+    # together and the cap runs out for all at about the same row
+    mixture = _mixture(sources, {"web": 1, "books": 1}, max_epochs={"books": 3})
+    read = []
+    for rank in range(world_size):
+        it = mixture.iter(rank=rank, world_size=world_size)
+        with pytest.raises(ConfigError, match="source 'books' ran out"):
+            for _ in it:
+                pass
+        read.append(it.source_stats()["books"]["tokens"])
+    total = sum(len(d) + 1 for d in _source_docs(2, "books"))
+    assert sum(read) == 3 * total  # every token of the 3 epochs, once each
+    per_batch = 16 * 4
+    assert max(read) - min(read) <= 3 * per_batch, read

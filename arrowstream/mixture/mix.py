@@ -115,7 +115,8 @@ def mix(
     for name, src in _share_encoders(sources).items():
         if shuffle and src.seed is None:
             src = replace(src, seed=_source_seed(seed, name))
-        prepared[name] = replace(src, num_epochs=caps.get(name))
+        # a capped source's consumers should come round together: shares of equal tokens, not rows
+        prepared[name] = replace(src, num_epochs=caps.get(name), balanced=name in caps)
     return Mixture(prepared, stages, seed, caps, bool(reweight))
 
 

@@ -153,6 +153,7 @@ class Dataset:
     packer: Packer | None = None
     added_files: str = "refuse"
     on_error: str = "raise"
+    balanced: bool = False  # shares of equal tokens without even batches: a mixture's capped source
 
     # -- building -----------------------------------------------------------------
 

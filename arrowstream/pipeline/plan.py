@@ -96,6 +96,7 @@ class Plan:
         self.num_inflight = max((s.num_inflight for s in self.stages if s.expensive), default=1)
         self.added_files = description.added_files
         self.skip_unreadable = getattr(description, "on_error", "raise") == "skip"
+        self.balanced = bool(getattr(description, "balanced", False))
         self._clear()
 
     def _clear(self) -> None:
@@ -251,7 +252,7 @@ class Plan:
 
     @property
     def streams_by(self) -> str:
-        """How fresh epochs are cut into streams for even batches.
+        """How fresh epochs are cut into streams for even batches (or a mixture's capped source, ``balanced``).
 
         ``"batches"`` when batch counts are counted and the tokens decide them
         (``concat``): every consumer gets whole batches of tokens, a document
@@ -262,10 +263,10 @@ class Plan:
         group, see :func:`~arrowstream.distributed.balance.token_estimates`)
         when they are estimated (``"bytes"``, equal Parquet bytes, in states
         before version 5);
-        ``"rows"`` without even batches, or when a batch takes a fixed number
+        ``"rows"`` without either, or when a batch takes a fixed number
         of documents (``.bucket(batch_size=...)``).
         """
-        even = self.packer is not None and self.packer.even_batches and self.num_epochs is not None
+        even = self.packer is not None and (self.packer.even_batches or self.balanced) and self.num_epochs is not None
         if not even or self.packer.counts_documents:  # type: ignore[union-attr]
             return "rows"  # batches of a fixed number of documents: equal rows keep counts even
         if self.token_counts is None:
