@@ -1401,6 +1401,46 @@ MUTANTS = [
         "balanced=False)",
         ("tests/test_mixture.py",),
     ),
+    Mutant(
+        "sample-estimate-counts-eos-twice",
+        "the sampled token total takes its tokens per character from lengths that hold the EOS, then adds an EOS a document",
+        "arrowstream/analysis/lengths.py",
+        "    ratio = float((lengths.sum() - (n if add_eos else 0)) / chars.sum())",
+        "    ratio = float(lengths.sum() / chars.sum())",
+        ("tests/test_analysis.py",),
+    ),
+    Mutant(
+        "analysis-json-drops-sample-info",
+        "the JSON's tokens row overwrites how the tokens were counted (a sample's size, intervals and estimate)",
+        "arrowstream/analysis/__init__.py",
+        "            out[measure] = {**row, **about} if isinstance(about, dict) else row",
+        "            out[measure] = row",
+        ("tests/test_analysis.py",),
+    ),
+    Mutant(
+        "by-group-null-dropped",
+        "documents whose `by` value is null fall out of the per-group table (a null group of 0 documents)",
+        "arrowstream/analysis/lengths.py",
+        '        part = counts.filter(pl.col("group").is_null() if group is None else pl.col("group") == group)',
+        '        part = counts.filter(pl.col("group") == group)',
+        ("tests/test_analysis.py",),
+    ),
+    Mutant(
+        "sample-bucketing-over-the-sample-alone",
+        "a sample is bucketed as it is, not drawn out to the corpus: a long document's later rows wait for the epoch's end",
+        "arrowstream/analysis/simulate.py",
+        "    drawn = n if num_docs is None else min(num_docs, max(n, _SAMPLE_WINDOWS * window))",
+        "    drawn = n",
+        ("tests/test_analysis.py",),
+    ),
+    Mutant(
+        "sample-bucketing-no-slack",
+        "the sampled bucketing interval leaves out the model's own lean under the run",
+        "arrowstream/analysis/simulate.py",
+        "SAMPLE_BUCKET_SLACK = 0.25",
+        "SAMPLE_BUCKET_SLACK = 0.0",
+        ("tests/test_analysis.py",),
+    ),
 ]
 
 

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -118,6 +120,16 @@ def test_sample_reports_its_size_and_intervals(tmp_path: Path, tokenizer: Tokeni
     true_total = full.summary.filter(full.summary["measure"] == "tokens")["total"].item()
     assert abs(info["estimated_total_tokens"] - true_total) < 0.1 * true_total
     assert "sample of" in str(part)
+    # the JSON keeps the sample's figures beside the sampled summary row
+    tokens = json.loads(part.to_json())["tokens"]
+    assert tokens["counted"] == "sample" and tokens["sample_docs"] == info["sample_docs"]
+    assert tokens["estimated_total_tokens"] == info["estimated_total_tokens"] and "p50" in tokens
+    # a sample that draws every document estimates the total exactly (each EOS counted once)
+    docs = full.info["num_docs"]
+    every = analyze(root, tokenizer=tokenizer, sample=docs - 1, seed=1).info["tokens"]
+    if every["sample_docs"] == docs:
+        assert every["estimated_total_tokens"] == true_total
+    assert abs(every["estimated_total_tokens"] - true_total) <= 0.002 * true_total
 
 
 def test_pre_tokenized_column_needs_no_tokenizer(tmp_path: Path) -> None:
@@ -245,3 +257,50 @@ def test_an_output_that_cannot_be_written_is_a_config_error_naming_it(tmp_path: 
     pytest.importorskip("matplotlib")
     with pytest.raises(ConfigError, match=r"cannot write the figure to '.*missing/a.png': No such file"):
         result.plot(tmp_path / "missing" / "a.png")
+
+
+@pytest.mark.parametrize("sample", [None, 20])
+def test_documents_whose_group_is_null_are_a_group_of_their_own(
+    tmp_path: Path, tokenizer: Tokenizer, sample: int | None
+) -> None:
+    texts = ["hello world " * (i % 7 + 1) for i in range(40)]
+    source = [None if i % 4 == 0 else ("a" if i % 2 else "b") for i in range(40)]  # 10 of 40 null
+    pq.write_table(pa.table({"text": texts, "source": source}), tmp_path / "x.parquet")
+    a = analyze(tmp_path, tokenizer=tokenizer, seq_len=16, by="source", sample=sample)
+    chars = {r["group"]: r for r in a.by.filter(pl.col("measure") == "chars").iter_rows(named=True)}
+    if sample is None:
+        assert {g: r["num_docs"] for g, r in chars.items()} == {None: 10, "a": 20, "b": 10}
+        assert chars[None]["p100"] == max(len(texts[i]) for i in range(0, 40, 4))
+    else:
+        assert None in chars and chars[None]["num_docs"] > 0
+    json.loads(a.to_json(), parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
+    assert "(null)" in str(a)
+
+
+def test_a_later_file_with_more_columns_is_measured(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    # files gain a column over time: the first file's schema must not refuse the later ones
+    pq.write_table(pa.table({"text": ["hello world", "a b c"]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": [1, 2], "text": ["more text here", "x y"]}), tmp_path / "b.parquet")
+    a = analyze(tmp_path, tokenizer=tokenizer, seq_len=16)
+    assert a.info["num_docs"] == 4
+    chars = a.summary.filter(pl.col("measure") == "chars")
+    assert chars["total"].item() == len("hello world") + len("a b c") + len("more text here") + len("x y")
+
+
+def test_a_sampled_bucketing_prediction_holds_the_runs_padding(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    # documents of which about a seventh are split at seq_len 512: a sample bucketed with the long documents
+    # split up front predicted about 40 % under the run, and its interval missed it
+    from arrowstream.testing.data import write_dataset
+
+    write_dataset(tmp_path, num_files=3, docs_per_file=2000, rows_per_group=400, seed=3)
+    full = analyze(tmp_path, tokenizer=tokenizer, seq_len=512, batch_size=8)
+    name = pl.col("name").str.starts_with("bucketing")
+    truth = full.strategies.filter(name)["padding_fraction"].item()
+    batches = list(read_parquet(tmp_path).tokenize(tokenizer).bucket(batch_size=8, window=1024, max_len=512))
+    pad, real = sum(b["num_padding_tokens"] for b in batches), sum(b["num_tokens"] for b in batches)
+    assert truth == pytest.approx(pad / (pad + real))  # the whole corpus's prediction is the run's
+    for seed in (0, 1):
+        row = analyze(tmp_path, tokenizer=tokenizer, seq_len=512, batch_size=8, sample=1000, seed=seed)
+        got = row.strategies.filter(name).row(0, named=True)
+        assert got["padding_low"] <= truth <= got["padding_high"], (seed, got, truth)
+        assert abs(got["padding_fraction"] - truth) < 0.25 * truth, (seed, got, truth)

@@ -113,3 +113,32 @@ def test_inspect_reports_schema_drift(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "columns that differ between files" in out and "n: column `n` has type int64" in out
     assert main(["inspect", str(tmp_path), "--json"]) == 0
     assert "n" in json.loads(capsys.readouterr().out)["drift"]
+
+
+def test_index_cache_and_inspect_give_their_advice_in_flags(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pyarrow.parquet as pq
+
+    for name, table in (("notext", {"body": ["a b c"]}), ("intcol", {"text": [1, 2]}), ("ok", {"text": ["hello world"]})):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table(table), tmp_path / name / "a.parquet")
+    (tmp_path / "drift").mkdir()
+    pq.write_table(pa.table({"text": ["a"]}), tmp_path / "drift" / "a.parquet")
+    pq.write_table(pa.table({"text": ["b"], "id": [1]}), tmp_path / "drift" / "b.parquet")
+    tok, cache = ["--tokenizer", str(tokenizer_path)], ["--cache", str(tmp_path / "c")]
+    for command in (["index"], ["cache", *cache]):
+        assert main([command[0], str(tmp_path / "notext"), *tok, *command[1:]]) == 2
+        assert capsys.readouterr().err.rstrip().endswith("fix --column or the data")
+        assert main([command[0], str(tmp_path / "intcol"), *tok, *command[1:]]) == 2
+        assert capsys.readouterr().err.rstrip().endswith("pass the name of a text column with --column")
+    import warnings
+
+    with warnings.catch_warnings():  # printed by the command line, as a user sees it
+        warnings.simplefilter("always")
+        assert main(["cache", str(tmp_path / "ok"), *tok, "--cache", "/proc/nowhere"]) != 0
+    err = capsys.readouterr().err
+    assert "cannot write to the token cache" in err and "--cache-read-only" not in err  # `cache` has no such flag
+    assert main(["inspect", str(tmp_path / "drift")]) == 0
+    out = capsys.readouterr().out
+    assert "select common columns with --columns" in out and "columns=" not in out

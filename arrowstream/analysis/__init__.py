@@ -50,7 +50,13 @@ from arrowstream.analysis.lengths import (
     quantiles_from_counts,
 )
 from arrowstream.analysis.report import plot_analysis, render_analysis
-from arrowstream.analysis.simulate import Prediction, simulate_bucketer, simulate_packer, simulate_padded
+from arrowstream.analysis.simulate import (
+    SAMPLE_BUCKET_SLACK,
+    Prediction,
+    simulate_bucketer,
+    simulate_packer,
+    simulate_padded,
+)
 from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.pack import ConcatPacker
@@ -101,7 +107,8 @@ class Analysis:
         out: dict[str, Any] = {**self.info}
         for row in self.summary.iter_rows(named=True):
             measure = row.pop("measure")
-            out[measure] = row
+            about = out.get(measure)  # how a measure was counted (tokens: a sample's figures) stays beside its row
+            out[measure] = {**row, **about} if isinstance(about, dict) else row
         out["histogram"] = self.histogram.to_dicts()
         out["strategies"] = self.strategies.to_dicts()
         if self.by is not None:
@@ -297,6 +304,8 @@ def _strategies(
     *,
     scale: float,
 ) -> pl.DataFrame:
+    docs = None if lengths is None else int(round(scale * lengths.size))  # the corpus a sample stands for
+
     def predict(part: np.ndarray, sizes: np.ndarray | None) -> list[tuple[str, Prediction]]:
         common = {"seq_len": seq_len, "batch_size": batch_size, "drop_last": False, "pad_id": 0}
         return [
@@ -305,7 +314,8 @@ def _strategies(
                 part, seq_len=seq_len, batch_size=batch_size, dynamic=True, seed=seed)),
             ("concat", simulate_packer(part, ConcatPacker(**common), chunk_sizes=sizes)),
             (f"bucketing (window {window})", simulate_bucketer(
-                part, batch_size=batch_size, window=window, max_len=seq_len, seed=seed, chunk_sizes=sizes)),
+                part, batch_size=batch_size, window=window, max_len=seq_len, seed=seed, chunk_sizes=sizes,
+                num_docs=docs)),
             (f"best_fit (window {window})", simulate_packer(
                 part, BestFitPacker(**common, window=window, seed=seed), chunk_sizes=sizes)),
         ]
@@ -324,6 +334,8 @@ def _strategies(
             half = 3.182 * each.std(axis=0, ddof=1) / 2
             low = [max(0.0, v - h) for v, h in zip(low, half.tolist())]
             high = [min(1.0, v + h) for v, h in zip(high, half.tolist())]
+            at = [n for n, _ in names].index(f"bucketing (window {window})")  # a model a little under: see the slack
+            high[at] = min(1.0, high[at] + SAMPLE_BUCKET_SLACK * names[at][1].scaled_padding_fraction(scale))
     return pl.DataFrame(
         {
             "name": [n for n, _ in names],

@@ -73,7 +73,8 @@ def _length_counts(ds: Any, column: str, by: str | None, is_text: bool) -> pl.Da
     else:  # polars reaches object stores by URI
         sources = [f"{manifest.filesystem.type_name}://{p}" for p in manifest.paths]
     try:
-        frame = _count_lengths(pl.scan_parquet(sources, include_file_paths="__file", missing_columns="insert"),
+        frame = _count_lengths(pl.scan_parquet(sources, include_file_paths="__file", missing_columns="insert",
+                                               extra_columns="ignore"),
                                column, by, is_text)
     except pl.exceptions.PolarsError as exc:
         raise _named(exc, sources, column, by, is_text) from exc
@@ -156,7 +157,7 @@ def _histogram(name: str, counts: pl.DataFrame, key: str) -> pl.DataFrame:
 def _by_rows(counts: pl.DataFrame, measures: list[str], seq_len: int) -> pl.DataFrame:
     rows = []
     for group in sorted(counts["group"].unique().to_list(), key=str):
-        part = counts.filter(pl.col("group") == group)
+        part = counts.filter(pl.col("group").is_null() if group is None else pl.col("group") == group)
         for m in measures:
             row = _summary_row(m, part.select([m, "n"]), m, seq_len if m == "tokens" else None)
             rows.append({"group": group, **row})
@@ -225,7 +226,7 @@ def _sample_info(
     n = lengths.size
     mean = float(lengths.mean())
     half = _Z95 * float(lengths.std(ddof=1)) / math.sqrt(n) if n > 1 else math.inf
-    ratio = float(lengths.sum() / chars.sum())
+    ratio = float((lengths.sum() - (n if add_eos else 0)) / chars.sum())  # the text's own tokens: EOS apart
     total_chars = int(counts.group_by("chars").agg(pl.col("n").sum()).select(pl.col("chars") * pl.col("n")).sum().item())
     sorted_len = np.sort(lengths)
     quant = {}

@@ -120,7 +120,7 @@ def render_analysis(a: Analysis, *, max_groups: int | None = 20) -> str:
         out += ["", title]
         keep = set(shown)
         rows = [
-            [str(r["group"]), r["measure"], _num(r["num_docs"]), _num(r["mean"]), _num(r["p50"]),
+            ["(null)" if r["group"] is None else str(r["group"]), r["measure"], _num(r["num_docs"]), _num(r["mean"]), _num(r["p50"]),
              _num(r["p90"]), _num(r["p100"]),
              "-" if r["above_seq_len"] is None else f"{r['above_seq_len']:.2%}"]
             for r in a.by.iter_rows(named=True)

@@ -23,7 +23,7 @@ from arrowstream.io.chunk import Chunk
 from arrowstream.pack import Packer
 from arrowstream.pack.bucket import BucketPacker
 
-__all__ = ["Prediction", "simulate_bucketer", "simulate_packer", "simulate_padded", "split_lengths"]
+__all__ = ["SAMPLE_BUCKET_SLACK", "Prediction", "simulate_bucketer", "simulate_packer", "simulate_padded", "split_lengths"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +188,15 @@ def split_lengths(lengths: np.ndarray, max_len: int) -> np.ndarray:
     return out
 
 
+#: Shuffle windows' worth of documents a sample is drawn out to before its bucketing is simulated.
+_SAMPLE_WINDOWS = 64
+
+#: The share of a sampled bucketing prediction its interval also spans above it: drawn from a sample,
+#: lengths repeat and fit each other, so the prediction runs about a tenth under the run's (measured
+#: 0.87-1.21 % against 1.17 % over twelve samples of 1,000 and 3,000 of 6,000 documents).
+SAMPLE_BUCKET_SLACK = 0.25
+
+
 def simulate_bucketer(
     lengths: np.ndarray,
     *,
@@ -196,17 +205,23 @@ def simulate_bucketer(
     max_len: int,
     seed: int,
     chunk_sizes: np.ndarray | None = None,
+    num_docs: int | None = None,
 ) -> Prediction:
     """Predict ``.bucket(batch_size=..., window=..., max_len=...)`` with its default ``long_docs="split"``.
 
     With ``chunk_sizes`` (the whole corpus, chunked as the pipeline reads it)
     the real bucketer runs over the documents and the prediction is the
-    pipeline's exactly. Without them (a sample) each long document is split
-    into its rows up front (:func:`split_lengths`) and the rows are bucketed
-    in its place: in a real run a document's later rows join the windows
-    that follow it, so a sample, often a single window, would otherwise see
-    them only in the epoch-end rounds and overstate the padding. Windows
-    alike, a row lands in one as likely as in the next.
+    pipeline's exactly. Without them the documents are a sample of a corpus
+    of ``num_docs``: the real bucketer runs over a corpus drawn from the
+    sample (with replacement, in a random order) as large as the corpus, up
+    to ``_SAMPLE_WINDOWS`` windows' worth of documents, and the counts are
+    scaled back to the sample's size: the epoch-end rounds, whose padding
+    does not grow with the corpus, then weigh about as in the run. Run over
+    the sample alone, a sample of about a window would see a long document's
+    later rows only in those rounds (overstating the padding about twofold);
+    split into rows up front, the rows of one document fill a window
+    together (understating it by a third). Drawn out, it is still a little
+    under (repeated lengths fit each other): see ``SAMPLE_BUCKET_SLACK``.
 
     Examples
     --------
@@ -216,19 +231,31 @@ def simulate_bucketer(
     (21, 0, 1)
     """
     lengths = np.asarray(lengths, dtype=np.int64)
+    packer = BucketPacker(batch_size=batch_size, window=window, max_len=max_len, long_docs="split", seed=seed)
     if chunk_sizes is not None:
-        packer = BucketPacker(batch_size=batch_size, window=window, max_len=max_len, long_docs="split", seed=seed)
         return simulate_packer(lengths, packer, chunk_sizes=chunk_sizes)
-    packer = BucketPacker(batch_size=batch_size, window=window, max_len=max_len, long_docs="truncate", seed=seed)
-    rows = simulate_packer(split_lengths(lengths, max_len), packer)
+    n = lengths.size
+    drawn = n if num_docs is None else min(num_docs, max(n, _SAMPLE_WINDOWS * window))
+    if drawn <= n:
+        return simulate_packer(lengths, packer)
+    corpus = lengths[np.random.default_rng([seed, n]).integers(0, n, drawn)]
+    return _scaled(simulate_packer(corpus, packer), n / drawn)
+
+
+def _scaled(p: Prediction, factor: float) -> Prediction:
+    """``p``'s counts ``factor`` times over, the epoch's last batch (its tail) once."""
+
+    def part(total: int, tail: int = 0) -> int:
+        return int(round((total - tail) * factor)) + tail
+
     return Prediction(
-        rows.num_batches,
-        rows.num_tokens,
-        rows.padding_tokens,
-        int(np.count_nonzero(lengths > max_len)),
-        rows.dropped_tokens,
-        rows.tail_tokens,
-        rows.tail_padding,
+        part(p.num_batches),
+        part(p.num_tokens, p.tail_tokens),
+        part(p.padding_tokens, p.tail_padding),
+        part(p.cut_docs),
+        part(p.dropped_tokens),
+        p.tail_tokens,
+        p.tail_padding,
     )
 
 

@@ -235,7 +235,7 @@ def _inspect(args: argparse.Namespace) -> int:
     if m.drift:
         print("columns that differ between files (left out; select others with --columns):")
         for name, problem in m.drift.items():
-            print(f"  {name}: {problem}")
+            print(f"  {name}: {as_flags(problem, 'inspect')}")
     for index in indexes:
         print(
             f"length index: column {index['column']!r}, tokenizer {index['tokenizer']}, covers "

@@ -29,10 +29,16 @@ _WORDS: dict[str, tuple[tuple[str, str], ...]] = {
             "",
         ),
         ("this iterator is consumer", "this run is consumer"),
+        ("pass the name of a text column with `column=`", "pass the name of a text column with --column"),
     ),
     "index": (
         (" (`length_index=DIR` in Python)", ""),
         ("(`--length-index`, or `.tokenize(..., length_index=DIR)`)", "(--length-index of `arrowstream stream`)"),
+        ("fix `columns=` or the data", "fix --column or the data"),
+    ),
+    "cache": (
+        ("fix `columns=` or the data", "fix --column or the data"),
+        ("free space or fix the permissions, or pass cache_write=False", "free space or fix the permissions"),
     ),
     "inspect": (
         ("fix `columns=` or the data", "fix --columns (or --column) or the data"),
@@ -47,7 +53,6 @@ _WORDS: dict[str, tuple[tuple[str, str], ...]] = {
         ("select common columns with `columns=` or fix the files", "fix the files"),
         ("add the columns it uses to `columns=` or fix the expression", "fix the column names in --filter"),
         ("for a column of token ids use `.tokenize(None, column=...)`", "this command tokenizes text: pass a text column with --column"),
-        ("pass the name of a text column with `column=`", "pass the name of a text column with --column"),
         ("; `ds.balance` says which applies), or pass even_batches=False",
          "; `arrowstream inspect PATH --tokenizer T` says which applies)"),
         (
