@@ -1104,14 +1104,6 @@ MUTANTS = [
         ("tests/test_slots.py::test_a_ring_handle_that_fails_while_its_worker_is_dying_waits_until_the_worker_can_be_seen_dead",),
     ),
     Mutant(
-        "sampled-bucketing-runs-pieces-at-the-epochs-end",
-        "a sampled bucketing prediction runs the splitting bucketer over the sample, so later pieces of long documents all wait for the epoch-end rounds",
-        "arrowstream/analysis/simulate.py",
-        "    if chunk_sizes is not None:\n        packer = BucketPacker(",
-        "    if True:\n        packer = BucketPacker(",
-        ("tests/test_analysis.py",),
-    ),
-    Mutant(
         "bucketing-prediction-truncates",
         "the analysis predicts bucketing with long documents truncated, not split as `.bucket` does by default",
         "arrowstream/analysis/simulate.py",

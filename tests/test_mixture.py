@@ -575,3 +575,32 @@ def test_a_capped_sources_consumers_get_shares_of_equal_tokens(sources: dict[str
     assert sum(read) == 3 * total  # every token of the 3 epochs, once each
     per_batch = 16 * 4
     assert max(read) - min(read) <= 3 * per_batch, read
+
+
+def test_a_state_saved_while_a_capped_source_was_cut_by_rows_resumes(sources: dict[str, Path]) -> None:
+    # states saved before capped sources were cut by tokens name epochs cut by rows: the epoch goes on as saved,
+    # the next ones are cut by tokens, and the source's tokens are still read exactly 3 times over
+    from dataclasses import replace
+
+    old = _mixture(sources, {"web": 1, "books": 1}, max_epochs={"books": 3})
+    old.pipelines = {name: replace(p, balanced=False) for name, p in old.pipelines.items()}
+    new = _mixture(sources, {"web": 1, "books": 1}, max_epochs={"books": 3})
+    emitted: Counter[int] = Counter()
+    read = 0
+    for rank in range(2):
+        it = old.iter(rank=rank, world_size=2)
+        for _ in range(7):
+            next(it)
+        state = json.loads(json.dumps(it.state_dict()))
+        assert state["sources"]["books"]["work"]["by"] == "rows"
+        it = new.iter(state, rank=rank, world_size=2)
+        with pytest.raises(ConfigError, match="source 'books' ran out"):
+            for b in it:
+                tokens = b["input_ids"][b["source_ids"] == 2]
+                emitted.update(tokens[tokens > 0].tolist())
+        read += it.source_stats()["books"]["tokens"]
+    docs = _source_docs(2, "books")
+    total = sum(len(d) + 1 for d in docs)  # + EOS
+    assert read == 3 * total  # all 3 epochs read, each share once (the counters go on from the state)
+    # emitted at most 3 times; at least twice (the batch that found the source run out is not emitted)
+    assert len(emitted) == total - len(docs) and 2 <= min(emitted.values()) and max(emitted.values()) <= 3

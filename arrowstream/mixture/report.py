@@ -66,7 +66,7 @@ def budget_report(
     >>> budget_report(m, 100).select("source", "epochs", "runs_out").row(0)
     ('a', 1.7857142857142858, False)
     >>> budget_report(m, 100, world_size=2).select("source", "consumer_epochs", "runs_out").row(0)
-    ('a', 2.3, True)
+    ('a', 2.6666666666666665, True)
     """
     num_tokens = check_int("num_tokens", num_tokens)
     count = Consumer.of(rank=0, world_size=world_size, num_workers=num_workers).count
