@@ -232,7 +232,9 @@ def load_data_state(checkpoint_dir: str | os.PathLike[str], loader: StatefulLoad
             "so node-local folders must be gathered) into that folder, or resume with the "
             "saving run's number of ranks and workers"
         )
-    loader.load_state_dict(merge_states([_read(ranks[r]) for r in range(saved_world)]))
+    # one checkpoint is one training step: its consumers may be epochs apart (a rank's DataLoader workers
+    # whose shares of an epoch hold different batch counts drift apart), never steps apart
+    loader.load_state_dict(merge_states([_read(ranks[r]) for r in range(saved_world)], drift=True))
 
 
 def _read(path: Path) -> dict[str, Any]:

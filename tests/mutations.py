@@ -1433,6 +1433,30 @@ MUTANTS = [
         "SAMPLE_BUCKET_SLACK = 0.0",
         ("tests/test_analysis.py",),
     ),
+    Mutant(
+        "merged-state-ignores-workers-a-rank",
+        "a merged state loaded on the same number of consumers split into other ranks keeps each consumer's old count",
+        "arrowstream/distributed/topology.py",
+        '        same = count == consumer.count and state.get("num_workers") in (None, consumer.per_rank)',
+        "        same = count == consumer.count",
+        ("tests/test_topology.py",),
+    ),
+    Mutant(
+        "own-state-ignores-workers-a-rank",
+        "a worker's own state loads as a rank of another split of the same consumers, keeping a count evened per rank",
+        "arrowstream/pipeline/iterator.py",
+        "        if state.num_workers is not None and workers != self.consumer.per_rank and _counted_targets(self.plan):",
+        "        if False:",
+        ("tests/test_topology.py",),
+    ),
+    Mutant(
+        "checkpoint-merge-refuses-drifted-workers",
+        "load_data_state merges one checkpoint's states without drift: DataLoader workers epochs apart are refused",
+        "arrowstream/checkpoint.py",
+        "range(saved_world)], drift=True))",
+        "range(saved_world)]))",
+        ("tests/test_huggingface.py",),
+    ),
 ]
 
 

@@ -233,6 +233,30 @@ def test_two_ranks_resume_on_one_through_merge(tmp_path: Path) -> None:
     assert [p.name for p in (ckpt / "arrowstream").iterdir()] == ["rank-00000-of-00001.json"]
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # a 2-core machine
+def test_workers_epochs_apart_resume_on_more_workers(tmp_path: Path) -> None:
+    # 10 documents of 8 tokens, 5 batches an epoch: worker 0 of 2 gets 2 of each epoch and worker 1 gets 3 (only
+    # the rank's total is even), so after 24 steps they are in epochs 5 and 3; the checkpoint is one step
+    import pyarrow.parquet as pq
+
+    docs = [[(i + 1) * 1000 + j for j in range(7)] for i in range(10)]
+    pq.write_table(pa.table({"ids": pa.array(docs, pa.list_(pa.int32()))}), tmp_path / "part-0.parquet", row_group_size=5)
+    ds = read_parquet(tmp_path, num_epochs=8).tokenize(None, column="ids", eos_id=0).pack(seq_len=8, batch_size=2)
+    loader = StatefulLoader(ds.to_torch(), num_workers=2)
+    it = iter(loader)
+    before = [next(it) for _ in range(24)]
+    ckpt = tmp_path / "checkpoint-24"
+    save_data_state(ckpt, loader)
+    epochs = sorted(st["position"]["epoch"] for st in loader.state_dict()["states"])
+    assert epochs[1] - epochs[0] > 1
+    del it
+    resumed = StatefulLoader(ds.to_torch(), num_workers=3)
+    load_data_state(ckpt, resumed)
+    after = list(resumed)
+    assert len(before) + len(after) == 40
+    assert _tokens(before) + _tokens(after) == Counter({t: 8 for doc in docs for t in doc if t})
+
+
 def test_merge_needs_every_rank_file(tmp_path: Path) -> None:
     ds, _ = _ds(tmp_path, num_epochs=1)
     ckpt = tmp_path / "checkpoint-3"

@@ -398,3 +398,38 @@ def test_consumers_epochs_apart_merge_with_drift_and_emit_every_document_once_pe
         for batch in ds.iter(merged, rank=rank, world_size=3):
             seen.update(t for t in batch["input_ids"].ravel().tolist() if t)
     assert seen == Counter(t for doc in docs for t in doc * 6)  # every token of every document, once an epoch
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+@pytest.mark.parametrize(("saved", "resumed"), [((1, 2), (2, 1)), ((2, 2), (4, 1)), ((1, 4), (2, 2))])
+def test_the_same_consumers_split_into_other_ranks_keep_every_ranks_count_equal(
+    tmp_path: Path, strategy: str, saved: tuple[int, int], resumed: tuple[int, int]
+) -> None:
+    # counted even batches even out each rank's total over its workers: the same consumer count split into
+    # other ranks is another topology (a 1x2 state resumed on 2x1 gave the two ranks 59 and 60 batches)
+    root, expected = _corpus(tmp_path)
+    ds = read_parquet(root, batch_rows=4).tokenize(None, column="input_ids", eos_id=0)
+    ds = ds.pack(seq_len=8, batch_size=3, strategy=strategy)
+    assert ds.balance.startswith("counted")
+    (world, workers), (new_world, new_workers) = saved, resumed
+    seen: Counter = Counter()
+    states = []
+    for rank in range(world):
+        for worker in range(workers):
+            it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
+            seen += _tokens([next(it) for _ in range(3)])
+            states.append(json.loads(json.dumps(it.state_dict())))
+    merged = merge_states(states)
+    counts = []
+    for rank in range(new_world):
+        total = 0
+        for worker in range(new_workers):
+            batches = list(ds.iter(merged, rank=rank, world_size=new_world, worker=worker, num_workers=new_workers))
+            seen += _tokens(batches)
+            total += len(batches)
+        counts.append(total)
+    assert len(set(counts)) == 1, counts
+    assert seen == expected  # every token once
+    if new_workers != workers:  # a consumer's own state is refused there: it would keep its old count
+        with pytest.raises(StateError, match=f"saved with {workers} DataLoader workers a rank, this iterator has {new_workers}"):
+            ds.iter(states[0], rank=0, world_size=new_world, worker=0, num_workers=new_workers)

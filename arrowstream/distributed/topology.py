@@ -251,20 +251,23 @@ def own_share(
         epoch = int(state["epoch"])
         if len(entries) != count:
             raise ValueError(f"{len(entries)} consumer entries for {count} consumers")
-        deals = {} if count == consumer.count else redeal(state, consumer.count, fresh, cut)
+        # the same consumers split into other ranks (workers a rank) are another topology: even batches are per rank
+        same = count == consumer.count and state.get("num_workers") in (None, consumer.per_rank)
+        deals = {} if same else redeal(state, consumer.count, fresh, cut)
     except (KeyError, TypeError, ValueError) as exc:
         raise StateError(
             f"global state is malformed ({exc}): pass what `merge_states` returned"
         ) from exc
     common = {k: state[k] for k in ("format", "version", "dataset", "options_hash", "options")}
     me = {"index": consumer.index, "count": consumer.count}
-    if count == consumer.count:
+    if same:
         entry = entries[consumer.index]
         own = {k: entry[k] for k in ("position", "work", "stats", "packer")}
         own.update({k: entry.get(k) for k in ("held", "next_work")})  # absent in version 2
         own["later_work"] = entry.get("later_work") or []
         own["epoch_stats"] = entry.get("epoch_stats", [])  # version 5 on
-        return {**common, **own, "consumer": me}, deals
+        workers = {} if state.get("num_workers") is None else {"num_workers": state["num_workers"]}
+        return {**common, **own, "consumer": me, **workers}, deals
     mine = deals[epoch].parts[consumer.index]
     first = mine[0] if mine else (0, 0, 0, 0, 0)
     out = {
@@ -391,6 +394,11 @@ def merge_states(states: list[dict[str, Any]], *, drift: bool = False) -> dict[s
                 f"states come from topologies of {count} and {st['consumer']['count']} consumers: "
                 "merge the states of one step of one run"
             )
+        if st.get("num_workers") != first.get("num_workers"):
+            raise StateError(
+                f"states come from topologies of {first.get('num_workers') or 1} and "
+                f"{st.get('num_workers') or 1} DataLoader workers a rank: merge the states of one step of one run"
+            )
     seen = sorted(st["consumer"]["index"] for st in states)
     if seen != list(range(count)):
         raise StateError(
@@ -402,7 +410,9 @@ def merge_states(states: list[dict[str, Any]], *, drift: bool = False) -> dict[s
         raise StateError(
             f"consumers are in epochs {epochs}, more than one apart: merge the states of one "
             "training step of one run; if they are (an endless stream, num_epochs=None, or one without "
-            "even batches, whose consumers go round at different speeds), pass `drift=True`"
+            "even batches, whose consumers go round at different speeds; or DataLoader workers, whose "
+            "shares of an epoch may hold different batch counts, as only a rank's total is even), "
+            "pass `drift=True`"
         )
     ordered = sorted(states, key=lambda st: st["consumer"]["index"])
     totals: dict[str, int] = {}
@@ -427,6 +437,7 @@ def merge_states(states: list[dict[str, Any]], *, drift: bool = False) -> dict[s
             "kind": "global",
             "epoch": epochs[0],
             "consumer_count": count,
+            **({} if first.get("num_workers") is None else {"num_workers": first["num_workers"]}),
             "consumers": [
                 {
                     k: copy.deepcopy(st[k])

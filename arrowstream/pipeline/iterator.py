@@ -132,7 +132,7 @@ class DatasetIterator:
                 options_hash=self.plan.options_hash,
             )
             assert saved is not None
-            self._check_consumer(saved.consumer)
+            self._check_consumer(saved)
             self._start_epoch = saved.position.epoch
             self._deals[self._start_epoch] = saved.work
             ahead = [] if saved.next_work is None else [saved.next_work, *saved.later_work]
@@ -280,14 +280,23 @@ class DatasetIterator:
     def _where(self, pos: Position) -> dict[str, Any]:
         return where_of(self.plan, self._work(pos.epoch), pos)
 
-    def _check_consumer(self, saved: tuple[int, int]) -> None:
-        mine = (self.consumer.index, self.consumer.count)
+    def _check_consumer(self, state: State) -> None:
+        saved, mine = state.consumer, (self.consumer.index, self.consumer.count)
         if saved != mine:
             raise StateError(
                 f"the state belongs to consumer {saved[0]} of {saved[1]}, "
                 f"this iterator is consumer {mine[0]} of {mine[1]} "
                 "(rank x DataLoader worker): load the state saved by this consumer, or merge all "
                 "consumers' states with `arrowstream.merge_states` to resume on any topology"
+            )
+        # counted even batches even out each rank's total over its workers: other ranks, other counts
+        workers = state.num_workers or 1
+        if state.num_workers is not None and workers != self.consumer.per_rank and _counted_targets(self.plan):
+            raise StateError(
+                f"the state was saved with {workers} DataLoader workers a rank, this iterator has "
+                f"{self.consumer.per_rank}: the same {saved[1]} consumers make other ranks, whose "
+                "even-batch counts differ; merge every consumer's state with `arrowstream.merge_states` "
+                "and load the merged state"
             )
 
     def _check_work(self, epoch: int) -> None:
@@ -411,6 +420,12 @@ class DatasetIterator:
                 self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._reader.close()
+
+
+def _counted_targets(plan: Plan) -> bool:
+    """Whether consumers' batch targets are counted (each its own, evened per rank), not one estimate for all."""
+    packer = plan.packer
+    return packer is not None and bool(packer.even_batches) and plan.num_epochs is not None and plan.token_counts is not None
 
 
 def _targets(

@@ -129,6 +129,7 @@ class IteratorSnapshot:
             next_work=ahead[0] if ahead else None,
             epoch_stats=tuple(epochs),
             later_work=tuple(ahead[1:]),
+            num_workers=self.consumer.per_rank if self.consumer.per_rank > 1 else None,
         ).to_dict()
         state["held"] = held
         return with_checksum(state)

@@ -97,6 +97,7 @@ class State:
     next_work: Work | None = None
     epoch_stats: tuple[dict[str, int], ...] = ()
     later_work: tuple[Work, ...] = ()
+    num_workers: int | None = None  # DataLoader workers a rank, when more than one (counted even batches per rank)
 
     @classmethod
     def from_dict(cls, data: Any) -> State:
@@ -119,6 +120,9 @@ class State:
             raise StateError(f"state `stats` should hold int counters, got {bad!r}")
         consumer = data["consumer"]
         index, total = count(consumer.get("index"), "consumer.index"), count(consumer.get("count"), "consumer.count")
+        workers = data.get("num_workers")
+        if workers is not None and (count(workers, "num_workers") < 2 or total % workers):
+            raise StateError(f"state `num_workers` {workers} does not split {total} consumers into ranks: the state was edited")
         packer = data.get("packer") or {}
         if not isinstance(packer, dict):
             raise StateError(f"state `packer` should be a dict, got {type(packer).__name__}: the state was edited")
@@ -152,6 +156,7 @@ class State:
             next_work=None if nxt is None else Work.from_dict(nxt, field="next_work"),
             epoch_stats=tuple(dict(e) for e in epochs),
             later_work=tuple(Work.from_dict(w, field="later_work") for w in later),
+            num_workers=workers,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,6 +176,7 @@ class State:
             "next_work": None if self.next_work is None else self.next_work.to_dict(with_target=True),
             "epoch_stats": [dict(e) for e in self.epoch_stats],
             "later_work": [w.to_dict(with_target=True) for w in self.later_work],
+            **({} if self.num_workers is None else {"num_workers": self.num_workers}),
         }
 
 
