@@ -215,10 +215,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--resume {args.resume}: {as_flags(str(exc), 'stream')}") from exc
     before = it.state_dict()["stats"].get("tokens", 0)
     count, start = 0, time.perf_counter()
+    # a mixture's batch that an interrupt cuts short has taken rows its state cannot hold: keep each batch's
+    keep = bool(args.save_state) and isinstance(it, MixtureIterator)
+    kept = it.snapshot() if keep else None
     previous = signal.signal(signal.SIGTERM, on_sigterm)  # a scheduler's stop: saved as Ctrl-C is
     try:
         with progress(args.max_batches, "streaming") as bar:
             for _ in it:
+                if keep:
+                    kept = it.snapshot()
                 count += 1
                 bar.update(1)
                 if count % 10 == 0:
@@ -229,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as exc:
         if not args.save_state:
             raise
-        write_state(args.save_state, it.state_dict())
+        write_state(args.save_state, it.state_dict() if kept is None else kept.to_dict())
         how = "terminated" if isinstance(exc, Terminated) else "interrupted"
         print(
             f"{how} after {count:,} batches; state saved to {args.save_state} (continue with --resume)",

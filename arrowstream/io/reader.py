@@ -144,6 +144,7 @@ class ShardReader:
                     self.retries += 1
                     pause(backoff, attempt)
                     continue
+                self._forget(info.path)  # a handle whose read failed may keep the failure: the next read opens anew
                 if isinstance(exc, ShardError):
                     raise
                 if self.skip_unreadable and skippable(exc):

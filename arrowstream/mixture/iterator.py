@@ -82,6 +82,7 @@ class MixtureIterator:
         self._blocks = 0
         self._owed: dict[int, list[int]] = {}  # per source: rows and layouts handed out of blocks, not yet skipped
         self._stats = self._zero_stats()
+        self._broken: BaseException | None = None  # what made the last next() fail
         self.load_state_dict(state)
 
     # -- state --------------------------------------------------------------------
@@ -104,6 +105,7 @@ class MixtureIterator:
             topology), or malformed.
         """
         own = None if state is None else self._own(state)
+        self._broken = None
         for it in self._sources.values():
             it.close()
         self._ahead.clear()
@@ -219,7 +221,16 @@ class MixtureIterator:
         return self.snapshot().to_dict()
 
     def snapshot(self) -> MixtureSnapshot:
-        """Capture the position after the last batch; ``.to_dict()`` builds its state (see :mod:`arrowstream.state.snapshot`)."""
+        """Capture the position after the last batch; ``.to_dict()`` builds its state (see :mod:`arrowstream.state.snapshot`).
+
+        Raises
+        ------
+        StateError
+            The last ``next()`` failed (a read, a source run out, an
+            interrupt): the rows it took are not in any state.
+        """
+        if self._broken is not None:
+            raise StateError(self._lost("a state asked for"))
         self._settle()
         return MixtureSnapshot(
             self.mixture,
@@ -288,6 +299,25 @@ class MixtureIterator:
         return self
 
     def __next__(self) -> dict[str, Any]:
+        if self._broken is not None:
+            raise StateError(self._lost("next()"))
+        try:
+            return self._next_batch()
+        except StopIteration:
+            raise
+        except BaseException as exc:  # rows a failed batch took from its sources are gone: say so, never resume
+            self._broken = exc
+            raise
+
+    def _lost(self, what: str) -> str:
+        exc = self._broken
+        return (
+            f"{what} after a next() that failed ({type(exc).__name__}: {exc}): the failed batch had taken rows "
+            "from its sources, so this iterator no longer knows where it stands; resume from the state saved "
+            "after the last batch you kept (`mixture.iter(state)`)"
+        )
+
+    def _next_batch(self) -> dict[str, Any]:
         step = self._step()
         if not self._in_run(step):
             raise StopIteration

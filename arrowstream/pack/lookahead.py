@@ -220,6 +220,7 @@ class DocumentSource:
         size = self.size if size is None else size
         keys: list[Key] = []
         docs: list[Doc] = []
+        taken: list[Chunk] = []  # counted and marked read once the window is whole: a read that fails moves nothing
         while True:
             chunk = self._next(chunks)
             if chunk is None or chunk.epoch != self.epoch:
@@ -227,14 +228,20 @@ class DocumentSource:
                 break
             if exact and len(keys) < size < len(keys) + chunk.num_docs:
                 chunk, self._pending = chunk.split(np.array([size - len(keys)]))
-            self.ledger.commit(chunk)
-            self.read = (chunk.epoch, chunk.segment, chunk.seq_end)
+            taken.append(chunk)
             for i, key in enumerate(_keys(chunk)):
                 keys.append(key)
                 docs.append(_doc(chunk, i))
             if len(keys) >= size and (exact or chunk.source_end):
                 break
+        self._commit(taken)
         return LookaheadWindow(self.epoch, keys, docs) if keys else None
+
+    def _commit(self, taken: list[Chunk]) -> None:
+        """Count ``taken`` as read and move the read mark past the last of them."""
+        for chunk in taken:
+            self.ledger.commit(chunk)
+            self.read = (chunk.epoch, chunk.segment, chunk.seq_end)
 
     def prime(self, chunks: Iterator[Chunk]) -> None:
         """Replay up to the read mark now, so :attr:`recovered` holds every wanted document."""
@@ -253,13 +260,14 @@ class DocumentSource:
     def drain(self, chunks: Iterator[Chunk]) -> tuple[int, int]:
         """Skip the rest of the current epoch; return the documents and tokens skipped."""
         docs = tokens = 0
+        taken: list[Chunk] = []
         while True:
             chunk = self._next(chunks)
             if chunk is None or chunk.epoch != self.epoch:
                 self._pending = chunk
+                self._commit(taken)
                 return docs, tokens
-            self.ledger.commit(chunk)
-            self.read = (chunk.epoch, chunk.segment, chunk.seq_end)
+            taken.append(chunk)
             assert chunk.offsets is not None
             docs += chunk.num_docs
             tokens += int(chunk.offsets[-1])

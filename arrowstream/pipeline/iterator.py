@@ -10,6 +10,7 @@ Not thread-safe: one iterator belongs to one consumer.
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 from collections.abc import Generator
@@ -31,8 +32,9 @@ from arrowstream.pipeline.growth import resume_plan
 from arrowstream.pipeline.plan import Plan
 from arrowstream.pipeline.reading import iter_chunks
 from arrowstream.pipeline.snapshot import IteratorSnapshot, where_of, work_of
+from arrowstream.pipeline.targets import counted_targets, epoch_target
 from arrowstream.state import Position, State, Work, check_identity, check_state
-from arrowstream.state.checksum import verify_checksum
+from arrowstream.state.ranks import epoch_of, own_of_rank
 
 __all__ = ["DatasetIterator"]
 
@@ -81,6 +83,7 @@ class DatasetIterator:
         self._reader = plan.make_reader()
         self._chunks: Prefetcher[Chunk] | _Inline | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._failed: dict[str, Any] | None = None  # after a next() that raised: the state after the last item
         if plan.num_inflight > 1:
             # no finalizer: an executor's idle threads end once it is garbage-collected, and
             # a shutdown run by the garbage collector inside another pool's submit deadlocks
@@ -107,7 +110,7 @@ class DatasetIterator:
         # the files each epoch is cut over: all, or the old ones where files were added since
         self.plan = self._base if state is None else resume_plan(self._base, state)
         if state is not None and state.get("kind") == "rank":  # a loader's: one state per DataLoader worker
-            state = _own_of_rank(state, self.consumer)
+            state = own_of_rank(state, self.consumer.index, self.consumer.count)
         fresh = self.plan.fresh_deal
         # epoch -> this consumer's work (and the layout it refers to) where it is not a fresh share
         self._deals: dict[int, Work] = {}
@@ -115,7 +118,7 @@ class DatasetIterator:
         self._parts: dict[int, Deal] = {}
         self._known_targets: dict[int, int | None] = {}
         if state is not None:
-            identity = self.plan.describe(_epoch_of(state))  # a merged state's: its consumers' too
+            identity = self.plan.describe(epoch_of(state))  # a merged state's: its consumers' too
             if state.get("kind") == "global":
                 # the data and options first: nothing of another run's state is re-dealt
                 check_identity(
@@ -155,14 +158,26 @@ class DatasetIterator:
         self._closed = False  # a state loaded after close() starts it again
         if saved is not None:  # what a loaded state implies is checked at the call that loads it
             self._start()
+        self._failed = None
 
     def _start(self) -> None:
         """Set up the packer run and the chunk producer: at the first ``next()`` or ``state_dict()`` of a fresh iterator.
 
         A fresh share may need the epoch's token-rate sample or its counts
-        (even batches), so ``iter()`` itself returns at once.
+        (even batches), so ``iter()`` itself returns at once. A read that
+        fails here leaves the iterator unstarted: the next call starts it again.
         """
+        try:
+            self._begin()
+        except BaseException:
+            if self._chunks is not None:
+                self._chunks.close()
+                self._chunks = None
+            self._run = None
+            raise
         self._started = True
+
+    def _begin(self) -> None:
         keep_freed_memory()  # batches' arrays reuse pages instead of faulting them in (core/allocator.py)
         saved = self._saved
         if saved is None:
@@ -170,7 +185,7 @@ class DatasetIterator:
         if self.plan.packer is not None:
             # a plain function, not a bound method: the run must not hold the iterator
             targets = functools.partial(
-                _targets, self.plan, self.consumer, self._parts, self._known_targets
+                epoch_target, self.plan, self.consumer, self._parts, self._known_targets
             )
             for nxt_epoch in sorted(e for e in self._deals if e > self._start_epoch):
                 if nxt_epoch not in self._known_targets:
@@ -225,7 +240,13 @@ class DatasetIterator:
         self._reset(state)
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the position after the last item yielded, as a small JSON-able dict."""
+        """Return the position after the last item yielded, as a small JSON-able dict.
+
+        After a ``next()`` that raised (a read that failed, an interrupt),
+        still the position after the last item yielded, without reading.
+        """
+        if self._failed is not None:
+            return copy.deepcopy(self._failed)
         return self.snapshot().to_dict()
 
     def snapshot(self) -> IteratorSnapshot:
@@ -235,6 +256,8 @@ class DatasetIterator:
         references): what a producer of batches ahead takes after each batch.
         See :mod:`arrowstream.state.snapshot`.
         """
+        if self._failed is not None:
+            self._go_on()
         if not self._started:
             self._start()
         run = self._run
@@ -291,7 +314,7 @@ class DatasetIterator:
             )
         # counted even batches even out each rank's total over its workers: other ranks, other counts
         workers = state.num_workers or 1
-        if state.num_workers is not None and workers != self.consumer.per_rank and _counted_targets(self.plan):
+        if state.num_workers is not None and workers != self.consumer.per_rank and counted_targets(self.plan):
             raise StateError(
                 f"the state was saved with {workers} DataLoader workers a rank, this iterator has "
                 f"{self.consumer.per_rank}: the same {saved[1]} consumers make other ranks, whose "
@@ -352,8 +375,39 @@ class DatasetIterator:
     def __next__(self) -> Any:
         if self._closed:  # as a closed generator: the stream has ended
             raise StopIteration
+        if self._failed is not None:
+            self._go_on()
         if not self._started:
             self._start()
+        try:
+            return self._advance()
+        except StopIteration:
+            raise
+        except BaseException:
+            # the producer and the packer may hold part of what the failed call read: keep the position
+            # after the last item, and go on from it at the next call (the failed read is tried again)
+            self._failed = self._last_state()
+            raise
+
+    def _last_state(self) -> dict[str, Any]:
+        """The state after the last item yielded, taken as a ``next()`` fails (reads move nothing until whole)."""
+        try:
+            return self.snapshot().to_dict()
+        except Exception as exc:  # pragma: no cover - a state that cannot be built is a bug, named at once
+            raise StateError(f"the iterator's position could not be kept after a failed next(): {exc}") from exc
+
+    def _go_on(self) -> None:
+        """Continue from the state kept when the last ``next()`` failed: the failed read is tried again."""
+        state = self._failed
+        assert state is not None
+        self._failed = None
+        try:
+            self._reset(state)
+        except BaseException:
+            self._failed = state
+            raise
+
+    def _advance(self) -> Any:
         assert self._chunks is not None
         if self._run is not None:
             return self._run.next_batch(self._chunks)
@@ -422,34 +476,6 @@ class DatasetIterator:
         self._reader.close()
 
 
-def _counted_targets(plan: Plan) -> bool:
-    """Whether consumers' batch targets are counted (each its own, evened per rank), not one estimate for all."""
-    packer = plan.packer
-    return packer is not None and bool(packer.even_batches) and plan.num_epochs is not None and plan.token_counts is not None
-
-
-def _targets(
-    plan: Plan,
-    consumer: Consumer,
-    parts: dict[int, Deal],
-    known: dict[int, int | None],
-    epoch: int,
-) -> int | None:
-    """Batches every consumer emits in ``epoch`` (None: as many as the data gives)."""
-    if plan.packer is None or not plan.packer.even_batches or consumer.count == 1:
-        return None
-    if plan.num_epochs is None or epoch >= plan.num_epochs:
-        return None
-    if epoch in known:
-        return known[epoch]
-    if epoch in parts:
-        deal = parts[epoch]
-        return plan.batch_targets(epoch, deal.parts, deal.num_streams, deal.by, consumer.per_rank)[consumer.index]
-    fresh = [plan.fresh_work(epoch, Consumer(c, consumer.count)) for c in range(consumer.count)]
-    by = plan.at(epoch).streams_by
-    return plan.batch_targets(epoch, fresh, consumer.count, by, consumer.per_rank)[consumer.index]
-
-
 class _Inline:
     """The synchronous stand-in for :class:`Prefetcher` (``prefetch=0``)."""
 
@@ -469,30 +495,3 @@ class _Inline:
 def _to_record_batch(chunk: Chunk) -> pa.RecordBatch:
     assert chunk.batch is not None
     return chunk.batch
-
-
-def _epoch_of(state: dict[str, Any]) -> int:
-    """Return the epoch a state (own or merged) is in, 0 if it does not say (its checks report that)."""
-    if state.get("kind") == "global":
-        epoch = state.get("epoch")
-    else:
-        position = state.get("position")
-        epoch = position.get("epoch") if isinstance(position, dict) else None
-    return epoch if isinstance(epoch, int) else 0
-
-
-def _own_of_rank(state: dict[str, Any], consumer: Consumer) -> dict[str, Any]:
-    """Return ``consumer``'s own state from a loader's rank state, or say how to load that state."""
-    verify_checksum(state)
-    owns = state.get("states") or []
-    here = {"index": consumer.index, "count": consumer.count}
-    for own in owns:
-        if isinstance(own, dict) and own.get("consumer") == here:
-            return own
-    held = [own.get("consumer") for own in owns if isinstance(own, dict)]
-    raise StateError(
-        f"this is a `StatefulLoader` state of one rank (consumers {held}), and this iterator is "
-        f"consumer {consumer.index} of {consumer.count} (rank x DataLoader worker), not one of "
-        "them: load it with `StatefulLoader.load_state_dict` on the same topology, or pass "
-        "`arrowstream.merge_states([...every rank's state...])` to resume on any topology"
-    )

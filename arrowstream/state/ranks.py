@@ -23,8 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from arrowstream.errors import StateError
+from arrowstream.state.checksum import verify_checksum
 
-__all__ = ["next_worker", "pick_consumer", "whole_rank"]
+__all__ = ["epoch_of", "next_worker", "own_of_rank", "pick_consumer", "whole_rank"]
 
 
 def whole_rank(state: dict[str, Any] | None, own: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -85,3 +86,29 @@ def next_worker(state: dict[str, Any] | None, consumers: list[int], count: int) 
         return 0
     return sum(batches) % n
 
+
+def epoch_of(state: dict[str, Any]) -> int:
+    """Return the epoch a state (own or merged) is in, 0 if it does not say (its checks report that)."""
+    if state.get("kind") == "global":
+        epoch = state.get("epoch")
+    else:
+        position = state.get("position")
+        epoch = position.get("epoch") if isinstance(position, dict) else None
+    return epoch if isinstance(epoch, int) else 0
+
+
+def own_of_rank(state: dict[str, Any], index: int, count: int) -> dict[str, Any]:
+    """Return ``consumer``'s own state from a loader's rank state, or say how to load that state."""
+    verify_checksum(state)
+    owns = state.get("states") or []
+    here = {"index": index, "count": count}
+    for own in owns:
+        if isinstance(own, dict) and own.get("consumer") == here:
+            return own
+    held = [own.get("consumer") for own in owns if isinstance(own, dict)]
+    raise StateError(
+        f"this is a `StatefulLoader` state of one rank (consumers {held}), and this iterator is "
+        f"consumer {index} of {count} (rank x DataLoader worker), not one of "
+        "them: load it with `StatefulLoader.load_state_dict` on the same topology, or pass "
+        "`arrowstream.merge_states([...every rank's state...])` to resume on any topology"
+    )
