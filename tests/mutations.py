@@ -1489,6 +1489,30 @@ MUTANTS = [
         "            raise",
         ("tests/test_faults.py",),
     ),
+    Mutant(
+        "no-such-key-not-a-refusal",
+        "pyarrow's NO_SUCH_KEY is not known as a refusal: a deleted object is skipped as bad bytes",
+        "arrowstream/io/failures.py",
+        '    "NO_SUCH_KEY", "NO_SUCH_BUCKET", "RESOURCE_NOT_FOUND", "HTTP status 404",  # pyarrow\'s spellings of them\n',
+        "",
+        ("tests/test_storage.py",),
+    ),
+    Mutant(
+        "failed-read-not-checked-for-a-change",
+        "a read that fails because the object was replaced is taken for bad bytes (skipped under on_error='skip')",
+        "arrowstream/io/reader.py",
+        "                changed = self._changed(info.path, exc)\n",
+        "                changed = None\n",
+        ("tests/test_storage.py",),
+    ),
+    Mutant(
+        "open-files-never-rechecked",
+        "files stay open across epochs unchecked: an object replaced with the same size is read with its old footer",
+        "arrowstream/pipeline/reading.py",
+        '        innermost(reader, "recheck").recheck()',
+        "        pass",
+        ("tests/test_storage.py",),
+    ),
 ]
 
 

@@ -23,7 +23,10 @@ from arrowstream.errors import ConfigError
 
 T = TypeVar("T")
 
-__all__ = ["READ_ERRORS", "error_text", "pause", "refused", "retried", "retry_settings", "skippable", "transient"]
+__all__ = [
+    "READ_ERRORS", "changed_under", "error_text", "pause", "refused", "retried", "retry_settings", "skippable",
+    "transient",
+]
 
 #: What reading a file raises when the file is bad or unreachable: pyarrow's errors, ``OSError``
 #: (fsspec's too), and ``IndexError``, which s3fs raises in place of a timed-out read (it looks
@@ -98,7 +101,10 @@ def transient(exc: BaseException) -> bool:
 
 
 #: Words of a refusal: the object is not there or not ours to read (pyarrow's clients, botocore's).
-_REFUSED = ("ACCESS_DENIED", "AccessDenied", "Forbidden", "HTTP status 403", "NoSuchKey", "NoSuchBucket", "NOT_FOUND")
+_REFUSED = (
+    "ACCESS_DENIED", "AccessDenied", "Forbidden", "HTTP status 403", "NoSuchKey", "NoSuchBucket", "NOT_FOUND",
+    "NO_SUCH_KEY", "NO_SUCH_BUCKET", "RESOURCE_NOT_FOUND", "HTTP status 404",  # pyarrow's spellings of them
+)
 
 
 def refused(exc: BaseException) -> bool:
@@ -108,6 +114,8 @@ def refused(exc: BaseException) -> bool:
     --------
     >>> refused(PermissionError("Forbidden")), refused(OSError("AWS Error ACCESS_DENIED during GetObject"))
     (True, True)
+    >>> refused(OSError("AWS Error NO_SUCH_KEY during GetObject operation: The specified key does not exist."))
+    True
     >>> refused(OSError("Corrupt snappy compressed data."))
     False
     """
@@ -117,6 +125,18 @@ def refused(exc: BaseException) -> bool:
         if isinstance(link, (OSError, pa.ArrowIOError)) and any(word in str(link) for word in _REFUSED):
             return True
     return False
+
+
+def changed_under(exc: BaseException) -> bool:
+    """Return whether a read error says the object changed while it was read (fsspec's ``FileExpired``).
+
+    Examples
+    --------
+    >>> class FileExpired(OSError): ...
+    >>> changed_under(FileExpired("the ETag changed")), changed_under(OSError("Corrupt snappy compressed data."))
+    (True, False)
+    """
+    return any(type(link).__name__ == "FileExpired" for link in _chain(exc))
 
 
 def skippable(exc: BaseException) -> bool:

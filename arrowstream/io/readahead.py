@@ -120,6 +120,13 @@ class ReadAhead:
         """Return a plain reader of the same manifest that does not read ``column``."""
         return self._own.without(column)
 
+    def recheck(self) -> None:
+        """Check every thread's open files are still the ones discovered (see :meth:`ShardReader.recheck`)."""
+        with self._lock:
+            readers = list(self._readers)
+        for reader in readers:
+            reader.recheck()
+
     def close(self) -> None:
         """Stop reading ahead and close every thread's files."""
         if self._pool is not None:

@@ -18,7 +18,15 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from arrowstream.errors import DataLossWarning, SchemaError, ShardError, warn_user
-from arrowstream.io.failures import error_text, pause, refused, retry_settings, skippable, transient
+from arrowstream.io.failures import (
+    changed_under,
+    error_text,
+    pause,
+    refused,
+    retry_settings,
+    skippable,
+    transient,
+)
 from arrowstream.io.manifest import Manifest
 
 __all__ = ["Reader", "ShardReader", "innermost", "transient", "warn_skipped"]
@@ -147,6 +155,9 @@ class ShardReader:
                 self._forget(info.path)  # a handle whose read failed may keep the failure: the next read opens anew
                 if isinstance(exc, ShardError):
                     raise
+                changed = self._changed(info.path, exc)
+                if changed is not None:  # a file replaced while read: never skipped as bad bytes
+                    raise changed from exc
                 if self.skip_unreadable and skippable(exc):
                     return self._skip(shard, info, columns, exc)  # bytes that do not decode: skipped as asked
                 tried = f" (after {attempt} attempts)" if attempt > 1 else ""
@@ -209,10 +220,60 @@ class ShardReader:
                     "check that it still exists and is complete"
                 ) from exc
             while len(self._files) >= _OPEN_FILES:
-                _, old = self._files.popitem(last=False)
-                old.close()
+                self._release(*self._files.popitem(last=False))
         self._files[path] = handle
         return handle
+
+    def _changed(self, path: str, exc: BaseException) -> ShardError | None:
+        """The error saying ``path`` changed since the dataset was opened, when a failed read of it is that."""
+        if changed_under(exc):  # fsspec: the ETag moved under the open file
+            return ShardError(
+                f"{path!r} changed while it was read ({error_text(exc)}): open the dataset again (and rebuild "
+                "its manifest file, if it has one), or restore the file"
+            )
+        return self._pin_broken(path)
+
+    def _release(self, path: str, handle: pq.ParquetFile) -> None:
+        """Close ``handle``, then check ``path`` is still the file discovered: reads through a handle see no change."""
+        handle.close()
+        self._check_still(path)
+
+    def _check_still(self, path: str) -> None:
+        """Raise :class:`ShardError` when ``path``, open for reading until now, is no longer the file discovered."""
+        changed = self._pin_broken(path)
+        if changed is not None:
+            raise ShardError(
+                f"{changed} (while it was open for reading: batches read from it since it was opened may hold "
+                "its new bytes)"
+            )
+
+    def recheck(self) -> None:
+        """Check every open file is still the one discovered (at an epoch's end), leaving them open.
+
+        Raises
+        ------
+        ShardError
+            A file changed while it was open: its reads may have mixed new
+            bytes with the old footer.
+        """
+        for path in list(self._files):
+            self._check_still(path)
+
+    def _pin_broken(self, path: str) -> ShardError | None:
+        """The error saying ``path`` is no longer the file discovered (size, ETag, mtime), or ``None``."""
+        try:
+            raw = self.manifest.filesystem.open_input_file(path)
+        except Exception:  # not there or not readable: the read's own error says more
+            return None
+        try:
+            self.manifest.check_pin(path, raw)
+        except ShardError as changed:
+            return changed
+        except Exception:
+            return None
+        finally:
+            raw.close()
+        return None
 
     def _forget(self, path: str) -> None:
         handle = self._files.pop(path, None)

@@ -16,7 +16,7 @@ from arrowstream.core.execute import run_stages
 from arrowstream.distributed.topology import Consumer
 from arrowstream.errors import ConfigError
 from arrowstream.io.chunk import Chunk
-from arrowstream.io.reader import ShardReader
+from arrowstream.io.reader import ShardReader, innermost
 from arrowstream.io.source import iter_stream
 from arrowstream.pipeline.plan import Plan
 from arrowstream.state import Position, Work
@@ -82,6 +82,8 @@ def iter_chunks(
                 "the data"
             )
         epoch += 1
+        # each epoch opens its files again, after checking them: a file replaced since is seen (size, ETag, mtime)
+        innermost(reader, "recheck").recheck()
         deal = deals.get(epoch) or plan.fresh_deal(epoch, consumer)
         work = list(deal.segments)
         segment = 0
