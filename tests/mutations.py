@@ -1513,6 +1513,14 @@ MUTANTS = [
         "        pass",
         ("tests/test_storage.py",),
     ),
+    Mutant(
+        "manifest-file-read-locally",
+        "a manifest file's path is read from the local disk (a URI by its own scheme) whatever filesystem the data has",
+        "arrowstream/io/manifest_file.py",
+        "    fs, target = _where(path, filesystem, writing=False)",
+        "    fs, target = resolve_filesystem(path, None)",
+        ("tests/test_storage.py",),
+    ),
 ]
 
 

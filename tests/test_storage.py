@@ -456,3 +456,17 @@ def test_an_object_deleted_or_replaced_while_read_always_raises_naming_it(
                 seen += batch["input_ids"].ravel().tolist()
         assert not any(t >= 70_001 for t in seen) or name == "same size", name
         assert it.stats.get("unreadable", 0) == 0, name  # nothing skipped as bad bytes on the way
+
+
+def test_a_manifest_file_on_the_data_store_is_read_through_the_filesystem_given(
+    server: S3Server, proxy: FaultProxy, local: Path, tmp_path: Path
+) -> None:
+    # it was opened as a local path (or, as an s3:// URI, on AWS itself, without the endpoint the filesystem has)
+    fs = _fs(server, proxy)
+    manifest = tmp_path / "manifest.parquet"
+    write_manifest(f"{BUCKET}/docs", manifest, filesystem=fs)
+    server.client().put_object(Bucket=BUCKET, Key="meta/through-fs.parquet", Body=manifest.read_bytes())
+    want = _batches(_pipeline(local))
+    for where in (f"{BUCKET}/meta/through-fs.parquet", f"s3://{BUCKET}/meta/through-fs.parquet"):
+        assert _batches(_pipeline(f"{BUCKET}/docs", filesystem=fs, manifest=where)) == want, where
+    assert _batches(_pipeline(f"{BUCKET}/docs", filesystem=fs, manifest=manifest)) == want  # a local one still is

@@ -406,7 +406,7 @@ def read_manifest(
                 f"got {source!r}"
             )
         fs, root = resolve_filesystem(sources[0], filesystem)
-        return _build(fs, root.rstrip("/") or "/", load_manifest_files(manifest, root), columns)
+        return _build(fs, root.rstrip("/") or "/", load_manifest_files(manifest, root, filesystem), columns)
     fs, root, pairs = discover(sources, filesystem)
     if not pairs:
         raise ShardError(

@@ -66,7 +66,9 @@ def write_manifest(
         The corpus, as given to :func:`arrowstream.read_parquet`: a directory
         or a URI prefix (``s3://bucket/corpus/``).
     path
-        The manifest file to write: a local path or a URI.
+        The manifest file to write: a local path or a URI. With
+        ``filesystem``, a path whose directory is not on the local disk (or a
+        URI of that filesystem's scheme) is written through it.
     filesystem
         A ``pyarrow.fs.FileSystem`` or fsspec filesystem for ``source``.
     shard
@@ -95,7 +97,7 @@ def write_manifest(
         with ThreadPoolExecutor(max_workers=min(_MAX_FOOTER_THREADS, len(mine))) as pool:
             infos = list(pool.map(lambda p: read_footer(fs, root, *p), mine))
     header = {"version": _VERSION, "source": os.fspath(source), "shard": [i, n], "num_files": len(found)}
-    _write(path, _table(infos, header))
+    _write(path, _table(infos, header), filesystem)
     return len(infos)
 
 
@@ -136,9 +138,13 @@ def merge_manifests(parts: Sequence[str | os.PathLike[str]], path: str | os.Path
     return table.num_rows
 
 
-def load_manifest_files(path: str | os.PathLike[str], root: str) -> list[FileInfo]:
-    """Return what the manifest file ``path`` records of every file, with paths under ``root`` (the source given)."""
-    table, header = _read(path)
+def load_manifest_files(path: str | os.PathLike[str], root: str, filesystem: Any = None) -> list[FileInfo]:
+    """Return what the manifest file ``path`` records of every file, with paths under ``root`` (the source given).
+
+    With ``filesystem`` (the data's), a path that is not a local file (or a
+    URI of that filesystem's scheme) is read through it.
+    """
+    table, header = _read(path, filesystem)
     if header.get("shard") is not None and header["shard"][1] != 1:
         i, n = header["shard"]
         raise ShardError(
@@ -178,8 +184,35 @@ def _table(infos: list[FileInfo], header: dict[str, Any]) -> pa.Table:
     return table.replace_schema_metadata({MANIFEST_FORMAT: json.dumps(header)})
 
 
-def _write(path: str | os.PathLike[str], table: pa.Table) -> None:
-    fs, target = resolve_filesystem(path, None)
+def _where(path: str | os.PathLike[str], filesystem: Any, *, writing: bool) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and path of a manifest file: the data's ``filesystem`` unless the path is local (or another URI)."""
+    text = os.fspath(path)
+    if filesystem is None:
+        return resolve_filesystem(text, None)
+    if "://" in text:
+        scheme, rest = text.split("://", 1)
+        fs, _ = resolve_filesystem(rest, filesystem)
+        if scheme in _schemes(fs):  # the data's store, reached with the filesystem the user set up for it
+            return fs, rest.split("?", 1)[0]
+        return resolve_filesystem(text, None)
+    local = os.path.dirname(os.path.abspath(text)) if writing else text
+    if os.path.exists(local):
+        return resolve_filesystem(text, None)
+    return resolve_filesystem(text, filesystem)
+
+
+def _schemes(fs: pafs.FileSystem) -> set[str]:
+    """URI schemes that name ``fs``'s store."""
+    names = {fs.type_name, {"gcs": "gs"}.get(fs.type_name, fs.type_name)}
+    inner = getattr(getattr(fs, "handler", None), "fs", None)  # an fsspec filesystem
+    if inner is not None:
+        protocol = inner.protocol
+        names |= set(protocol if isinstance(protocol, (tuple, list)) else [protocol])
+    return names
+
+
+def _write(path: str | os.PathLike[str], table: pa.Table, filesystem: Any = None) -> None:
+    fs, target = _where(path, filesystem, writing=True)
     if isinstance(fs, pafs.LocalFileSystem):
         final = Path(target)
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -200,8 +233,8 @@ def _write(path: str | os.PathLike[str], table: pa.Table) -> None:
         raise ShardError(f"cannot write the manifest file {os.fspath(path)!r}: {exc}") from exc
 
 
-def _read(path: str | os.PathLike[str]) -> tuple[pa.Table, dict[str, Any]]:
-    fs, target = resolve_filesystem(path, None)
+def _read(path: str | os.PathLike[str], filesystem: Any = None) -> tuple[pa.Table, dict[str, Any]]:
+    fs, target = _where(path, filesystem, writing=False)
     try:
         with fs.open_input_file(target) as handle:
             table = pq.read_table(handle)

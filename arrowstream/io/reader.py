@@ -161,12 +161,19 @@ class ShardReader:
                 if self.skip_unreadable and skippable(exc):
                     return self._skip(shard, info, columns, exc)  # bytes that do not decode: skipped as asked
                 tried = f" (after {attempt} attempts)" if attempt > 1 else ""
-                advice = (
-                    "the storage refused it: check the credentials and that the object still exists"
-                    if refused(exc) else
-                    "the file may be truncated, corrupt or changed since the manifest was built, or the "
-                    "storage unreachable: rebuild the dataset, remove the file, or check the storage"
-                )
+                if refused(exc):
+                    advice = "the storage refused it: check the credentials and that the object still exists"
+                elif transient(exc):
+                    advice = (
+                        "the storage kept failing (throttled, unavailable or unreachable): resume from the last "
+                        "state once it answers, or allow more attempts (ARROWSTREAM_READ_ATTEMPTS, "
+                        "ARROWSTREAM_READ_BACKOFF, the storage client's retries)"
+                    )
+                else:
+                    advice = (
+                        "the file may be truncated, corrupt or changed since the manifest was built, or the "
+                        "storage unreachable: rebuild the dataset, remove the file, or check the storage"
+                    )
                 raise ShardError(f"cannot read {where}{tried}: {error_text(exc)}; {advice}") from exc
         if table.num_rows != info.num_rows:
             raise ShardError(
