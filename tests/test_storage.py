@@ -470,3 +470,11 @@ def test_a_manifest_file_on_the_data_store_is_read_through_the_filesystem_given(
     for where in (f"{BUCKET}/meta/through-fs.parquet", f"s3://{BUCKET}/meta/through-fs.parquet"):
         assert _batches(_pipeline(f"{BUCKET}/docs", filesystem=fs, manifest=where)) == want, where
     assert _batches(_pipeline(f"{BUCKET}/docs", filesystem=fs, manifest=manifest)) == want  # a local one still is
+    # written through it too (s3fs here: the test server refuses pyarrow's own uploads)
+    import s3fs
+
+    s3 = s3fs.S3FileSystem(key=server.access_key, secret=server.secret_key, skip_instance_cache=True,
+                           client_kwargs={"endpoint_url": f"http://{proxy.endpoint}", "region_name": "us-east-1"})
+    assert write_manifest(f"{BUCKET}/docs", f"{BUCKET}/meta/written.parquet", filesystem=s3) == 3
+    assert not (Path.cwd() / BUCKET).exists()
+    assert _batches(_pipeline(f"{BUCKET}/docs", filesystem=s3, manifest=f"s3://{BUCKET}/meta/written.parquet")) == want
