@@ -1521,6 +1521,22 @@ MUTANTS = [
         "    fs, target = resolve_filesystem(path, None)",
         ("tests/test_storage.py",),
     ),
+    Mutant(
+        "sample-bucketing-read-in-default-chunks",
+        "a sample's drawn-out corpus is bucketed in chunks of 1,024 documents, not the run's: its windows run long",
+        "arrowstream/analysis/simulate.py",
+        "    sizes = None if read_chunks is None or not read_chunks.size else _cut(read_chunks, corpus.size)",
+        "    sizes = None",
+        ("tests/test_analysis.py",),
+    ),
+    Mutant(
+        "deleted-open-file-unchecked",
+        "a file that can no longer be opened passes the check of the files open: read on through its old handle",
+        "arrowstream/io/reader.py",
+        "            if not refused(exc):\n                return None\n",
+        "            return None\n",
+        ("tests/test_faults.py",),
+    ),
 ]
 
 

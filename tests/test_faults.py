@@ -388,3 +388,27 @@ def test_a_mixture_batch_that_fails_leaves_no_state_to_resume_wrongly(tmp_path: 
     outage.reads_left, outage.down = None, False
     rest = [b["input_ids"].tobytes() for b in mixture().iter(saved)]
     assert got + rest == want
+
+
+def test_a_file_deleted_while_open_is_named_at_the_epochs_end(tmp_path: Path) -> None:
+    # its open handle kept reading it (the old bytes, consistent), epoch after epoch, and no check said so
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from arrowstream import read_parquet
+    from arrowstream.errors import ShardError
+
+    for f in range(2):
+        docs = [[f * 10_000 + d * 10 + p + 1 for p in range(7)] for d in range(40)]
+        pq.write_table(pa.table({"ids": pa.array(docs, pa.list_(pa.int32()))}), tmp_path / f"p{f}.parquet",
+                       row_group_size=10)
+    ds = read_parquet(str(tmp_path), num_epochs=3).tokenize(None, column="ids", eos_id=0).pack(seq_len=32, batch_size=1)
+    per_epoch = sum(1 for _ in ds.iter(num_workers=1)) // 3
+    it = ds.iter()
+    next(it)
+    (tmp_path / "p0.parquet").unlink()
+    emitted = 1
+    with pytest.raises(ShardError, match=r"p0\.parquet' cannot be opened any more .*deleted"):
+        for _ in it:
+            emitted += 1
+    assert emitted <= per_epoch + 2  # named by the end of the epoch it was deleted in, not read on

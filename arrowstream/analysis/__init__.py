@@ -240,6 +240,7 @@ def analyze(
 
     token_lengths: np.ndarray | None = None
     chunk_sizes: np.ndarray | None = None
+    read_chunks: np.ndarray | None = None  # a sample's: the documents of each chunk a run reads
     if is_ids:
         token_lengths, chunk_sizes, _ = _pipeline_lengths(ds.tokenize(None, column=column, add_eos=False))
         token_lengths = token_lengths + int(add_eos)
@@ -277,13 +278,15 @@ def analyze(
             token_lengths, chars = _sample_lengths(ds, enc, column, sample, seed)
             token_lengths = token_lengths + int(add_eos)
             info["tokens"] = _sample_info(token_lengths, chars, docs, counts, seed, add_eos)
+            read_chunks = _chunk_docs(ds, docs)
         tvals, tcounts = np.unique(token_lengths, return_counts=True)
         tframe = pl.DataFrame({"tokens": tvals, "n": tcounts})
         rows.append(_summary_row("tokens", tframe, "tokens", seq_len))
         hist.append(_histogram("tokens", tframe, "tokens"))
     summary = pl.DataFrame(rows)
     strategies = _strategies(
-        token_lengths, chunk_sizes, seq_len, batch_size, window, seed, scale=_scale(info, docs)
+        token_lengths, chunk_sizes, seq_len, batch_size, window, seed, scale=_scale(info, docs),
+        read_chunks=read_chunks,
     )
     return Analysis(
         summary=summary,
@@ -292,6 +295,21 @@ def analyze(
         by=by_rows,
         info=info,
     )
+
+
+def _chunk_docs(ds: Any, docs: int) -> np.ndarray:
+    """About how many documents each chunk a run reads holds, in reading order (a row group's ``batch_rows`` at a time).
+
+    A look-ahead window ends where a chunk ends, so a sample's bucketing is
+    simulated over chunks of these sizes.
+    """
+    manifest = ds.manifest
+    rows = manifest.shard_rows.astype(np.int64)
+    step = int(ds.batch_rows)
+    pieces = np.concatenate([np.r_[np.full(int(r) // step, step), [int(r) % step]] for r in rows]) if rows.size else rows
+    pieces = pieces[pieces > 0]
+    per_row = docs / max(1, int(rows.sum()))  # null and empty rows hold no document
+    return np.maximum(1, np.rint(pieces * per_row)).astype(np.int64)
 
 
 def _strategies(
@@ -303,6 +321,7 @@ def _strategies(
     seed: int,
     *,
     scale: float,
+    read_chunks: np.ndarray | None = None,
 ) -> pl.DataFrame:
     docs = None if lengths is None else int(round(scale * lengths.size))  # the corpus a sample stands for
 
@@ -315,7 +334,7 @@ def _strategies(
             ("concat", simulate_packer(part, ConcatPacker(**common), chunk_sizes=sizes)),
             (f"bucketing (window {window})", simulate_bucketer(
                 part, batch_size=batch_size, window=window, max_len=seq_len, seed=seed, chunk_sizes=sizes,
-                num_docs=docs)),
+                num_docs=docs, read_chunks=read_chunks)),
             (f"best_fit (window {window})", simulate_packer(
                 part, BestFitPacker(**common, window=window, seed=seed), chunk_sizes=sizes)),
         ]

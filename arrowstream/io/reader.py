@@ -270,8 +270,13 @@ class ShardReader:
         """The error saying ``path`` is no longer the file discovered (size, ETag, mtime), or ``None``."""
         try:
             raw = self.manifest.filesystem.open_input_file(path)
-        except Exception:  # not there or not readable: the read's own error says more
-            return None
+        except Exception as exc:  # gone, or refused: no longer the file discovered; else the read's error says more
+            if not refused(exc):
+                return None
+            return ShardError(
+                f"{path!r} cannot be opened any more ({error_text(exc)}): it was deleted or the storage refuses it "
+                "since the dataset was opened; restore it, or open the dataset again"
+            )
         try:
             self.manifest.check_pin(path, raw)
         except ShardError as changed:
