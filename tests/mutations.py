@@ -1495,7 +1495,7 @@ MUTANTS = [
         "arrowstream/io/failures.py",
         '    "NO_SUCH_KEY", "NO_SUCH_BUCKET", "RESOURCE_NOT_FOUND", "HTTP status 404",  # pyarrow\'s spellings of them\n',
         "",
-        ("tests/test_storage.py",),
+        ("tests/test_storage.py::test_pyarrows_words_for_a_missing_object_are_a_refusal_never_a_skip",),
     ),
     Mutant(
         "failed-read-not-checked-for-a-change",

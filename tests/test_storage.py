@@ -440,7 +440,7 @@ def test_an_object_deleted_or_replaced_while_read_always_raises_naming_it(
         return ds.tokenize(None, column="ids", eos_id=0).pack(seq_len=36, batch_size=1)
 
     cases = {
-        "deleted": (lambda key: s3.delete_object(Bucket=BUCKET, Key=key), r"storage refused it|cannot open"),
+        "deleted": (lambda key: s3.delete_object(Bucket=BUCKET, Key=key), r"cannot be opened any more .*deleted"),
         "other size": (lambda key: s3.put_object(Bucket=BUCKET, Key=key, Body=(tmp_path / "other.parquet").read_bytes()),
                        r"changed since the dataset was opened: its size was"),
         "same size": (lambda key: s3.put_object(Bucket=BUCKET, Key=key, Body=(tmp_path / "same.parquet").read_bytes()),
@@ -478,3 +478,15 @@ def test_a_manifest_file_on_the_data_store_is_read_through_the_filesystem_given(
     assert write_manifest(f"{BUCKET}/docs", f"{BUCKET}/meta/written.parquet", filesystem=s3) == 3
     assert not (Path.cwd() / BUCKET).exists()
     assert _batches(_pipeline(f"{BUCKET}/docs", filesystem=s3, manifest=f"s3://{BUCKET}/meta/written.parquet")) == want
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["AWS Error NO_SUCH_KEY during GetObject operation: The specified key does not exist.",
+     "AWS Error NO_SUCH_BUCKET during GetObject operation: The specified bucket does not exist"],
+)
+def test_pyarrows_words_for_a_missing_object_are_a_refusal_never_a_skip(text: str) -> None:
+    # a read through an already-open file of a deleted object says NO_SUCH_KEY: not bad bytes to skip
+    from arrowstream.io.failures import refused, skippable
+
+    assert refused(OSError(text)) and not skippable(OSError(text))
