@@ -1445,7 +1445,7 @@ MUTANTS = [
         "own-state-ignores-workers-a-rank",
         "a worker's own state loads as a rank of another split of the same consumers, keeping a count evened per rank",
         "arrowstream/pipeline/iterator.py",
-        "        if state.num_workers is not None and workers != self.consumer.per_rank and counted_targets(self.plan):",
+        "        if state.num_workers not in (None, self.consumer.per_rank) and counted_targets(self.plan):",
         "        if False:",
         ("tests/test_topology.py",),
     ),

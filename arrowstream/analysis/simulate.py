@@ -23,7 +23,7 @@ from arrowstream.io.chunk import Chunk
 from arrowstream.pack import Packer
 from arrowstream.pack.bucket import BucketPacker
 
-__all__ = ["SAMPLE_BUCKET_SLACK", "Prediction", "simulate_bucketer", "simulate_packer", "simulate_padded", "split_lengths"]
+__all__ = ["SAMPLE_BUCKET_SLACK", "Prediction", "simulate_bucketer", "simulate_packer", "simulate_padded"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,22 +170,6 @@ def simulate_packer(
         for key in ("dropped_tokens", "truncated_tokens", "long_tokens_dropped")
     )
     return Prediction(batches, tokens, padding, cut, dropped, tail_tokens, tail_padding)
-
-
-def split_lengths(lengths: np.ndarray, max_len: int) -> np.ndarray:
-    """The rows ``.bucket(long_docs="split")`` makes of documents of ``lengths``: ``max_len`` each and the rest.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> split_lengths(np.array([3, 10, 8]), 4).tolist()
-    [3, 4, 4, 2, 4, 4]
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    pieces = -(-lengths // max_len)
-    out = np.full(int(pieces.sum()), max_len, dtype=np.int64)
-    out[np.cumsum(pieces) - 1] = lengths - (pieces - 1) * max_len
-    return out
 
 
 #: Shuffle windows' worth of documents a sample is drawn out to before its bucketing is simulated.

@@ -313,10 +313,9 @@ class DatasetIterator:
                 "consumers' states with `arrowstream.merge_states` to resume on any topology"
             )
         # counted even batches even out each rank's total over its workers: other ranks, other counts
-        workers = state.num_workers or 1
-        if state.num_workers is not None and workers != self.consumer.per_rank and counted_targets(self.plan):
+        if state.num_workers not in (None, self.consumer.per_rank) and counted_targets(self.plan):
             raise StateError(
-                f"the state was saved with {workers} DataLoader workers a rank, this iterator has "
+                f"the state was saved with {state.num_workers} DataLoader workers a rank, this iterator has "
                 f"{self.consumer.per_rank}: the same {saved[1]} consumers make other ranks, whose "
                 "even-batch counts differ; merge every consumer's state with `arrowstream.merge_states` "
                 "and load the merged state"
