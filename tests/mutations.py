@@ -1469,7 +1469,7 @@ MUTANTS = [
         "failed-next-forgets-the-position",
         "after a next() that raised, the iterator goes on from whatever its producer and packer held",
         "arrowstream/pipeline/iterator.py",
-        "            self._failed = self._last_state()",
+        "            self._failed = self.snapshot().to_dict()",
         "            pass",
         ("tests/test_faults.py",),
     ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +49,18 @@ def _pipeline(root: Path, *, shuffle: bool, packed: bool = True, even: bool = Fa
 
 def _all_tokens(batches: list[dict[str, np.ndarray]]) -> int:
     return int(sum((b["segment_ids"] > 0).sum() for b in batches))
+
+
+def _every_consumer(ds: Any, world: int, workers: int, steps: Any) -> tuple[Counter, list[dict[str, Any]]]:
+    """Run every consumer of ``world`` ranks x ``workers`` for ``steps(consumer index)`` batches; return their tokens and JSON states."""
+    seen: Counter = Counter()
+    states = []
+    for rank in range(world):
+        for worker in range(workers):
+            it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
+            seen += _tokens([next(it) for _ in range(steps(rank * workers + worker))])
+            states.append(json.loads(json.dumps(it.state_dict())))
+    return seen, states
 
 
 def _tokens(batches: list[dict[str, np.ndarray]]) -> Counter:
@@ -126,14 +139,8 @@ def test_elastic_resume_emits_the_rest_exactly_once(
     root, expected = _corpus(tmp_path)
     ds = _pipeline(root, shuffle=shuffle)
     (world, workers), (new_world, new_workers) = before, after
-    seen: Counter = Counter()
-    states = []
-    for rank in range(world):
-        for worker in range(workers):
-            it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
-            for _ in range(1 + (rank * workers + worker) % 3):  # uneven progress, mid-document cuts
-                seen += _tokens([next(it)])
-            states.append(json.loads(json.dumps(it.state_dict())))
+    # uneven progress, mid-document cuts
+    seen, states = _every_consumer(ds, world, workers, lambda consumer: 1 + consumer % 3)
     merged = json.loads(json.dumps(merge_states(states)))
     for rank in range(new_world):
         for worker in range(new_workers):
@@ -412,13 +419,7 @@ def test_the_same_consumers_split_into_other_ranks_keep_every_ranks_count_equal(
     ds = ds.pack(seq_len=8, batch_size=3, strategy=strategy)
     assert ds.balance.startswith("counted")
     (world, workers), (new_world, new_workers) = saved, resumed
-    seen: Counter = Counter()
-    states = []
-    for rank in range(world):
-        for worker in range(workers):
-            it = ds.iter(rank=rank, world_size=world, worker=worker, num_workers=workers)
-            seen += _tokens([next(it) for _ in range(3)])
-            states.append(json.loads(json.dumps(it.state_dict())))
+    seen, states = _every_consumer(ds, world, workers, lambda consumer: 3)
     merged = merge_states(states)
     counts = []
     for rank in range(new_world):

@@ -385,15 +385,9 @@ class DatasetIterator:
         except BaseException:
             # the producer and the packer may hold part of what the failed call read: keep the position
             # after the last item, and go on from it at the next call (the failed read is tried again)
-            self._failed = self._last_state()
+            # (what the failed call read is counted only once whole, so this is the state after the last item)
+            self._failed = self.snapshot().to_dict()
             raise
-
-    def _last_state(self) -> dict[str, Any]:
-        """The state after the last item yielded, taken as a ``next()`` fails (reads move nothing until whole)."""
-        try:
-            return self.snapshot().to_dict()
-        except Exception as exc:  # pragma: no cover - a state that cannot be built is a bug, named at once
-            raise StateError(f"the iterator's position could not be kept after a failed next(): {exc}") from exc
 
     def _go_on(self) -> None:
         """Continue from the state kept when the last ``next()`` failed: the failed read is tried again."""
