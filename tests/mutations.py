@@ -1537,6 +1537,14 @@ MUTANTS = [
         "            return None\n",
         ("tests/test_faults.py",),
     ),
+    Mutant(
+        "list-view-cast-direct",
+        "token ids written as list views are cast straight to lists, which pyarrow botches",
+        "arrowstream/io/reader.py",
+        "table = unview(table).cast(schema)",
+        "table = table.cast(schema)",
+        ("tests/test_manifest.py",),
+    ),
 ]
 
 

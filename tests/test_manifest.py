@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import polars as pl
@@ -212,6 +213,16 @@ def test_normalize_type_maps_large_and_view_types() -> None:
     assert normalize_type(pa.large_string()) == pa.string()
     assert normalize_type(pa.large_list(pa.int32())) == pa.list_(pa.int32())
     assert normalize_type(pa.int64()) == pa.int64()
+
+
+@pytest.mark.parametrize("view", [pa.list_view, pa.large_list_view])
+def test_token_ids_written_as_list_views_read_as_lists(tmp_path: Path, view: Any) -> None:
+    """A list view (some writers' output) holds the same ids: read, beside a file of plain lists, id for id."""
+    pq.write_table(pa.table({"ids": pa.array([[1, 2], [3], None, [4, 5, 6]], view(pa.int32()))}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"ids": pa.array([[7], [8, 9]], pa.list_(pa.int64()))}), tmp_path / "b.parquet")
+    ds = read_parquet(tmp_path).tokenize(None, column="ids", eos_id=0)
+    out = [doc for b in ds.iter() for doc in b.column("input_ids").to_pylist()]
+    assert out == [[1, 2, 0], [3, 0], [4, 5, 6, 0], [7, 0], [8, 9, 0]]
 
 
 def test_column_sizes_come_from_the_one_footer_pass(tmp_path: Path) -> None:

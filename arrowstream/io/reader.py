@@ -28,6 +28,7 @@ from arrowstream.io.failures import (
     transient,
 )
 from arrowstream.io.manifest import Manifest
+from arrowstream.io.schema import unview
 
 __all__ = ["Reader", "ShardReader", "innermost", "transient", "warn_skipped"]
 
@@ -185,7 +186,7 @@ class ShardReader:
         )
         if table.schema != schema:
             try:
-                table = table.cast(schema)
+                table = unview(table).cast(schema)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise SchemaError(
                     f"cannot read {where} as {schema}: {exc}; the file's schema changed"

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from arrowstream.errors import ConfigError, SchemaError
 
-__all__ = ["check_schemas", "normalize_type"]
+__all__ = ["check_schemas", "normalize_type", "unview"]
 
 
 def normalize_type(dtype: pa.DataType) -> pa.DataType:
@@ -37,6 +37,28 @@ def normalize_type(dtype: pa.DataType) -> pa.DataType:
     ):
         return pa.list_(normalize_type(dtype.value_type))
     return dtype
+
+
+def unview(table: pa.Table) -> pa.Table:
+    """Return ``table`` with its list-view columns as large lists (the same values), ready to cast.
+
+    :func:`normalize_type` reads ``list_view`` as ``list``, but pyarrow
+    (through 26 at least) casts a list view straight to a list with an
+    offsets buffer one entry short, which fails validation; through
+    ``large_list`` the cast is sound.
+
+    Examples
+    --------
+    >>> t = pa.table({"ids": pa.array([[1, 2], [3]], pa.list_view(pa.int32()))})
+    >>> unview(t).cast(pa.schema([("ids", pa.list_(pa.int32()))])).column("ids").to_pylist()
+    [[1, 2], [3]]
+    """
+    for i, field in enumerate(table.schema):
+        dtype = field.type
+        if pa.types.is_list_view(dtype) or pa.types.is_large_list_view(dtype):
+            wide = pa.large_list(dtype.value_field)
+            table = table.set_column(i, field.with_type(wide), table.column(i).cast(wide))
+    return table
 
 
 def check_schemas(
