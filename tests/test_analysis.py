@@ -314,3 +314,15 @@ def test_a_sampled_bucketing_prediction_holds_the_runs_padding(
         got = row.strategies.filter(name).row(0, named=True)
         assert got["padding_low"] <= truth <= got["padding_high"], (seed, got, truth)
         assert abs(got["padding_fraction"] - truth) < 0.25 * truth, (seed, got, truth)
+
+
+def test_the_printed_length_quantiles_are_whole_lengths(tmp_path: Path) -> None:
+    """numpy interpolates between two documents' lengths; the table shows whole lengths, the summary keeps the figure."""
+    from arrowstream.analysis.report import render_analysis
+
+    write_parts(tmp_path, [{"text": ["a" * n for n in (10, 11, 20, 31, 47)]}])
+    result = analyze(tmp_path, seq_len=64)
+    chars = result.summary.row(by_predicate=pl.col("measure") == "chars", named=True)
+    assert chars["p10"] == pytest.approx(10.4) and chars["p90"] == pytest.approx(40.6)
+    line = next(ln for ln in render_analysis(result).splitlines() if ln.startswith("chars"))
+    assert line.split()[3:9] == ["10", "10", "20", "41", "46", "47"], line

@@ -33,6 +33,13 @@ def _num(value: Any) -> str:
     return f"{value:,}"
 
 
+def _whole(value: Any) -> str:
+    """A length quantile to the nearest whole length (``numpy.quantile`` interpolates between two)."""
+    if isinstance(value, float) and not math.isnan(value):
+        return f"{round(value):,}"
+    return _num(value)
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
@@ -74,7 +81,8 @@ def render_analysis(a: Analysis, *, max_groups: int | None = 20) -> str:
     rows = []
     for r in a.summary.iter_rows(named=True):
         above = "-" if r["above_seq_len"] is None else f"{r['above_seq_len']:.2%}"
-        rows.append([r["measure"], _num(r["num_docs"]), _num(r["mean"]), *(_num(r[q]) for q in quant), above])
+        lengths = (_whole(r[q]) for q in quant)  # interpolated between two lengths: shown to the nearest length
+        rows.append([r["measure"], _num(r["num_docs"]), _num(r["mean"]), *lengths, above])
     out.append(_table(["length", "docs", "mean", *quant, f"> {info['seq_len']}"], rows))
     tokens = info.get("tokens")
     if tokens and tokens.get("counted") == "sample":
