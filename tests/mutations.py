@@ -610,7 +610,7 @@ MUTANTS = [
         "simulated-chunks-ignore-shuffle-order",
         "the stand-in chunks a packer is run over to count its batches keep the rows' stored order",
         "arrowstream/distributed/tokens.py",
-        "            rows = _emitted_lengths(window, counts)\n",
+        "            rows = emitted_lengths(window, counts)\n",
         "            rows = np.concatenate([counts.lengths(s)[a:b] for s, a, b in _pieces(window)])\n",
         ("tests/test_exact_batches.py", "tests/test_length_index.py"),
     ),
@@ -1544,6 +1544,22 @@ MUTANTS = [
         "table = unview(table).cast(schema)",
         "table = table.cast(schema)",
         ("tests/test_manifest.py",),
+    ),
+    Mutant(
+        "redeal-by-rows-for-held-documents",
+        "an elastic resume of best_fit or bucket re-deals equal rows: held documents, mostly emitted, weigh as whole rows",
+        "arrowstream/pipeline/plan.py",
+        "        if counts is not None:\n            return weighted_recut(pooled, counted_lengths(layout, counts), parts)\n",
+        "        if counts is not None:\n            return None\n",
+        ("tests/test_topology.py",),
+    ),
+    Mutant(
+        "estimated-target-ignores-skip",
+        "the estimated target of a re-dealt share counts tokens a held document already gave",
+        "arrowstream/distributed/balance.py",
+        "    return max(tokens - skip, 0.0)\n",
+        "    return max(tokens, 0.0)\n",
+        ("arrowstream/distributed/balance.py",),
     ),
 ]
 

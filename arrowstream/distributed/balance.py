@@ -224,13 +224,27 @@ def batch_target(
     >>> lay = Layout(np.arange(2), rows, epoch=0, seed=None, window=1, num_streams=2)
     >>> batch_target(lay, rows, sizes, 0.5, [[(0, 0, 10, 0, 0)], [(1, 0, 10, 0, 0)]], tokens_per_batch=100)
     5
+    >>> batch_target(lay, rows, sizes, 0.5, [[(0, 0, 10, 0, 0)], [(1, 0, 10, 300, 0)]], tokens_per_batch=100)
+    2
     """
     row_bytes = shard_bytes / np.maximum(shard_rows, 1)
-    estimates = [
-        token_rate * sum(layout.range_bytes(s, a, b, row_bytes) for s, a, b, _, _ in part)
-        for part in parts
-    ]
+    estimates = [sum(_range_estimate(layout, row_bytes, token_rate, rng) for rng in part) for part in parts]
     return int(min(estimates, default=0.0) * (1.0 - EVEN_BATCHES_SLACK) // tokens_per_batch)
+
+
+def _range_estimate(layout: Layout, row_bytes: np.ndarray, token_rate: float, rng: RowRange) -> float:
+    """The estimated tokens of a row range, less the ``skip`` its first row gave before; a ``take`` counts as is.
+
+    A look-ahead packer's held document comes back from a merge as a range of
+    one row whose ``skip`` may be most of it: counted whole, every new share
+    would look far larger than it is, and even batches pad the rest of the
+    epoch up to that.
+    """
+    stream, start, end, skip, take = rng
+    tokens = token_rate * layout.range_bytes(stream, start, end, row_bytes)
+    if take and end > start:
+        tokens += take - token_rate * layout.range_bytes(stream, end - 1, end, row_bytes)
+    return max(tokens - skip, 0.0)
 
 
 def doc_target(parts: Sequence[Sequence[RowRange]], docs_per_row: float, docs_per_batch: float) -> int:

@@ -31,6 +31,7 @@ __all__ = [
     "batch_cut",
     "batch_recut",
     "batch_share",
+    "emitted_lengths",
     "part_chunks",
     "part_tokens",
     "range_tokens",
@@ -105,7 +106,7 @@ def _pieces(window: ShuffleWindow) -> list[tuple[int, int, int]]:
     return list(zip(window.shards.tolist(), window.row_lo.tolist(), window.row_hi.tolist()))
 
 
-def _emitted_lengths(window: ShuffleWindow, counts: TokenCounts) -> np.ndarray:
+def emitted_lengths(window: ShuffleWindow, counts: TokenCounts) -> np.ndarray:
     """Return the tokens of the window's rows, in the order it emits them."""
     rows = np.concatenate([counts.lengths(s)[a:b] for s, a, b in _pieces(window)])
     return rows[window.order] if window.order is not None else rows
@@ -136,7 +137,7 @@ def range_tokens(layout: Layout, counts: TokenCounts, stream: int, start: int, e
         if lo == window.start and hi == window.start + n:
             total += sum(counts.rows(s, a, b) for s, a, b in _pieces(window))
             continue
-        total += int(_emitted_lengths(window, counts)[lo - window.start : hi - window.start].sum())
+        total += int(emitted_lengths(window, counts)[lo - window.start : hi - window.start].sum())
     return total
 
 
@@ -202,7 +203,7 @@ def part_chunks(
             offset, n = max(0, lo - window.start), min(window.num_rows, hi - window.start)
             if offset >= n:
                 continue
-            rows = _emitted_lengths(window, counts)
+            rows = emitted_lengths(window, counts)
             a = offset
             while a < n:
                 b = min((a // batch_rows + 1) * batch_rows, n)
@@ -346,7 +347,7 @@ def _stream_offset(layout: Layout, counts: TokenCounts, stream: int, offset: int
         if offset >= before + size:
             before += size
             continue
-        row_ends = before + np.cumsum(_emitted_lengths(window, counts))
+        row_ends = before + np.cumsum(emitted_lengths(window, counts))
         r = int(np.searchsorted(row_ends, offset, side="right"))
         return window.start + r, offset - (int(row_ends[r - 1]) if r else before)
     raise ValueError(f"token {offset} is past stream {stream}'s {before} tokens")

@@ -32,6 +32,7 @@ from arrowstream.distributed.balance import (
     measure_sample,
     token_estimates,
 )
+from arrowstream.distributed.recut import counted_lengths, estimated_lengths, weighted_recut
 from arrowstream.distributed.tokens import (
     BatchCut,
     TokenCounts,
@@ -276,18 +277,31 @@ class Plan:
     def recut(
         self, epoch: int, num_streams: int, by: str, pooled: list[RowRange], parts: int
     ) -> list[list[RowRange]] | None:
-        """Cut an epoch's pooled rows (an elastic resume's) into shares of whole batches, or ``None``.
+        """Cut an epoch's pooled rows (an elastic resume's) into shares of even batches, or ``None`` (equal rows).
 
-        For a counted ``concat`` (:attr:`streams_by` ``"batches"``), so every
-        new rank's count for the rest of the epoch is within one of the
-        others' (:func:`~arrowstream.distributed.tokens.batch_recut`); other
-        pipelines re-deal equal rows.
+        For a counted ``concat`` (:attr:`streams_by` ``"batches"``), shares of
+        whole batches, so every new rank's count for the rest of the epoch is
+        within one of the others' (:func:`~arrowstream.distributed.tokens.batch_recut`);
+        with other even batches (``"tokens"``, ``"estimate"``), shares of equal
+        tokens, counted or estimated, cut between documents
+        (:func:`~arrowstream.distributed.recut.weighted_recut`): a look-ahead
+        packer's held documents, most of their tokens already emitted, weigh
+        what they have left. Batches of a fixed number of documents, and
+        pipelines without even batches, re-deal equal rows.
         """
-        if self.streams_by != "batches":
+        mode = self.streams_by
+        if mode == "rows":
             return None
-        assert self.packer is not None and self.token_counts is not None
-        per_batch = self.packer.seq_len * self.packer.batch_size
-        return batch_recut(self.layout(epoch, num_streams, by), self.token_counts, pooled, per_batch, parts)
+        layout = self.layout(epoch, num_streams, by)
+        counts = self.token_counts
+        if mode == "batches":
+            assert self.packer is not None and counts is not None
+            per_batch = self.packer.seq_len * self.packer.batch_size
+            return batch_recut(layout, counts, pooled, per_batch, parts)
+        if counts is not None:
+            return weighted_recut(pooled, counted_lengths(layout, counts), parts)
+        tokens = estimated_lengths(layout, self.manifest.shard_rows, self.estimated_tokens())
+        return weighted_recut(pooled, tokens, parts)
 
     def fresh_work(self, epoch: int, consumer: Consumer) -> list[RowRange]:
         """Return ``consumer``'s share of a fresh ``epoch``: its own stream, whole."""
