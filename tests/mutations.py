@@ -1561,6 +1561,14 @@ MUTANTS = [
         "    return max(tokens, 0.0)\n",
         ("arrowstream/distributed/balance.py",),
     ),
+    Mutant(
+        "huge-document-through-the-reference",
+        "during the document sample a huge document goes whole through the reference encoder (gigabytes)",
+        "arrowstream/tokenize/encoders.py",
+        "        return self._sample(texts) if not huge else self._sample_around(texts, huge)\n",
+        "        return self._sample(texts)\n",
+        ("tests/test_encoders.py",),
+    ),
 ]
 
 

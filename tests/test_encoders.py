@@ -314,6 +314,42 @@ def test_deferred_checks_run_when_the_sample_ends_and_no_fast_id_leaves_before(
     assert info["checked"]["probe texts"] > 1000 and "identical ids on" in info["reason"]
 
 
+def test_a_huge_document_during_the_sample_joins_it_by_its_head_and_the_backend_encodes_it(
+    tok_small: Tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the reference holds ~25 bytes a byte of a document: a 20 MB one took the first process to 2.6 GB
+    from arrowstream.tokenize.encoders import SAMPLE_DOC_CHARS
+
+    longest: list[int] = []
+    checks = Encoder._reference_checks
+
+    def spy(self: Encoder, texts: list[str]):
+        longest.append(max((len(t) for t in texts), default=0))
+        return checks(self, texts)
+
+    monkeypatch.setattr(Encoder, "_reference_checks", spy)
+    words = make_texts(400, seed=5)
+    huge = " ".join(words) * (3 * SAMPLE_DOC_CHARS // len(" ".join(words)) + 1)
+    texts = ["a first document", huge, "and a last one"]
+    fresh = Tokenizer.from_str(tok_small.to_str())
+    fresh.add_special_tokens(["<|huge-sample|>"])  # a tokenizer no other test checked: no cached verdict
+    enc = Encoder(fresh, sample_bytes=1 << 20, cache_dir=tmp_path)
+    flat, lens = enc.encode(texts)
+    got = [ids.tolist() for ids in np.split(flat, np.cumsum(lens)[:-1])]
+    assert got == reference(fresh, texts)
+    assert max(longest) <= SAMPLE_DOC_CHARS  # never the whole document through the reference
+    info = enc.describe()
+    assert not info["checks_pending"] and info["backend"] in ("tokie", "tiktoken")
+    assert 0 < enc._sampled <= SAMPLE_DOC_CHARS + 64  # the head only, and the short ones
+
+    bad = hand_made([("Q", "X"), ("Z", "Q"), ("ZQ", "X")], ignore_merges=True)  # tiktoken differs on " ZQX"
+    bad.add_special_tokens(["<|huge-sample-bad|>"])
+    texts = ["doc", "doc ZQX " + "doc " * SAMPLE_DOC_CHARS]
+    with pytest.warns(EncoderFallbackWarning):
+        flat, lens = Encoder(bad, cache_dir=tmp_path).encode(texts)
+    assert [ids.tolist() for ids in np.split(flat, np.cumsum(lens)[:-1])] == reference(bad, texts)
+
+
 def test_a_mismatch_on_the_first_documents_falls_back_before_any_fast_id_leaves(tmp_path: Path) -> None:
     # Inside " ZQX" tiktoken builds "ZQX" from "Z" + "QX"; tokenizers has no such merge (and
     # finds "ZQX" itself only as a whole piece, as in the vocabulary check). No probe has it.
