@@ -1569,6 +1569,14 @@ MUTANTS = [
         "        return self._sample(texts)\n",
         ("tests/test_encoders.py",),
     ),
+    Mutant(
+        "epoch-stats-kept-forever",
+        "an endless run's state keeps the counters of every epoch begun and grows without end",
+        "arrowstream/io/chunk.py",
+        "        for old in [e for e in self.by_epoch if e <= self.epoch - KEPT_EPOCHS]:\n            del self.by_epoch[old]\n",
+        "",
+        ("tests/test_state_sizes.py",),
+    ),
 ]
 
 

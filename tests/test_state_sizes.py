@@ -40,3 +40,26 @@ def test_states_are_as_large_as_the_docs_say(demo: Path, name: str) -> None:
     largest = _largest(states)
     assert largest <= STATED[name], f"{name}: {largest:,} bytes; update docs/state-format.md"
     assert largest > STATED[name] / 3, f"{name}: {largest:,} bytes, far below what the docs say"
+
+
+def test_an_endless_runs_state_stays_as_large_over_many_epochs(tmp_path: Path) -> None:
+    # the per-epoch counters kept an entry for every epoch begun: 510 KB after 3,000 epochs of an endless run
+    from arrowstream.io.chunk import KEPT_EPOCHS
+
+    write_dataset(tmp_path, num_files=1, docs_per_file=6, rows_per_group=3, seed=0)
+    ds = read_parquet(tmp_path, num_epochs=None).tokenize(sample_tokenizer()).pack(seq_len=64, batch_size=1)
+    it = ds.iter()
+    sizes = {}
+    while (epoch := it.state_dict()["position"]["epoch"]) < 3 * KEPT_EPOCHS:
+        next(it)
+        sizes[epoch] = len(json.dumps(it.state_dict()))
+    state = it.state_dict()
+    kept = [e["epoch"] for e in state["epoch_stats"]]
+    assert kept == list(range(kept[-1] - KEPT_EPOCHS + 1, kept[-1] + 1)) and kept[-1] >= 3 * KEPT_EPOCHS - 1
+    assert sizes[3 * KEPT_EPOCHS - 1] <= sizes[KEPT_EPOCHS + 1] + 40  # flat, not an entry an epoch more
+    assert state["stats"]["tokens"] > sum(e["tokens"] for e in state["epoch_stats"])  # the totals keep every epoch
+    resumed = ds.iter(json.loads(json.dumps(state)))
+    for _ in range(12):  # and the state resumes where it was
+        a, b = next(it), next(resumed)
+        assert all((a[k] == b[k]).all() for k in ("input_ids", "segment_ids"))
+    assert resumed.state_dict()["epoch_stats"] == it.state_dict()["epoch_stats"]

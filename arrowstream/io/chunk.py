@@ -304,6 +304,8 @@ EPOCH_COUNTERS = (
     "carried_docs", "carried_tokens",
 )
 _EPOCH_KEYS = frozenset(EPOCH_COUNTERS)
+#: Epochs whose :data:`EPOCH_COUNTERS` a :class:`Ledger` keeps: the one counting and those just before.
+KEPT_EPOCHS = 16
 
 
 class Ledger:
@@ -349,9 +351,16 @@ class Ledger:
             row[key] = row.get(key, 0) + n
 
     def begin_epoch(self, epoch: int) -> None:
-        """Count :data:`EPOCH_COUNTERS` toward ``epoch`` from now on (it is listed from now, at 0)."""
+        """Count :data:`EPOCH_COUNTERS` toward ``epoch`` from now on (it is listed from now, at 0).
+
+        Only the last :data:`KEPT_EPOCHS` epochs are kept: an endless run's
+        state would otherwise grow by an entry an epoch (the totals stay in
+        the counters).
+        """
         self.epoch = int(epoch)
         self.by_epoch.setdefault(self.epoch, dict.fromkeys(EPOCH_COUNTERS, 0))
+        for old in [e for e in self.by_epoch if e <= self.epoch - KEPT_EPOCHS]:
+            del self.by_epoch[old]
 
     def epoch_snapshot(self) -> list[dict[str, int]]:
         """Return the per-epoch counters of every epoch begun, in order: ``[{"epoch": 0, "tokens": ...}, ...]``."""
