@@ -1577,6 +1577,14 @@ MUTANTS = [
         "",
         ("tests/test_state_sizes.py",),
     ),
+    Mutant(
+        "checksum-may-be-taken-off",
+        "a version 8 state stripped of its checksum loads unchecked: an edit made with it resumes, data lost",
+        "arrowstream/state/checksum.py",
+        "        if not missing_ok and isinstance(version, int)",
+        "        if False and isinstance(version, int)",
+        ("tests/test_state.py",),
+    ),
 ]
 
 

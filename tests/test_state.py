@@ -156,3 +156,7 @@ def test_a_state_changed_after_it_was_saved_is_refused_whatever_its_kind(tmp_pat
         with pytest.raises(StateError, match="the state was changed after it was saved: its checksum"):
             load(edited)
         load(with_checksum(json.loads(json.dumps(state))))  # sealed again, as a tool that edits on purpose does
+        edit(edited)
+        del edited["checksum"]  # and the seal taken off with the edit: refused too (a state as saved has one)
+        with pytest.raises(StateError, match="the state has no `checksum`, which every state of format version 8"):
+            load(edited)

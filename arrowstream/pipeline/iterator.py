@@ -34,6 +34,7 @@ from arrowstream.pipeline.reading import iter_chunks
 from arrowstream.pipeline.snapshot import IteratorSnapshot, where_of, work_of
 from arrowstream.pipeline.targets import counted_targets, epoch_target
 from arrowstream.state import Position, State, Work, check_identity, check_state
+from arrowstream.state.checksum import verify_checksum
 from arrowstream.state.ranks import epoch_of, own_of_rank
 
 __all__ = ["DatasetIterator"]
@@ -107,6 +108,7 @@ class DatasetIterator:
                 f"expected a state dict (from `state_dict()`, or JSON-loaded), got "
                 f"{type(state).__name__}: load the file with `json.load` first"
             )
+        verify_checksum(state)  # as saved, before anything is read from it
         # the files each epoch is cut over: all, or the old ones where files were added since
         self.plan = self._base if state is None else resume_plan(self._base, state)
         if state is not None and state.get("kind") == "rank":  # a loader's: one state per DataLoader worker

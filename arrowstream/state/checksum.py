@@ -6,8 +6,10 @@ moved on, a share cut short) would resume without an error and lose or
 repeat data silently; so would a corrupted digit. Every state the library
 makes carries ``checksum``: 32 hex digits of SHA-256 over the rest of the
 state as canonical JSON (sorted keys, no spaces), which a JSON round trip,
-indentation or key order leave as they are. Loading checks it; a state
-without one (saved before 2026-11-27) is read as before.
+indentation or key order leave as they are. Loading checks it. A state of
+format version 8 on without one is refused (the key was removed, or the
+state rebuilt by hand); an older one (saved before 2026-11-27) is read as
+before.
 
 Examples
 --------
@@ -29,10 +31,12 @@ from typing import Any
 
 from arrowstream.errors import StateError
 
-__all__ = ["CHECKSUM_KEY", "checksum_of", "verify_checksum", "with_checksum"]
+__all__ = ["CHECKSUM_KEY", "SEALED_FROM", "checksum_of", "verify_checksum", "with_checksum"]
 
 #: The key a state's checksum is stored under.
 CHECKSUM_KEY = "checksum"
+#: The first format version whose states always carry their checksum.
+SEALED_FROM = 8
 
 
 def checksum_of(state: dict[str, Any]) -> str:
@@ -49,12 +53,25 @@ def with_checksum(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def verify_checksum(state: Any) -> None:
-    """Raise :class:`StateError` when ``state`` carries a checksum its contents do not match.
+def verify_checksum(state: Any, *, missing_ok: bool = False) -> None:
+    """Raise :class:`StateError` when ``state``'s checksum does not match its contents, or is missing.
 
-    A state without one, or not a dict (other checks name that), passes.
+    A state of format version 8 on always carries one as saved; an older
+    state without one passes, as does anything not a dict (other checks name
+    that). ``missing_ok``: for the states the library derives itself (a
+    consumer's share of a merged state), checked where they came in.
     """
-    if not isinstance(state, dict) or CHECKSUM_KEY not in state:
+    if not isinstance(state, dict):
+        return
+    if CHECKSUM_KEY not in state:
+        version = state.get("version")
+        if not missing_ok and isinstance(version, int) and not isinstance(version, bool) and version >= SEALED_FROM:
+            raise StateError(
+                f"the state has no `{CHECKSUM_KEY}`, which every state of format version {SEALED_FROM} on "
+                f"carries (this one says version {version}): it was removed or the state rebuilt by hand, so "
+                "an edit cannot be told from a state as saved; load the state as `state_dict()` returned it, "
+                "or seal an intended edit with `arrowstream.state.checksum.with_checksum(state)`"
+            )
         return
     saved = state[CHECKSUM_KEY]
     try:
