@@ -70,6 +70,16 @@ def test_demo_runs_offline_and_reports_a_matching_resume(tmp_path: Path) -> None
     assert "tokens/s" in proc.stdout
 
 
+@pytest.mark.parametrize(("batches", "shown"), [("1", "(0/0 batches"), ("400", "the end of the data")])
+def test_the_demo_at_both_ends_of_its_batch_count(
+    tmp_path: Path, batches: str, shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # one batch said the resume DIFFERED (a limit of 0 still took a batch); more batches than the data crashed
+    assert main(["demo", "--workdir", str(tmp_path), "--batches", batches, "--seq-len", "2048", "--batch-size", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed stream matches the uninterrupted one: True" in out and shown in out, out
+
+
 def test_version_and_help() -> None:
     assert main(["--version"]) == 0
     assert main([]) == 1
@@ -92,6 +102,9 @@ def test_stream_reports_unusable_state_files_cleanly(
     (tmp_path / "bad.json").write_text("{not json")
     assert main([*common, "--resume", str(tmp_path / "bad.json")]) == 2
     assert "is not JSON" in capsys.readouterr().err
+    (tmp_path / "binary.json").write_bytes(b"\x00\x01PK\xa0\xff")  # a checkpoint of another kind, say
+    assert main([*common, "--resume", str(tmp_path / "binary.json")]) == 2
+    assert "binary.json: the file is not JSON (not UTF-8 text" in capsys.readouterr().err
     assert main([*common, "--save-state", str(tmp_path / "no" / "dir" / "s.json")]) == 2
     assert "directory does not exist" in capsys.readouterr().err
 

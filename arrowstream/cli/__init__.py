@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import sys
 import tempfile
@@ -432,8 +433,10 @@ def _cache(args: argparse.Namespace) -> int:
 
 def _run(it: Any, limit: int | None, desc: str) -> tuple[list[dict[str, np.ndarray]], float]:
     """Consume up to ``limit`` batches with a progress bar; return them and the elapsed time."""
-    out = []
+    out: list[dict[str, np.ndarray]] = []
     start = time.perf_counter()
+    if limit is not None and limit <= 0:
+        return out, 0.0
     tokens0 = it.state_dict()["stats"].get("tokens", 0)
     with progress(limit, desc) as bar:
         for batch in it:
@@ -467,19 +470,22 @@ def _demo(args: argparse.Namespace) -> int:
     state_path.write_text(json.dumps(state, indent=2))
     size = len(json.dumps(state))
     pos = state["position"]
-    print(
-        f"stopped after {len(first)} batches; state saved to {state_path} ({size} bytes): "
+    where = (
         f"epoch {pos['epoch']}, file {pos['file']}, row group {pos['row_group']}, row {pos['row']}, "
-        f"{pos['token_offset']} tokens into the document"
+        f"{pos['token_offset']} tokens into the document" if pos.get("file") is not None else "the end of the data"
     )
-    reference, _ = _run(it, args.batches - half, "uninterrupted run")
+    print(f"stopped after {len(first)} batches; state saved to {state_path} ({size} bytes): {where}")
+    want = args.batches - len(first)
+    reference, _ = _run(it, want, "uninterrupted run")
 
     t0 = time.perf_counter()
     resumed_it = ds.iter(json.loads(state_path.read_text()))
-    resumed = [next(resumed_it)]
+    resumed = list(itertools.islice(resumed_it, min(1, want)))  # the first batch (none where the data ended)
     latency = time.perf_counter() - t0
-    more, _ = _run(resumed_it, len(reference) - 1, "resumed run")
+    more, _ = _run(resumed_it, len(reference) - len(resumed), "resumed run")
     resumed += more
+    if len(reference) < want:  # the data ended before the batches asked for: so must the resumed stream
+        resumed += list(itertools.islice(resumed_it, 1))
     same = len(resumed) == len(reference) and all(
         all(np.array_equal(a[k], b[k]) for k in a) for a, b in zip(reference, resumed)
     )

@@ -137,6 +137,8 @@ def read_json(flag: str, path: str, what: str) -> Any:
         return json.loads(Path(path).read_text())
     except OSError as exc:
         raise UsageError(f"{flag} {path}: cannot read it: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:  # bytes that are not UTF-8 text: not JSON either
+        raise UsageError(f"{flag} {path}: the file is not JSON (not UTF-8 text: {exc.reason} at byte {exc.start}): pass {what}") from exc
     except json.JSONDecodeError as exc:
         raise UsageError(f"{flag} {path}: the file is not JSON ({exc}): pass {what}") from exc
 
