@@ -147,6 +147,9 @@ def test_tokenizer_without_eos_needs_eos_id(tmp_path: Path) -> None:
     assert batch.column("input_ids").to_pylist() == [[0]]
     [batch] = list(read_parquet(tmp_path).tokenize(bare, eos_id=1))
     assert batch.column("input_ids").to_pylist() == [[0, 1]]
+    # an id past the vocabulary would reach the model's embedding (a device-side assert there)
+    with pytest.raises(ConfigError, match=r"`eos_id=2` is outside the tokenizer's vocabulary of 2 ids \(0..1\)"):
+        read_parquet(tmp_path).tokenize(bare, eos_id=2)
 
 
 def test_state_from_other_data_is_refused(tmp_path: Path) -> None:

@@ -190,6 +190,14 @@ class Tokenize(Stage):
             or not 0 <= int(eos_id) <= _INT32_MAX
         ):
             raise ConfigError(f"`eos_id` must be a non-negative int32, got {eos_id!r}")
+        if eos_id is not None and self.tokenizer is not None:
+            vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
+            if int(eos_id) >= vocab:  # the model's embedding would index past its table, far from here
+                raise ConfigError(
+                    f"`eos_id={int(eos_id)}` is outside the tokenizer's vocabulary of {vocab:,} ids (0..{vocab - 1:,}): "
+                    "pass the id of its end-of-text token (leave `eos_id` out to have it found), or add the token "
+                    "to the tokenizer"
+                )
         self.eos_id = None if eos_id is None else int(eos_id)
         self.encoder = None
         if given is not None and given.add_special_tokens == self.add_special_tokens:
