@@ -358,8 +358,8 @@ MUTANTS = [
         "tiktoken-never-emits",
         "past the document sample the encoder still returns `tokenizers`' ids",
         "arrowstream/tokenize/encoders.py",
-        "            if tok is None:\n                return fast.encode(texts, self._reference)  # type: ignore[union-attr]\n",
-        "            if tok is None:\n                return self._reference(texts)\n",
+        "        if tok is None:\n            return fast.encode(texts, self._reference)  # type: ignore[no-any-return]\n",
+        "        if tok is None:\n            return self._reference(texts)\n",
         ("tests/test_encoders.py", "tests/test_resume_contract.py"),
     ),
     Mutant(
@@ -474,7 +474,7 @@ MUTANTS = [
         "elastic-concat-re-dealt-by-rows",
         "an elastic resume of a counted concat re-deals the rest of the epoch by equal rows, not whole batches",
         "arrowstream/pipeline/plan.py",
-        '        if self.streams_by != "batches":\n            return None\n',
+        '        mode = self.streams_by\n        if mode == "rows":\n            return None\n',
         "        return None\n",
         ("tests/test_exact_batches.py::test_counted_batches_hold_after_elastic_resumes_over_two_epochs",),
     ),
@@ -1584,6 +1584,22 @@ MUTANTS = [
         "        if not missing_ok and isinstance(version, int)",
         "        if False and isinstance(version, int)",
         ("tests/test_state.py",),
+    ),
+    Mutant(
+        "oversized-row-group-unchecked",
+        "a row group with more than 2 GiB of text is read as it comes: part of its rows, or a misleading cast error",
+        "arrowstream/io/reader.py",
+        "        check_batch_size(table, info.path, info.row_group)\n",
+        "",
+        ("tests/test_manifest.py",),
+    ),
+    Mutant(
+        "misspelt-option-unnamed",
+        "a misspelt `.pack` option reaches the packer as a TypeError naming an internal class, or a wrong hint",
+        "arrowstream/pack/strategies.py",
+        '    check_options(".pack", options, BestFitPacker, also=("strategy",))',
+        "    pass",
+        ("tests/test_errors.py",),
     ),
 ]
 

@@ -252,3 +252,21 @@ def test_a_broken_link_to_a_parquet_file_is_an_error_naming_it(tmp_path: Path) -
     os.remove(tmp_path / "broken.parquet")
     os.symlink(tmp_path / "ok.parquet", tmp_path / "linked.parquet")  # a working link is a file like any
     assert read_parquet(tmp_path).manifest.num_files == 2
+
+
+def test_a_row_group_with_more_text_than_one_batch_holds_is_named_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # past 2 GiB of text in one row group (pyarrow's 32-bit offsets) a large_string file failed as "the file's
+    # schema changed" and a string file read part of the rows, then failed in a stage check: named up front now
+    # (the limit lowered here; the real one is 2 GiB)
+    from arrowstream import SchemaError
+    from arrowstream.io import schema
+
+    monkeypatch.setattr(schema, "MAX_BATCH_VALUES", 1000)
+    pq.write_table(pa.table({"text": pa.array(["x" * 200] * 4 + ["y" * 400] * 3, pa.large_string())}),
+                   tmp_path / "big.parquet", row_group_size=4)
+    it = read_parquet(tmp_path).iter()
+    assert next(it).num_rows == 4  # 800 bytes: fits
+    with pytest.raises(SchemaError, match=r"big.parquet', row group 1, column `text`: 1,200 bytes of values, more than one batch holds .*smaller row groups"):
+        next(it)

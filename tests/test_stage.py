@@ -97,5 +97,5 @@ def test_builders_hand_their_options_to_the_classes_that_validate_them(
     assert isinstance(ds.bucket(max_tokens=64).packer, arrowstream.BucketPacker)
     with pytest.raises(ConfigError, match="slice_bytes"):  # checked once, by the stage
         read_parquet(text_dir()).tokenize(tokenizer, slice_bytes=0)
-    with pytest.raises(TypeError, match="windw"):  # a misspelt option is never ignored
+    with pytest.raises(ConfigError, match="windw"):  # a misspelt option is never ignored
         ds.pack(seq_len=16, batch_size=2, strategy="best_fit", windw=32)

@@ -28,7 +28,7 @@ from arrowstream.io.failures import (
     transient,
 )
 from arrowstream.io.manifest import Manifest
-from arrowstream.io.schema import unview
+from arrowstream.io.schema import check_batch_size, unview
 
 __all__ = ["Reader", "ShardReader", "innermost", "transient", "warn_skipped"]
 
@@ -181,6 +181,7 @@ class ShardReader:
                 f"{where} has {table.num_rows} rows but its footer said {info.num_rows} when the "
                 "dataset was opened: the file changed; rebuild the dataset"
             )
+        check_batch_size(table, info.path, info.row_group)
         schema = self.schema if columns is self.columns else pa.schema(
             [self.manifest.schema.field(c) for c in columns]
         )

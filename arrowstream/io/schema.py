@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from arrowstream.errors import ConfigError, SchemaError
 
-__all__ = ["check_schemas", "normalize_type", "unview"]
+__all__ = ["MAX_BATCH_VALUES", "check_batch_size", "check_schemas", "normalize_type", "unview"]
 
 
 def normalize_type(dtype: pa.DataType) -> pa.DataType:
@@ -39,26 +41,82 @@ def normalize_type(dtype: pa.DataType) -> pa.DataType:
     return dtype
 
 
-def unview(table: pa.Table) -> pa.Table:
-    """Return ``table`` with its list-view columns as large lists (the same values), ready to cast.
+#: Bytes of values one string, binary or list array can hold (32-bit offsets): a row group is read as one batch.
+MAX_BATCH_VALUES = 2**31 - 1
 
-    :func:`normalize_type` reads ``list_view`` as ``list``, but pyarrow
-    (through 26 at least) casts a list view straight to a list with an
-    offsets buffer one entry short, which fails validation; through
-    ``large_list`` the cast is sound.
+
+def check_batch_size(table: pa.Table, path: str, row_group: int, *, limit: int | None = None) -> None:
+    """Raise :class:`SchemaError` when a variable-width column of ``table`` holds more than ``limit`` bytes of values.
+
+    Every row group is read as one batch whose text and list columns have
+    32-bit offsets (``large_string`` reads as ``string``): past 2 GiB of
+    values in one row group the rows cannot be held in one array, and the
+    reader would see part of them. Said up front, naming the file, row
+    group and column, with the fix (smaller row groups).
 
     Examples
     --------
-    >>> t = pa.table({"ids": pa.array([[1, 2], [3]], pa.list_view(pa.int32()))})
+    >>> t = pa.table({"text": ["abc", "defg"]})
+    >>> check_batch_size(t, "a.parquet", 0)
+    >>> check_batch_size(t, "a.parquet", 3, limit=5)
+    Traceback (most recent call last):
+    ...
+    arrowstream.errors.SchemaError: 'a.parquet', row group 3, column `text`: 7 bytes of values, more than one batch holds (5 bytes, 32-bit offsets); rewrite the file with smaller row groups (`row_group_size=` of pyarrow's or polars' writer), a few hundred MB of text each
+    """
+    limit = MAX_BATCH_VALUES if limit is None else limit
+    for field, column in zip(table.schema, table.columns):
+        dtype = field.type
+        if not (pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_binary(dtype)
+                or pa.types.is_large_binary(dtype) or pa.types.is_list(dtype) or pa.types.is_large_list(dtype)):
+            continue
+        if column.nbytes <= limit:  # offsets and validity included: within the limit, the values are too
+            continue
+        values = sum(
+            len(chunk.values) * (chunk.type.value_type.bit_width // 8 if pa.types.is_integer(chunk.type.value_type) else 1)
+            if pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type)
+            else int(chunk.buffers()[2].size if chunk.buffers()[2] is not None else 0)
+            for chunk in column.chunks
+        )
+        if values > limit:
+            raise SchemaError(
+                f"{path!r}, row group {row_group}, column `{field.name}`: {values:,} bytes of values, more than "
+                f"one batch holds ({limit:,} bytes, 32-bit offsets); rewrite the file with smaller row groups "
+                "(`row_group_size=` of pyarrow's or polars' writer), a few hundred MB of text each"
+            )
+
+
+def unview(table: pa.Table) -> pa.Table:
+    """Return ``table`` with its list-view columns as large lists of the same values, ready to cast.
+
+    :func:`normalize_type` reads ``list_view`` as ``list``, but pyarrow's
+    casts of a list view (26 at least) are unsound: straight to a list the
+    offsets buffer comes out one entry short, and to a large list rows can
+    come out empty. The lists are built from the views' values and lengths
+    instead.
+
+    Examples
+    --------
+    >>> t = pa.table({"ids": pa.array([[1, 2], [3], None, []], pa.list_view(pa.int32()))})
     >>> unview(t).cast(pa.schema([("ids", pa.list_(pa.int32()))])).column("ids").to_pylist()
-    [[1, 2], [3]]
+    [[1, 2], [3], None, []]
     """
     for i, field in enumerate(table.schema):
         dtype = field.type
         if pa.types.is_list_view(dtype) or pa.types.is_large_list_view(dtype):
             wide = pa.large_list(dtype.value_field)
-            table = table.set_column(i, field.with_type(wide), table.column(i).cast(wide))
+            chunks = [_unview_chunk(chunk, wide) for chunk in table.column(i).chunks]
+            table = table.set_column(i, field.with_type(wide), pa.chunked_array(chunks, type=wide))
     return table
+
+
+def _unview_chunk(chunk: pa.Array, wide: pa.DataType) -> pa.Array:
+    """One list-view array as a large list: its values in row order, offsets from its lengths."""
+    lengths = pc.fill_null(chunk.value_lengths(), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = np.zeros(len(chunk) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    mask = chunk.is_null() if chunk.null_count else None
+    out = pa.LargeListArray.from_arrays(pa.array(offsets), chunk.flatten(), mask=mask)
+    return out.cast(wide)
 
 
 def check_schemas(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from arrowstream.checks import check_options
 from arrowstream.errors import ConfigError
 from arrowstream.pack import ConcatPacker, Packer
 from arrowstream.pack.bestfit import BestFitPacker
@@ -38,6 +39,7 @@ def make_packer(strategy: str, **options: Any) -> Packer:
         raise ConfigError(
             f"unknown packing strategy {strategy!r}: expected one of {sorted(STRATEGIES)!r}"
         )
+    check_options(".pack", options, BestFitPacker, also=("strategy",))  # a typo: best_fit takes concat's and more
     # a strategy option given as None means "the strategy's default" (so one call can switch strategies)
     options = {k: v for k, v in options.items() if v is not None or k in _COMMON}
     extra = sorted(set(options) - _COMMON)
@@ -45,4 +47,5 @@ def make_packer(strategy: str, **options: Any) -> Packer:
         raise ConfigError(
             f"strategy 'concat' takes no {extra!r}: those are options of strategy='best_fit'"
         )
+    check_options(".pack", options, cls)  # `seq_len` and `batch_size` given
     return cls(**options)

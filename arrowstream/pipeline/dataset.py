@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
-from arrowstream.checks import check_choice, check_int
+from arrowstream.checks import check_choice, check_int, check_options
 from arrowstream.core.stage import Stage
 from arrowstream.distributed.topology import Consumer
 from arrowstream.errors import ConfigError
@@ -207,9 +207,8 @@ class Dataset:
         ``options`` are those of :class:`~arrowstream.tokenize.Tokenize`
         (validated there, once): ``column`` (``"text"``), ``add_eos``,
         ``eos_id``, ``add_special_tokens``, ``num_inflight``, ``slice_bytes``,
-        ``first_slice_bytes``, ``loss_mask``, ``backend``, ``cache``,
-        ``cache_write``. Null and
-        empty documents are skipped and counted (``stats["null"]``,
+        ``first_slice_bytes``, ``loss_mask``, ``backend``, ``cache``, ``cache_write``,
+        ``length_index``. Null and empty documents are skipped and counted (``stats["null"]``,
         ``stats["empty"]``). ``loss_mask`` names a column of per-token loss
         masks next to pre-tokenized ids; masked tokens get ``-100`` in the
         packed ``labels``. ``backend`` picks the encoder: ``"auto"`` (the
@@ -218,8 +217,7 @@ class Dataset:
         (see ``docs/encoders.md``). ``cache`` names a token cache directory:
         each row group's ids are read from it, or tokenized once and kept
         there (``cache_write=False``: read only), so later epochs and runs
-        skip tokenizing (see :mod:`arrowstream.tokenize.cache`). Neither changes the
-        output.
+        skip tokenizing (see :mod:`arrowstream.tokenize.cache`). Neither changes the output.
 
         Examples
         --------
@@ -230,6 +228,7 @@ class Dataset:
         """
         if any(isinstance(s, Tokenize) for s in self.stages):
             raise ConfigError("the pipeline is already tokenized: call `.tokenize` once")
+        check_options(".tokenize", options, Tokenize)
         return self._add_stage(Tokenize(tokenizer, **options))
 
     def pack(self, *, strategy: str = "concat", pad_id: int | None = None, **options: Any) -> Dataset:
@@ -301,7 +300,7 @@ class Dataset:
 
         ``options`` are those of :class:`~arrowstream.pack.bucket.BucketPacker`
         (validated there, once): ``batch_size`` or ``max_tokens``, ``window``
-        (1024), ``max_len``, ``long_docs`` (``"truncate"``),
+        (1024), ``max_len``, ``long_docs`` (``"split"``),
         ``pad_to_multiple_of`` (1), ``drop_last``, ``even_batches``, ``seed`` (0).
 
         For training without packing (fine-tuning, evaluation). Each
@@ -315,9 +314,9 @@ class Dataset:
         where ``width`` is the batch's longest document rounded up to
         ``pad_to_multiple_of`` (shapes vary from batch to batch); and the
         counts ``num_tokens``, ``num_padding_tokens``, ``num_docs``.
-        Documents longer than ``max_len`` are truncated or dropped
-        (``long_docs``) and counted. ``pad_id`` defaults to the EOS id (0
-        without one). ``drop_last`` and ``even_batches`` work as in
+        Documents longer than ``max_len`` are split into pieces of ``max_len``,
+        truncated or dropped (``long_docs``) and counted. ``pad_id`` defaults to the
+        EOS id (0 without one). ``drop_last`` and ``even_batches`` work as in
         :meth:`pack`. See :mod:`arrowstream.pack.bucket` and ``docs/bucketing.md``.
 
         Examples
@@ -335,6 +334,7 @@ class Dataset:
             raise ConfigError(_PACK_OR_BUCKET)
         if self._tokenize_stage() is None:
             raise ConfigError("`.bucket` needs tokens: call `.tokenize(...)` before `.bucket(...)`")
+        check_options(".bucket", options, BucketPacker)
         return replace(self, packer=BucketPacker(pad_id=self._pad_id(pad_id), **options))
 
     def pipe(self, stage: Stage) -> Dataset:
