@@ -224,6 +224,9 @@ def test_every_option_of_every_command_says_what_it_does() -> None:
         ("tag is not None and not tag == 'b'", [0, 2, 4, 6, 8]),
         ("col(\"my n\") >= 8", [8, 9]),
         ("n > -1 and n not in [0, 1, 2, 3, 4, 5, 6, 7, 8]", [9]),
+        ("tag not in ('a',)", [1, 3, 5, 9]),  # the null tag (row 7) dropped, as `tag != 'a'` drops it
+        ("tag != 'a'", [1, 3, 5, 9]),
+        ("not (tag in ('a',))", [1, 3, 5, 7, 9]),  # pyarrow's ~isin keeps it (documented)
     ],
 )
 def test_filter_conditions_select_what_they_say(text: str, rows: list[int]) -> None:

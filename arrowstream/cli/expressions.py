@@ -10,7 +10,8 @@ A condition compares columns with literals and combines the comparisons::
 - comparisons: ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=`` between a column
   and a literal (a string, a number, ``True`` or ``False``), in either order,
   chained as in Python (``a < x < b``);
-- ``x in (...)`` and ``x not in (...)`` with a tuple or list of literals;
+- ``x in (...)`` and ``x not in (...)`` with a tuple or list of literals (``not in`` drops null
+  rows, as ``!=`` does; ``not (x in (...))`` is pyarrow's ``~isin``, which keeps them);
 - ``x is None`` and ``x is not None``: null or not;
 - ``and``, ``or``, ``not`` and parentheses;
 - a column whose name is not a Python name: ``col("my column")``.
@@ -107,8 +108,11 @@ def _compare(left: ast.AST, op: ast.cmpop, right: ast.AST, text: str) -> pc.Expr
     if isinstance(op, (ast.In, ast.NotIn)):
         if not isinstance(right, (ast.Tuple, ast.List, ast.Set)):
             raise FilterSyntaxError(f"{_where(right, text)}: `in` takes a tuple or list of literals")
-        member = _column(left, text).isin([_literal(v, text) for v in right.elts])
-        return member if isinstance(op, ast.In) else ~member
+        field = _column(left, text)
+        member = field.isin([_literal(v, text) for v in right.elts])
+        # pyarrow's is_in says false for a null, so `~` would keep null rows: `x not in (...)` drops them,
+        # as `x != v` does (`not (x in (...))` stays pyarrow's `~isin`)
+        return member if isinstance(op, ast.In) else ~member & field.is_valid()
     if type(op) not in _COMPARE:
         raise FilterSyntaxError(f"{_where(left, text)}: unsupported comparison: the syntax is {SYNTAX}")
     if _is_column(left):
