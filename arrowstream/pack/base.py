@@ -46,8 +46,9 @@ def drop_at_target(ledger: Ledger, epoch: int, drop: Callable[[], None]) -> None
             DataLossWarning(
                 f"this consumer reached its estimated batch count for epoch {epoch} with data left "
                 "that it cannot carry into a later epoch (the last epoch, or even_batches='drop'): "
-                f"{docs:,} document(s) and {tokens:,} token(s) dropped (counted in stats "
-                "`dropped_docs`/`dropped_tokens`). To drop nothing, let batch counts be counted "
+                f"{tokens:,} token(s) dropped ({docs:,} whole document(s); other tokens dropped are the ends of "
+                "documents whose beginning was emitted, cut short), counted in stats "
+                "`dropped_docs`/`dropped_tokens`. To drop nothing, let batch counts be counted "
                 "(token ids, a length index from `arrowstream index`, or a complete read-only "
                 "token cache, and no filter; `ds.balance` says which applies), or pass "
                 "even_batches=False"
