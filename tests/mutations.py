@@ -1601,6 +1601,14 @@ MUTANTS = [
         "    pass",
         ("tests/test_errors.py",),
     ),
+    Mutant(
+        "cache-page-checksums-unverified",
+        "a token-cache entry's damaged bytes are read as ids and blamed on the data file",
+        "arrowstream/tokenize/cache.py",
+        "            with pq.ParquetFile(path, page_checksum_verification=True) as entry:",
+        "            with pq.ParquetFile(path) as entry:",
+        ("tests/test_cache.py",),
+    ),
 ]
 
 

@@ -75,6 +75,30 @@ def test_stale_entries_are_rebuilt_with_a_warning_or_refused(tmp_path: Path, tok
     assert got == fresh
 
 
+def test_a_damaged_entry_is_named_as_the_caches_not_blamed_on_the_data(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    # flipped bytes in an entry came out as "in 'p.parquet' ... column `text` holds token id -100662784"
+    import pyarrow.parquet as pq
+
+    root = _data(tmp_path / "data")
+    cache = tmp_path / "cache"
+    pack = {"seq_len": 64, "batch_size": 2}
+    fresh = _batches(read_parquet(root).tokenize(tokenizer, cache=cache).pack(**pack))
+    entries = sorted(cache.rglob("*.ids"))
+    raw = entries[1].read_bytes()
+    entries[1].write_bytes(raw[:100] + bytes(b ^ 0x55 for b in raw[100:200]) + raw[200:])  # inside a data page
+    with pytest.raises(CacheError, match=rf"token cache entry '.*{entries[1].name}' .*CRC checksum"):
+        list(read_parquet(root).tokenize(tokenizer, cache=cache, cache_write=False).pack(**pack))
+    with pytest.warns(CacheWarning, match="stale"):
+        assert _batches(read_parquet(root).tokenize(tokenizer, cache=cache).pack(**pack)) == fresh
+    # an entry written before page checksums: its ids are checked as read
+    table = pq.read_table(entries[2])
+    ids = table.column("input_ids").combine_chunks()
+    bad = pa.ListArray.from_arrays(ids.offsets, pa.array([-7] * len(ids.values), pa.int32()))
+    pq.write_table(pa.table({"input_ids": bad}).replace_schema_metadata(table.schema.metadata), entries[2])
+    with pytest.raises(CacheError, match=rf"'.*{entries[2].name}' .*null or negative token ids: the entry is damaged"):
+        list(read_parquet(root).tokenize(tokenizer, cache=cache, cache_write=False).pack(**pack))
+
+
 def _rewrite(path: Path, texts: list[str]) -> None:
     """Write ``texts`` to ``path`` in one uncompressed row group (same lengths: same file size)."""
     import pyarrow.parquet as pq

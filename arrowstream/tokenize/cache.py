@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from arrowstream.errors import CacheError, CacheWarning, warn_user
@@ -137,7 +138,8 @@ class TokenCache:
             return None
         expected = self._identity(manifest, shard)
         try:
-            with pq.ParquetFile(path) as entry:  # lighter than read_table's dataset machinery
+            # page checksums (written since 2026-11-27) catch flipped bytes in an entry
+            with pq.ParquetFile(path, page_checksum_verification=True) as entry:  # lighter than read_table
                 table = entry.read()
             saved = json.loads((table.schema.metadata or {}).get(_META, b"null"))
         except (pa.ArrowInvalid, OSError, ValueError) as exc:
@@ -148,6 +150,10 @@ class TokenCache:
         ids = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # no copy for one chunk
         if len(ids) != int(manifest.shard_rows[shard]):
             return self._stale(path, f"it has {len(ids)} rows, the row group {int(manifest.shard_rows[shard])}")
+        values = ids.values
+        low = pc.min(values).as_py() if len(values) else 0
+        if values.null_count or (low is not None and low < 0):  # damaged (an entry from before page checksums)
+            return self._stale(path, "it holds null or negative token ids: the entry is damaged")
         return ids
 
     def counts(self, manifest: Manifest) -> np.ndarray | None:
@@ -206,7 +212,7 @@ class TokenCache:
         meta = {_META: json.dumps(self._identity(manifest, shard)).encode()}
         table = pa.table({"input_ids": ids.cast(pa.list_(pa.int32()))}).replace_schema_metadata(meta)
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, compression="zstd")
+        pq.write_table(table, sink, compression="zstd", write_page_checksum=True)
         _write_atomic(path, sink.getvalue().to_pybytes())
         return path
 
