@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -141,3 +142,21 @@ def test_text_on_several_ranks_skips_too_estimated_batches_stay_even(tmp_path: P
             docs += it.stats["docs"]
         assert len(set(steps)) == 1 and steps[0] > 0 and (unreadable, docs) == (10, 70), strategy
 
+
+
+@pytest.mark.filterwarnings("always::arrowstream.DataLossWarning")  # the command prints it: asserted below
+def test_the_stream_command_skips_unreadable_row_groups_when_asked(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from arrowstream.cli import main
+    from arrowstream.testing.data import make_texts
+
+    write_parts(tmp_path / "d", [{"text": make_texts(40, seed=1)}], row_group_size=10)
+    _corrupt(tmp_path / "d" / "part-000.parquet", 1)
+    common = ["stream", str(tmp_path / "d"), "--tokenizer", str(tokenizer_path), "--seq-len", "64", "--batch-size", "2"]
+    assert main(common) != 0
+    assert "row group 1" in capsys.readouterr().err
+    assert main([*common, "--on-error", "skip"]) == 0
+    out, err = capsys.readouterr()
+    assert re.search(r"warning: skipped the unreadable row group 1 of '.*part-000\.parquet' \(10 rows", err), err
+    assert "unreadable" in out, out

@@ -56,6 +56,11 @@ def add_parser(sub: Any) -> None:
         "--manifest", metavar="FILE",
         help="open PATH from this manifest file (`arrowstream manifest`): no listing, no footer reads",
     )
+    p.add_argument(
+        "--on-error", choices=["raise", "skip"], default="raise",
+        help="row groups that do not decode: stop with an error naming them (default), or skip them, "
+        "counted (stats unreadable) and warned about, the same ones on every resume",
+    )
     p.add_argument("--tokenizer", required=True, help="a tokenizer.json, or a directory holding one")
     p.add_argument("--column", default="text", help="text column")
     p.add_argument("--no-special-tokens", action="store_true", help="encode with add_special_tokens=False")
@@ -134,7 +139,7 @@ def build(args: argparse.Namespace) -> Dataset | PackedMixture:
         raise UsageError(f"--filter {args.filter!r}: {exc}") from exc
     ds = read_parquet(
         args.path, num_epochs=None if args.endless else args.num_epochs, added_files=args.added_files,
-        manifest=args.manifest,
+        manifest=args.manifest, on_error=args.on_error,
     )
     names = ds.manifest.schema.names
     if args.column not in names:
