@@ -180,7 +180,8 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
     ) -> None:
         if dataset.packer is None:
             raise ConfigError(
-                "`to_torch` needs a packed pipeline (fixed-shape batches): call `.pack(...)` first"
+                "`to_torch` needs batches of token ids: call `.pack(...)` (fixed-shape rows) or `.bucket(...)` "
+                "(whole documents, padded per batch) first"
             )
         if isinstance(columns, str):
             columns = [columns]

@@ -191,6 +191,8 @@ def test_malformed_and_foreign_states_are_state_errors(tmp_path: Path) -> None:
     good = {**{k: v for k, v in sealed.items() if k != "checksum"}, "version": 7}
     with pytest.raises(StateError, match="expected an arrowstream state"):
         ds.iter({"epoch": 3})
+    with pytest.raises(StateError, match="got 'an empty dict'"):
+        ds.iter({})
     with pytest.raises(StateError, match="version"):
         ds.iter({**good, "version": 99})
     bad_pos = {**good, "position": {**good["position"], "seq": 10**6}}

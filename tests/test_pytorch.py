@@ -194,7 +194,7 @@ def test_rank_comes_from_torch_distributed(tmp_path: Path) -> None:
 
 def test_unpacked_pipelines_and_batch_sizes_are_refused(tmp_path: Path) -> None:
     ds, _ = _ds(tmp_path)
-    with pytest.raises(ConfigError, match="packed"):
+    with pytest.raises(ConfigError, match=r"`to_torch` needs batches of token ids: call `.pack\(...\)` .* or `.bucket\(...\)`"):
         read_parquet(tmp_path).to_torch()
     with pytest.raises(ConfigError, match="batch_size"):
         StatefulLoader(ds.to_torch(), batch_size=4)

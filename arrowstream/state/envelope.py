@@ -264,7 +264,7 @@ def _check_envelope(state: Any) -> None:
             "mixture's iterator, not a single pipeline's"
         )
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        got = type(state).__name__ if not isinstance(state, dict) else sorted(state)[:6]
+        got = type(state).__name__ if not isinstance(state, dict) else sorted(state)[:6] or "an empty dict"
         raise StateError(
             f"expected an arrowstream state (a dict with format={STATE_FORMAT!r}), got {got!r}: "
             "pass what `state_dict()` returned"
