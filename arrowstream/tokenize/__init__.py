@@ -299,7 +299,8 @@ class Tokenize(Stage):
         ):
             raise SchemaError(
                 f"column `{self.column}` has type {dtype} (first file {manifest.paths[0]!r}) but "
-                "`.tokenize(None, ...)` expects token ids (list<int32> or list<int64>); "
+                "`.tokenize(None, ...)` expects token ids (a list of integers: list, large_list or a list view "
+                "of any integer type); "
                 "for text pass a tokenizer"
             )
         if self.loss_mask is not None:
