@@ -234,7 +234,30 @@ def load_data_state(checkpoint_dir: str | os.PathLike[str], loader: StatefulLoad
         )
     # one checkpoint is one training step: its consumers may be epochs apart (a rank's DataLoader workers
     # whose shares of an epoch hold different batch counts drift apart), never steps apart
-    loader.load_state_dict(merge_states([_read(ranks[r]) for r in range(saved_world)], drift=True))
+    states = [_read(ranks[r]) for r in range(saved_world)]
+    _check_one_step(folder, states)
+    loader.load_state_dict(merge_states(states, drift=True))
+
+
+def _check_one_step(folder: Path, states: list[dict[str, Any]]) -> None:
+    """Raise unless every rank's file handed out as many batches: files of one training step.
+
+    Every rank takes a batch a step (even batches keep their counts equal),
+    and the counters of a re-dealt run restart together, so files of
+    different steps (a stale file left from an earlier checkpoint, say) show
+    as different totals. Merged, they would put the model's step and the data
+    out of step without a word.
+    """
+    totals = [
+        sum(int(own.get("stats", {}).get("batches", 0)) for own in st.get("states", []) if isinstance(own, dict))
+        for st in states
+    ]
+    if len(set(totals)) > 1:
+        shown = ", ".join(f"rank {r}: {n:,}" for r, n in enumerate(totals))
+        raise StateError(
+            f"the rank files in {str(folder)!r} come from different training steps (batches handed out: {shown}): "
+            "keep the files every rank wrote at this checkpoint's step (a file left from another checkpoint?)"
+        )
 
 
 def _read(path: Path) -> dict[str, Any]:

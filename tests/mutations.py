@@ -1453,8 +1453,8 @@ MUTANTS = [
         "checkpoint-merge-refuses-drifted-workers",
         "load_data_state merges one checkpoint's states without drift: DataLoader workers epochs apart are refused",
         "arrowstream/checkpoint.py",
-        "range(saved_world)], drift=True))",
-        "range(saved_world)]))",
+        "    loader.load_state_dict(merge_states(states, drift=True))",
+        "    loader.load_state_dict(merge_states(states))",
         ("tests/test_huggingface.py",),
     ),
     Mutant(
@@ -1608,6 +1608,14 @@ MUTANTS = [
         "            with pq.ParquetFile(path, page_checksum_verification=True) as entry:",
         "            with pq.ParquetFile(path) as entry:",
         ("tests/test_cache.py",),
+    ),
+    Mutant(
+        "rank-files-of-other-steps-merged",
+        "load_data_state merges rank files saved at different training steps without a word",
+        "arrowstream/checkpoint.py",
+        "    _check_one_step(folder, states)\n",
+        "",
+        ("tests/test_huggingface.py",),
     ),
 ]
 

@@ -217,7 +217,7 @@ def test_two_ranks_resume_on_one_through_merge(tmp_path: Path) -> None:
     for rank in range(2):
         loader = StatefulLoader(ds.to_torch(rank=rank, world_size=2, columns=["input_ids"]), num_workers=2)
         it = iter(loader)
-        before += [next(it) for _ in range(3 + rank)]
+        before += [next(it) for _ in range(3)]
         save_data_state(ckpt, loader)
         del it
     assert sorted(p.name for p in (ckpt / "arrowstream").iterdir()) == [
@@ -255,6 +255,21 @@ def test_workers_epochs_apart_resume_on_more_workers(tmp_path: Path) -> None:
     after = list(resumed)
     assert len(before) + len(after) == 40
     assert _tokens(before) + _tokens(after) == Counter({t: 8 for doc in docs for t in doc if t})
+
+
+def test_rank_files_of_different_steps_are_refused(tmp_path: Path) -> None:
+    # a stale file (rank 1's from another checkpoint) merged silently: the model's step and the data out of step
+    ds, _ = _ds(tmp_path, num_epochs=1)
+    ckpt = tmp_path / "checkpoint-3"
+    for rank in range(2):
+        loader = StatefulLoader(ds.to_torch(rank=rank, world_size=2))
+        it = iter(loader)
+        for _ in range(3 + rank):
+            next(it)
+        save_data_state(ckpt, loader)
+        del it
+    with pytest.raises(StateError, match=r"come from different training steps \(batches handed out: rank 0: 3, rank 1: 4\)"):
+        load_data_state(ckpt, StatefulLoader(ds.to_torch(rank=0, world_size=1)))
 
 
 def test_merge_needs_every_rank_file(tmp_path: Path) -> None:
