@@ -77,7 +77,11 @@ class Filter(Stage):
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             drift = "".join(f"; {m}" for m in manifest.drift.values())
             missing = re.search(r"No match for FieldRef\.Name\(([^)]*)\)", str(exc))
-            if missing:
+            if missing and missing.group(1) in manifest.drift:  # in some files only: `columns=` cannot help
+                reason = f"column `{missing.group(1)}` is not among them: {manifest.drift[missing.group(1)].split(': every')[0]}"
+                fix = "filter on a column every file has, or add it to the files that lack it"
+                drift = ""
+            elif missing:
                 reason = f"column `{missing.group(1)}` is not among them"
                 fix = "add the columns it uses to `columns=` or fix the expression"
             else:  # a value of another type, most often

@@ -154,4 +154,4 @@ def test_index_cache_and_inspect_give_their_advice_in_flags(
     assert "cannot write to the token cache" in err and "--cache-read-only" not in err  # `cache` has no such flag
     assert main(["inspect", str(tmp_path / "drift")]) == 0
     out = capsys.readouterr().out
-    assert "select common columns with --columns" in out and "columns=" not in out
+    assert "read the others only (--columns)" in out and "columns=" not in out

@@ -394,3 +394,19 @@ def test_a_misspelt_or_missing_option_is_a_config_error_naming_the_nearest(tmp_p
     for make, message in cases:
         with pytest.raises(ConfigError, match=message):
             make()
+
+
+def test_a_column_some_files_lack_gets_advice_that_can_work(tmp_path: Path) -> None:
+    # the filter's message said to add the column to `columns=`, which then failed as drift; the drift
+    # message said to "select common columns", which cannot help when the text column is the one missing
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["one"], "lang": ["en"]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"text": ["two"]}), tmp_path / "b.parquet")
+    with pytest.raises(SchemaError, match=r"column `lang` is not among them: column `lang` is in .*a\.parquet' but "
+                       r"missing from .*b\.parquet' \(schema drift\); filter on a column every file has, or add it"):
+        read_parquet(tmp_path).filter(pc.field("lang") == "en")
+    with pytest.raises(SchemaError, match=r"every file must have the columns read: read the others only \(`columns=`\), "
+                       r"add it to the files that lack it, or read those files apart"):
+        read_parquet(tmp_path, columns=["text", "lang"])

@@ -42,15 +42,15 @@ _WORDS: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "inspect": (
         ("fix `columns=` or the data", "fix --columns (or --column) or the data"),
-        ("select common columns with `columns=`", "select common columns with --columns"),
+        ("read the others only (`columns=`)", "read the others only (--columns)"),
     ),
     "analyze": (
         ("fix `columns=` or the data", "fix --column (or --by) or the data"),
-        ("select common columns with `columns=` or fix the files", "fix the files"),
+        ("read the others only (`columns=`), add it", "add it"),
     ),
     "stream": (
         ("fix `columns=` or the data", "fix --column (or --filter) or the data"),
-        ("select common columns with `columns=` or fix the files", "fix the files"),
+        ("read the others only (`columns=`), add it", "add it"),
         ("add the columns it uses to `columns=` or fix the expression", "fix the column names in --filter"),
         ("for a column of token ids use `.tokenize(None, column=...)`", "this command tokenizes text: pass a text column with --column"),
         ("; `ds.balance` says which applies), or pass even_batches=False",

@@ -177,7 +177,8 @@ def _common_field(name: str, files: Sequence[Any]) -> tuple[pa.Field | None, str
         missing = next(info for info in files if info.schema.get_field_index(name) < 0)
         return None, (
             f"column `{name}` is in {have[0].path!r} but missing from {missing.path!r} "
-            "(schema drift): select common columns with `columns=` or fix the files"
+            "(schema drift): every file must have the columns read: read the others only (`columns=`), add it "
+            "to the files that lack it, or read those files apart"
         )
     dtype, since = normalize_type(have[0].schema.field(name).type), have[0]
     for info in have[1:]:
