@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from arrowstream.distributed.tokens import TokenCounts, emitted_lengths
+from arrowstream.distributed.topology import cut_at
 from arrowstream.io.layout import Layout
 from arrowstream.state import RowRange
 
@@ -121,15 +122,4 @@ def weighted_recut(pool: Sequence[RowRange], lengths: Lengths, parts: int) -> li
             i -= 1
         cuts.append(max(cuts[-1], i))
     cuts.append(len(flat))
-    out: list[list[RowRange]] = [[] for _ in range(parts)]
-    offset = 0
-    for (stream, start, end, skip, take), w in zip(spans, weights):
-        n = len(w)
-        for p in range(parts):
-            lo, hi = max(cuts[p], offset), min(cuts[p + 1], offset + n)
-            if lo < hi:
-                first = skip if lo == offset else 0
-                last = take if hi == offset + n else 0
-                out[p].append((stream, start + lo - offset, start + hi - offset, first, last))
-        offset += n
-    return out
+    return cut_at(spans, cuts)

@@ -23,7 +23,7 @@ consumer's ``next_work``). Later epochs start fresh with the new topology.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ __all__ = [
     "Deal",
     "Fresh",
     "RowRange",
+    "cut_at",
     "merge_states",
     "own_share",
     "pools",
@@ -116,12 +117,25 @@ def recut(pool: list[RowRange], parts: int) -> list[list[RowRange]]:
     [[(0, 4, 9, 3, 0)], [(0, 9, 10, 0, 0), (1, 0, 4, 0, 2)]]
     """
     total = sum(end - start for _, start, end, _, _ in pool)
-    bounds = [total * p // parts for p in range(parts + 1)]
-    out: list[list[RowRange]] = [[] for _ in range(parts)]
+    return cut_at(pool, [total * p // parts for p in range(parts + 1)])
+
+
+def cut_at(pool: Sequence[RowRange], bounds: Sequence[int]) -> list[list[RowRange]]:
+    """Cut pooled segments, in order, into runs between row positions ``bounds`` (counted over the whole pool).
+
+    Run ``p`` holds the pool's rows ``bounds[p]`` to ``bounds[p + 1] - 1``;
+    a segment's ``skip`` stays with its first row and its ``take`` with its last.
+
+    Examples
+    --------
+    >>> cut_at([(0, 4, 10, 3, 0), (1, 0, 4, 0, 2)], [0, 2, 10])
+    [[(0, 4, 6, 3, 0)], [(0, 6, 10, 0, 0), (1, 0, 4, 0, 2)]]
+    """
+    out: list[list[RowRange]] = [[] for _ in range(len(bounds) - 1)]
     offset = 0
     for stream, start, end, skip, take in pool:
         n = end - start
-        for p in range(parts):
+        for p in range(len(out)):
             lo, hi = max(bounds[p], offset), min(bounds[p + 1], offset + n)
             if lo < hi:
                 first = skip if lo == offset else 0
