@@ -1617,6 +1617,22 @@ MUTANTS = [
         "",
         ("tests/test_huggingface.py",),
     ),
+    Mutant(
+        "list-column-measured-in-bytes",
+        "a token-id row group is refused by its bytes, though a list's 32-bit offsets count elements",
+        "arrowstream/io/schema.py",
+        "            len(chunk.values) if lists else",
+        "            len(chunk.values) * 8 if lists else",
+        ("tests/test_manifest.py",),
+    ),
+    Mutant(
+        "eos-check-by-entry-count",
+        "a tokenizer whose ids have gaps has its real end-of-text id refused (entry count taken for the largest id)",
+        "arrowstream/tokenize/tokenizer.py",
+        "    top = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)\n",
+        "    top = tokenizer.get_vocab_size(with_added_tokens=True) - 1\n",
+        ("tests/test_errors.py",),
+    ),
 ]
 
 

@@ -148,8 +148,20 @@ def test_tokenizer_without_eos_needs_eos_id(tmp_path: Path) -> None:
     [batch] = list(read_parquet(tmp_path).tokenize(bare, eos_id=1))
     assert batch.column("input_ids").to_pylist() == [[0, 1]]
     # an id past the vocabulary would reach the model's embedding (a device-side assert there)
-    with pytest.raises(ConfigError, match=r"`eos_id=2` is outside the tokenizer's vocabulary of 2 ids \(0..1\)"):
+    with pytest.raises(ConfigError, match=r"`eos_id=2` is past the tokenizer's largest id, 1:"):
         read_parquet(tmp_path).tokenize(bare, eos_id=2)
+
+
+def test_eos_id_check_allows_tokenizers_whose_ids_have_gaps(tmp_path: Path) -> None:
+    # two entries, ids 0 and 5: the entry count (2) is not the largest id plus one
+    write_parts(tmp_path, [{"text": ["a"]}])
+    gaps = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 5}, unk_token="[UNK]"))
+    [batch] = list(read_parquet(tmp_path).tokenize(gaps, eos_id=5))
+    assert batch.column("input_ids").to_pylist() == [[0, 5]]
+    [batch] = list(read_parquet(tmp_path).tokenize(gaps, eos_id=3))  # in a gap: the embedding has the row
+    assert batch.column("input_ids").to_pylist() == [[0, 3]]
+    with pytest.raises(ConfigError, match=r"`eos_id=6` is past the tokenizer's largest id, 5:"):
+        read_parquet(tmp_path).tokenize(gaps, eos_id=6)
 
 
 def test_state_from_other_data_is_refused(tmp_path: Path) -> None:

@@ -270,3 +270,17 @@ def test_a_row_group_with_more_text_than_one_batch_holds_is_named_with_the_fix(
     assert next(it).num_rows == 4  # 800 bytes: fits
     with pytest.raises(SchemaError, match=r"big.parquet', row group 1, column `text`: 1,200 bytes of values, more than one batch holds .*smaller row groups"):
         next(it)
+
+
+def test_a_row_group_of_ids_is_measured_in_elements_not_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a list column's 32-bit offsets count elements: 600 int64 ids (4,800 bytes) fit a limit of 1,000, 1,200 do not
+    from arrowstream import SchemaError
+    from arrowstream.io import schema
+
+    monkeypatch.setattr(schema, "MAX_BATCH_VALUES", 1000)
+    ids = pa.array([list(range(200))] * 3 + [list(range(400))] * 3, pa.list_(pa.int64()))
+    pq.write_table(pa.table({"input_ids": ids}), tmp_path / "ids.parquet", row_group_size=3)
+    it = read_parquet(tmp_path).iter()
+    assert next(it).column("input_ids").to_pylist() == [list(range(200))] * 3
+    with pytest.raises(SchemaError, match=r"ids.parquet', row group 1, column `input_ids`: 1,200 list elements, more than one batch holds \(1,000 list elements"):
+        next(it)

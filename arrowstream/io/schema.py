@@ -46,42 +46,48 @@ MAX_BATCH_VALUES = 2**31 - 1
 
 
 def check_batch_size(table: pa.Table, path: str, row_group: int, *, limit: int | None = None) -> None:
-    """Raise :class:`SchemaError` when a variable-width column of ``table`` holds more than ``limit`` bytes of values.
+    """Raise :class:`SchemaError` when a variable-width column of ``table`` holds more values than one array can.
 
     Every row group is read as one batch whose text and list columns have
-    32-bit offsets (``large_string`` reads as ``string``): past 2 GiB of
-    values in one row group the rows cannot be held in one array, and the
-    reader would see part of them. Said up front, naming the file, row
-    group and column, with the fix (smaller row groups).
+    32-bit offsets (``large_string`` reads as ``string``), which count bytes
+    in a text column and elements in a list column: past ``limit`` (2 GiB
+    of text, or 2**31 - 1 ids) in one row group the rows cannot be held in
+    one array, and the reader would see part of them. Said up front, naming
+    the file, row group and column, with the fix (smaller row groups).
 
     Examples
     --------
-    >>> t = pa.table({"text": ["abc", "defg"]})
+    >>> t = pa.table({"text": ["abc", "defg"], "ids": [[1, 2, 3], [4, 5]]})
     >>> check_batch_size(t, "a.parquet", 0)
+    >>> check_batch_size(t.select(["ids"]), "a.parquet", 0, limit=5)
     >>> check_batch_size(t, "a.parquet", 3, limit=5)
     Traceback (most recent call last):
     ...
     arrowstream.errors.SchemaError: 'a.parquet', row group 3, column `text`: 7 bytes of values, more than one batch holds (5 bytes, 32-bit offsets); rewrite the file with smaller row groups (`row_group_size=` of pyarrow's or polars' writer), a few hundred MB of text each
+    >>> check_batch_size(t.select(["ids"]), "a.parquet", 3, limit=4)
+    Traceback (most recent call last):
+    ...
+    arrowstream.errors.SchemaError: 'a.parquet', row group 3, column `ids`: 5 list elements, more than one batch holds (4 list elements, 32-bit offsets); rewrite the file with smaller row groups (`row_group_size=` of pyarrow's or polars' writer), a few hundred MB of text each
     """
     limit = MAX_BATCH_VALUES if limit is None else limit
     for field, column in zip(table.schema, table.columns):
         dtype = field.type
-        if not (pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_binary(dtype)
-                or pa.types.is_large_binary(dtype) or pa.types.is_list(dtype) or pa.types.is_large_list(dtype)):
+        lists = pa.types.is_list(dtype) or pa.types.is_large_list(dtype)
+        if not (lists or pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_binary(dtype)
+                or pa.types.is_large_binary(dtype)):
             continue
         if column.nbytes <= limit:  # offsets and validity included: within the limit, the values are too
             continue
         values = sum(
-            len(chunk.values) * (chunk.type.value_type.bit_width // 8 if pa.types.is_integer(chunk.type.value_type) else 1)
-            if pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type)
-            else int(chunk.buffers()[2].size if chunk.buffers()[2] is not None else 0)
+            len(chunk.values) if lists else int(chunk.buffers()[2].size if chunk.buffers()[2] is not None else 0)
             for chunk in column.chunks
         )
         if values > limit:
+            unit = "list elements" if lists else "bytes"
             raise SchemaError(
-                f"{path!r}, row group {row_group}, column `{field.name}`: {values:,} bytes of values, more than "
-                f"one batch holds ({limit:,} bytes, 32-bit offsets); rewrite the file with smaller row groups "
-                "(`row_group_size=` of pyarrow's or polars' writer), a few hundred MB of text each"
+                f"{path!r}, row group {row_group}, column `{field.name}`: {values:,} {unit}{'' if lists else ' of values'}, "
+                f"more than one batch holds ({limit:,} {unit}, 32-bit offsets); rewrite the file with smaller row "
+                "groups (`row_group_size=` of pyarrow's or polars' writer), a few hundred MB of text each"
             )
 
 

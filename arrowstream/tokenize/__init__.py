@@ -48,7 +48,7 @@ from arrowstream.tokenize.known import known_tokens
 from arrowstream.tokenize.lengths import LengthIndex
 from arrowstream.tokenize.text import text_advice, texts_of
 from arrowstream.tokenize.slicing import SLICE_BYTES, TOKIE_SLICE_BYTES, slice_bounds, slice_budgets
-from arrowstream.tokenize.tokenizer import check_tokenizer, find_eos_id, no_eos_message
+from arrowstream.tokenize.tokenizer import check_tokenizer, find_eos_id, largest_id_past, no_eos_message
 
 __all__ = ["Tokenize", "check_tokenizer", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
 
@@ -191,10 +191,10 @@ class Tokenize(Stage):
         ):
             raise ConfigError(f"`eos_id` must be a non-negative int32, got {eos_id!r}")
         if eos_id is not None and self.tokenizer is not None:
-            vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
-            if int(eos_id) >= vocab:  # the model's embedding would index past its table, far from here
+            top = largest_id_past(self.tokenizer, int(eos_id))
+            if top is not None:  # the model's embedding would index past its table, far from here
                 raise ConfigError(
-                    f"`eos_id={int(eos_id)}` is outside the tokenizer's vocabulary of {vocab:,} ids (0..{vocab - 1:,}): "
+                    f"`eos_id={int(eos_id)}` is past the tokenizer's largest id, {top:,}: "
                     "pass the id of its end-of-text token (leave `eos_id` out to have it found), or add the token "
                     "to the tokenizer"
                 )
@@ -497,4 +497,3 @@ def _offsets(lens: np.ndarray) -> np.ndarray:
     offsets = np.zeros(lens.size + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     return offsets
-

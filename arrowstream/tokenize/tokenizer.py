@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from arrowstream.errors import ConfigError
 
-__all__ = ["check_tokenizer", "find_eos_id", "load_tokenizer", "no_eos_message", "tokenizer_hash"]
+__all__ = ["check_tokenizer", "find_eos_id", "largest_id_past", "load_tokenizer", "no_eos_message", "tokenizer_hash"]
 
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
 
@@ -34,6 +34,25 @@ def find_eos_id(tokenizer: Tokenizer) -> int | None:
         if name in specials:
             return specials[name]
     return None
+
+
+def largest_id_past(tokenizer: Tokenizer, token_id: int) -> int | None:
+    """Return the tokenizer's largest id when ``token_id`` is past it, else ``None``.
+
+    Ids may have gaps, so the entry count is only a fast lower bound of the
+    largest id plus one; the vocabulary is read only past it.
+
+    Examples
+    --------
+    >>> from tokenizers import Tokenizer, models
+    >>> tok = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 5}, unk_token="[UNK]"))
+    >>> largest_id_past(tok, 5) is None, largest_id_past(tok, 6)
+    (True, 5)
+    """
+    if token_id < tokenizer.get_vocab_size(with_added_tokens=True):
+        return None
+    top = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
+    return top if token_id > top else None
 
 
 def _special_tokens(tokenizer: Tokenizer) -> dict[str, int]:
