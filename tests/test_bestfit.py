@@ -160,7 +160,7 @@ def test_state_names_held_documents_and_resume_reads_from_the_earliest(tmp_path:
         next(it)
     state = json.loads(json.dumps(it.state_dict()))
     held = state["held"]["docs"]
-    assert held and state["position"]["seq"] == min(seq for _, seq, _ in held)
+    assert held and state["position"]["seq"] == min(seq for _, seq, *_ in held)
     assert state["held"]["read"][1] > state["position"]["seq"]
     assert len(json.dumps(state)) < 16_384
     rest = list(it)

@@ -193,7 +193,7 @@ def test_resume_rereads_at_most_the_current_windows(tmp_path: Path, options: dic
             continue
         held = state["held"]["docs"]
         # the resume reads from the earliest held document: in this window or the one before
-        assert state["position"]["seq"] == min(seq for _, seq, _ in held)
+        assert state["position"]["seq"] == min(seq for _, seq, *_ in held)
         span = state["held"]["read"][1] - state["position"]["seq"]
         assert span <= 2 * (window + batch_rows - 1), span
     step = len(states) // 2

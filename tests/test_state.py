@@ -30,7 +30,7 @@ def test_parts_round_trip() -> None:
     assert Work.from_dict(work.to_dict(with_target=True), field="next_work") == work
     assert "target" not in work.to_dict()
     assert work.to_dict()["segments"] == [[0, 0, 10, 0], [2, 4, 9, 5, 7]]  # `take` only when not 0
-    held = Held((0, 9), ((0, 4, 0), (1, 7, 3)))
+    held = Held((0, 9), ((0, 4, 0, 12), (1, 7, 3, -1)))
     assert Held.from_dict(held.to_dict()) == held
 
 

@@ -38,7 +38,7 @@ rows (exact from the footers) times the sample's documents per row
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -213,8 +213,17 @@ def batch_target(
     token_rate: float,
     parts: Sequence[Sequence[RowRange]],
     tokens_per_batch: float,
+    *,
+    left: Mapping[tuple[int, int], int] | None = None,
 ) -> int:
     """Return the batches every consumer emits, given every consumer's ``parts`` of ``layout``.
+
+    A row weighs its share of its row group's estimate, except the documents
+    a look-ahead packer held at an elastic resume, whose tokens still to come
+    their states recorded (``left``, by ``(stream, seq)``). A held document
+    of an older state (none recorded) weighs a fresh row's estimate: less
+    what it already gave would undercount the long documents a packer holds,
+    and a target below the data drops tokens.
 
     Examples
     --------
@@ -224,27 +233,29 @@ def batch_target(
     >>> lay = Layout(np.arange(2), rows, epoch=0, seed=None, window=1, num_streams=2)
     >>> batch_target(lay, rows, sizes, 0.5, [[(0, 0, 10, 0, 0)], [(1, 0, 10, 0, 0)]], tokens_per_batch=100)
     5
-    >>> batch_target(lay, rows, sizes, 0.5, [[(0, 0, 10, 0, 0)], [(1, 0, 10, 300, 0)]], tokens_per_batch=100)
-    2
+    >>> held = [[(0, 0, 10, 0, 0)], [(1, 0, 1, 300, 0), (1, 1, 10, 0, 0)]]   # row 0 of stream 1: 20 tokens left
+    >>> batch_target(lay, rows, sizes, 0.5, held, tokens_per_batch=100), batch_target(
+    ...     lay, rows, sizes, 0.5, held, tokens_per_batch=100, left={(1, 0): 20})
+    (5, 4)
     """
     row_bytes = shard_bytes / np.maximum(shard_rows, 1)
-    estimates = [sum(_range_estimate(layout, row_bytes, token_rate, rng) for rng in part) for part in parts]
+    known = left or {}
+    estimates = [sum(_range_estimate(layout, row_bytes, token_rate, rng, known) for rng in part) for part in parts]
     return int(min(estimates, default=0.0) * (1.0 - EVEN_BATCHES_SLACK) // tokens_per_batch)
 
 
-def _range_estimate(layout: Layout, row_bytes: np.ndarray, token_rate: float, rng: RowRange) -> float:
-    """The estimated tokens of a row range, less the ``skip`` its first row gave before; a ``take`` counts as is.
-
-    A look-ahead packer's held document comes back from a merge as a range of
-    one row whose ``skip`` may be most of it: counted whole, every new share
-    would look far larger than it is, and even batches pad the rest of the
-    epoch up to that.
-    """
+def _range_estimate(
+    layout: Layout, row_bytes: np.ndarray, token_rate: float, rng: RowRange, left: Mapping[tuple[int, int], int]
+) -> float:
+    """The estimated tokens of a row range; a held document's as recorded, and a ``take`` as is."""
     stream, start, end, skip, take = rng
+    held = left.get((stream, start)) if end == start + 1 else None
+    if held is not None:
+        return float(held)
     tokens = token_rate * layout.range_bytes(stream, start, end, row_bytes)
     if take and end > start:
         tokens += take - token_rate * layout.range_bytes(stream, end - 1, end, row_bytes)
-    return max(tokens - skip, 0.0)
+    return tokens
 
 
 def doc_target(parts: Sequence[Sequence[RowRange]], docs_per_row: float, docs_per_batch: float) -> int:

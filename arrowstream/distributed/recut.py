@@ -7,15 +7,15 @@ packer's held documents come back as one row each, most of their tokens
 already emitted (``skip``), so a share of such rows is light and a share of
 fresh rows heavy, and even batches pad the light ones for the rest of the
 epoch. :func:`weighted_recut` cuts the pool between documents where the
-running tokens (each row's, less what went out before) come nearest to equal
-shares; :func:`counted_lengths` gives exact per-row tokens (token ids, a
+running tokens (each row's, less what went out before, or what a held
+document's state recorded it has left) come nearest to equal shares; :func:`counted_lengths` gives exact per-row tokens (token ids, a
 length index, a read-only cache) and :func:`estimated_lengths` the
 even-batches estimate spread over a window's rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -83,14 +83,24 @@ def estimated_lengths(layout: Layout, shard_rows: np.ndarray, shard_tokens: np.n
     return lengths
 
 
-def weighted_recut(pool: Sequence[RowRange], lengths: Lengths, parts: int) -> list[list[RowRange]]:
+def weighted_recut(
+    pool: Sequence[RowRange],
+    lengths: Lengths,
+    parts: int,
+    *,
+    left: Mapping[tuple[int, int], int] | None = None,
+    counted: bool = True,
+) -> list[list[RowRange]]:
     """Cut pooled row ranges, in order, into ``parts`` shares of nearly equal tokens, between rows.
 
-    Each row weighs its tokens less the ``skip`` a range's first row already
-    gave, and a range's last row with a ``take`` weighs that many; a range
-    keeps its ``skip`` on its first row and its ``take`` on its last. Each cut
-    falls on the row boundary that brings the running total nearest to its
-    share (a share can be empty when one document outweighs it).
+    Each row weighs its tokens, and a range's last row with a ``take`` that
+    many; a held document (a range of one row) weighs the tokens ``left``
+    records for it, by ``(stream, seq)``, or else, ``counted``, its tokens
+    less the ``skip`` it already gave (an estimate's row, whose document
+    may be far longer, weighs its estimate whole). A range keeps its
+    ``skip`` on its first row and its ``take`` on its last. Each cut falls
+    on the row boundary that brings the running total nearest to its share
+    (a share can be empty when one document outweighs it).
 
     Examples
     --------
@@ -100,7 +110,10 @@ def weighted_recut(pool: Sequence[RowRange], lengths: Lengths, parts: int) -> li
     [[(0, 0, 4, 0, 0)], [(1, 0, 2, 0, 0)]]
     >>> weighted_recut([(1, 0, 1, 8, 0), (0, 0, 4, 0, 0), (1, 1, 2, 0, 0)], lengths, 2)   # 2 + 20 + 10
     [[(1, 0, 1, 8, 0), (0, 0, 3, 0, 0)], [(0, 3, 4, 0, 0), (1, 1, 2, 0, 0)]]
+    >>> weighted_recut([(1, 0, 1, 8, 0), (0, 0, 4, 0, 0), (1, 1, 2, 0, 0)], lengths, 2, left={(1, 0): 30})
+    [[(1, 0, 1, 8, 0)], [(0, 0, 4, 0, 0), (1, 1, 2, 0, 0)]]
     """
+    known = left or {}
     spans, weights = [], []
     for rng in pool:
         stream, start, end, skip, take = rng
@@ -109,7 +122,11 @@ def weighted_recut(pool: Sequence[RowRange], lengths: Lengths, parts: int) -> li
         w = np.array(lengths(stream, start, end), dtype=np.float64)
         if take:
             w[-1] = take
-        w[0] = max(w[0] - skip, 0.0)
+        held = known.get((stream, start)) if end == start + 1 else None
+        if held is not None:
+            w[0] = held
+        elif counted:
+            w[0] = max(w[0] - skip, 0.0)
         spans.append(rng)
         weights.append(w)
     flat = np.concatenate(weights) if weights else np.zeros(0)

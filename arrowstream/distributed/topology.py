@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from arrowstream.checks import check_int
@@ -38,6 +38,8 @@ __all__ = [
     "Cut",
     "Deal",
     "Fresh",
+    "Left",
+    "Pool",
     "RowRange",
     "cut_at",
     "merge_states",
@@ -48,6 +50,9 @@ __all__ = [
     "remaining",
 ]
 
+
+#: Tokens still to come of documents a look-ahead packer held, by ``(stream, seq)`` in an epoch's layout.
+Left = dict[tuple[int, int], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,15 +160,30 @@ class Deal:
 
     ``num_streams`` and ``by`` are the epoch's layout the row ranges refer
     to (its stream count, and whether streams hold equal rows or tokens);
-    ``parts[i]`` is consumer ``i``'s work.
+    ``parts[i]`` is consumer ``i``'s work. ``left`` gives the tokens still to
+    come of the documents look-ahead packers held, by ``(stream, seq)``
+    (as their states recorded them, from version 9), for estimates.
     """
 
     num_streams: int
     parts: list[list[RowRange]]
     by: str = "rows"
+    left: Left = field(default_factory=dict)
 
 
-def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[tuple[int, str], list[RowRange]]]:
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """One open epoch's rows not yet emitted, pooled in consumer order (see :func:`pools`).
+
+    ``streams`` is the epoch's ``(num_streams, by)``; ``left`` as in :class:`Deal`.
+    """
+
+    streams: tuple[int, str]
+    rows: list[RowRange] = field(default_factory=list)
+    left: Left = field(default_factory=dict)
+
+
+def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, Pool]:
     """Return, per epoch still open in a global state, its stream count and the rows left, pooled.
 
     The global state's ``epoch`` is the earliest epoch of any consumer. Near
@@ -172,7 +192,9 @@ def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[tuple[int, str
     every epoch up to the last any consumer has begun (or was dealt, as
     ``next_work`` and ``later_work``) is pooled, from what each consumer has
     left of its own epoch and the whole shares (fresh, or dealt earlier) of
-    the epochs it has not begun. Pools are in consumer order.
+    the epochs it has not begun. Pools are in consumer order; a look-ahead
+    packer's held documents come first in its consumer's rows, one row each,
+    with the tokens they have left where their state recorded them.
 
     Raises
     ------
@@ -181,14 +203,15 @@ def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[tuple[int, str
     """
     epoch = int(state["epoch"])
     count = int(state["consumer_count"])
-    out: dict[int, tuple[tuple[int, str], list[RowRange]]] = {}
+    out: dict[int, Pool] = {}
 
-    def add(e: int, share: Work, segs: list[RowRange] | None = None) -> None:
+    def add(e: int, share: Work, segs: list[RowRange] | None = None) -> Pool:
         streams = (share.num_streams, share.by)
-        have = out.setdefault(e, (streams, []))
-        if have[0] != streams:
-            raise ValueError(f"consumers disagree on the streams of epoch {e}: {have[0]} and {streams}")
-        have[1].extend(list(share.segments) if segs is None else segs)
+        have = out.setdefault(e, Pool(streams))
+        if have.streams != streams:
+            raise ValueError(f"consumers disagree on the streams of epoch {e}: {have.streams} and {streams}")
+        have.rows.extend(list(share.segments) if segs is None else segs)
+        return have
 
     entries = state["consumers"]
     dealt = [[] if e.get("next_work") is None else [e["next_work"], *(e.get("later_work") or [])] for e in entries]
@@ -198,34 +221,39 @@ def pools(state: dict[str, Any], fresh: Fresh) -> dict[int, tuple[tuple[int, str
         if at < epoch:
             raise ValueError(f"consumer {i} is in epoch {at}, before the state's epoch {epoch}")
         share = Work.from_dict(entry["work"])
-        add(at, share, _left(entry, list(share.segments)))
+        pool = add(at, share, [])
+        pool.rows.extend(_left(entry, list(share.segments), left=pool.left))
         for e in range(at + 1, last + 1):  # epochs it has not begun: its whole share
             k = e - at - 1
             add(e, Work.from_dict(ahead[k], field="next_work") if k < len(ahead) else fresh(e, Consumer(i, count)))
     return out
 
 
-def _left(entry: dict[str, Any], work: list[RowRange]) -> list[RowRange]:
+def _left(entry: dict[str, Any], work: list[RowRange], *, left: Left) -> list[RowRange]:
     """Return what a consumer has not emitted of its position's epoch.
 
     A look-ahead packer (best-fit) holds read documents back: they come first,
     one row each (from the first token not emitted), then the rows from its
-    read mark on.
+    read mark on. Each held document's tokens still to come, where recorded,
+    go to ``left`` by ``(stream, seq)``.
     """
     pos = Position.from_dict(entry["position"])
     if not entry.get("held"):
         return remaining(work, pos.segment, pos.seq, pos.token_offset)
     held = Held.from_dict(entry["held"])
     out: list[RowRange] = []
-    for segment, seq, skip in held.docs:
+    for segment, seq, skip, tokens in held.docs:
         stream, _, end, _, take = work[segment]
+        if tokens >= 0:
+            left[(stream, seq)] = tokens
         out.append((stream, seq, seq + 1, skip, take if seq == end - 1 else 0))
     return out + remaining(work, held.read[0], held.read[1], 0)
 
 
-#: ``cut(epoch, num_streams, by, pooled, parts)``: a pipeline's own way to cut an epoch's pooled
-#: rows into ``parts`` shares (whole batches of tokens, for a counted ``concat``), or ``None``.
-Cut = Callable[[int, int, str, list[RowRange], int], "list[list[RowRange]] | None"]
+#: ``cut(epoch, num_streams, by, pooled, parts, left)``: a pipeline's own way to cut an epoch's
+#: pooled rows into ``parts`` shares (whole batches of tokens, for a counted ``concat``), or
+#: ``None``; ``left`` as in :class:`Deal`.
+Cut = Callable[[int, int, str, list[RowRange], int, Left], "list[list[RowRange]] | None"]
 
 
 def redeal(state: dict[str, Any], parts: int, fresh: Fresh, cut: Cut | None = None) -> dict[int, Deal]:
@@ -234,9 +262,10 @@ def redeal(state: dict[str, Any], parts: int, fresh: Fresh, cut: Cut | None = No
     Runs of equal rows (:func:`recut`), unless ``cut`` cuts them its own way.
     """
     out = {}
-    for e, ((streams, by), pooled) in pools(state, fresh).items():
-        shares = None if cut is None else cut(e, streams, by, pooled, parts)
-        out[e] = Deal(streams, shares if shares is not None else recut(pooled, parts), by)
+    for e, pool in pools(state, fresh).items():
+        (streams, by), pooled = pool.streams, pool.rows
+        shares = None if cut is None else cut(e, streams, by, pooled, parts, pool.left)
+        out[e] = Deal(streams, shares if shares is not None else recut(pooled, parts), by, pool.left)
     return out
 
 

@@ -61,6 +61,7 @@ from arrowstream.pack.lookahead import (
     fresh_origin,
     window_size,
 )
+from arrowstream.pack.store import HeldStore
 from arrowstream.state import BestFitState, Position, Progress, SegmentRef, State
 
 __all__ = ["LONG_DOCS", "BestFitPacker"]
@@ -205,7 +206,7 @@ class _BestFitRun(LookaheadRun):
     ) -> None:
         self.p = packer
         self.targets = targets
-        self.store: dict[Key, Doc] = {}
+        self.store = HeldStore()
         self.refs: dict[Key, int] = {}  # pieces not yet emitted, per held document
         self.open: list[_Row] = []
         self.ready: list[list[DocSegment]] = []

@@ -38,6 +38,7 @@ import numpy as np
 from arrowstream.io.chunk import Chunk
 from arrowstream.pack.assemble import assemble_padded_batch
 from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun, window_size
+from arrowstream.pack.store import HeldStore
 from arrowstream.state import BucketState, Progress, State
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class BucketRun(LookaheadRun):
     ) -> None:
         self.p = packer
         self.targets = targets
-        self.store: dict[Key, Doc] = {}
+        self.store = HeldStore()
         self.carry: list[Ref] = []  # documents (or a split one's next piece) waiting for the next window, in stream order
         self.out: list[list[Ref]] = []  # batches formed, in emission order
         self.ramp = packer.ramp

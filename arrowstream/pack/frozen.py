@@ -48,19 +48,19 @@ _NO_SKIP = _Skip(0)
 
 
 class _Skips:
-    """A run's store of held documents as ``state_dict()`` reads it: each key's ``skip`` (most are 0).
+    """A run's store of held documents as ``state_dict()`` reads it: each key's nonzero ``skip`` and size.
 
     The tokens are left behind, so a frozen run is small and can be pickled
     (a DataLoader worker sends it with each batch).
     """
 
-    __slots__ = ("nonzero",)
+    __slots__ = ("sizes", "skips")
 
-    def __init__(self, nonzero: dict[Any, int]) -> None:
-        self.nonzero = nonzero  # each key's skip, where it is not 0
+    def __init__(self, skips: dict[Any, int], sizes: dict[Any, int]) -> None:
+        self.skips, self.sizes = skips, sizes
 
     def __getitem__(self, key: Any) -> _Skip:
-        skip = self.nonzero.get(key)
+        skip = self.skips.get(key)
         return _NO_SKIP if skip is None else _Skip(skip)
 
 
@@ -117,7 +117,8 @@ def _frozen_from(run: Any, parts: dict[str, list[Any]]) -> FrozenRun:
 def freeze(run: Any) -> FrozenRun:
     """Return ``run`` frozen: a shallow copy whose counters, read mark, skips and rows are its own.
 
-    The copy keeps no tokens and no plan: it pickles in a few hundred
+    The copy keeps no tokens and no plan (its store keeps the held
+    documents' sizes and skips alone): it pickles in a few hundred
     microseconds for a window of a thousand documents.
 
     ``run._copy_rows(frozen)`` gives ``frozen`` copies of the strategy's own
@@ -140,7 +141,7 @@ def freeze(run: Any) -> FrozenRun:
     frozen = copy.copy(run)
     frozen.ledger = _Counts(run.ledger.snapshot(), run.ledger.epoch_snapshot())
     frozen.src = _ReadMark(tuple(run.src.read))
-    frozen.store = _Skips({key: doc.skip for key, doc in run.store.items() if doc.skip})
+    frozen.store = _Skips(dict(run.store.skips), dict(run.store.sizes))
     frozen.targets = None  # (holds the plan) not read by state_dict(); nor is best_fit's count of pieces
     frozen.__dict__.pop("refs", None)
     run._copy_rows(frozen)

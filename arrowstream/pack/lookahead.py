@@ -2,7 +2,8 @@
 
 Packers that look ahead (best-fit packing, length bucketing) hold documents
 back. Their state names the held documents by reference, ``(segment, seq)``
-in the consumer's work, never by their tokens. :class:`DocumentSource` pulls
+in the consumer's work, with how many tokens each has left, never by their
+tokens. :class:`DocumentSource` pulls
 chunks from upstream and hands them out as :class:`LookaheadWindow` objects of whole
 documents, cut only where a source chunk ends (a cell of the ``batch_rows``
 grid), so a window's contents depend only on where it starts, whether the
@@ -20,9 +21,8 @@ in it, which the state keeps.
 A resume re-reads from the earliest held document (the *replay*): documents
 read before the checkpoint (before the *read mark*) are not counted again and
 are kept only if the state still references them; from the read mark on,
-windows are formed as in the uninterrupted run.
-
-Not thread-safe: one source belongs to one packer run.
+windows are formed as in the uninterrupted run. Not thread-safe: one source
+belongs to one packer run.
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ __all__ = [
 
 #: A document's reference: ``(range, seq)`` in the consumer's work of an epoch (as states hold it).
 Key = DocKey
-
 
 #: Documents in the first window when windows ramp up (each next window holds four times as many).
 RAMP_FIRST = 64
@@ -319,7 +318,7 @@ class LookaheadRun(PackRun):
     the state loaded.
     """
 
-    store: dict[Key, Doc]
+    store: Any  # a HeldStore (a frozen run's: its skips and sizes alone)
     src: DocumentSource
     ledger: Ledger
     epoch: int  # the epoch being read
@@ -340,10 +339,7 @@ class LookaheadRun(PackRun):
 
     def _nonzero_skips(self) -> dict[Key, int]:
         """Each held document's tokens removed from its front upstream, where there are any."""
-        nonzero = getattr(self.store, "nonzero", None)  # a frozen run's store keeps only those
-        if nonzero is not None:
-            return nonzero  # type: ignore[no-any-return]
-        return {key: doc.skip for key, doc in self.store.items() if doc.skip}
+        return self.store.skips  # type: ignore[no-any-return]  # a HeldStore, or a frozen run's copy
 
     @abstractmethod
     def _copy_rows(self, frozen: Any) -> None:
@@ -414,8 +410,9 @@ class LookaheadRun(PackRun):
             keys = sorted(first)  # (segment, seq) pairs of ints: list.sort's fast path, unlike ((segment, seq), first)
             pos = self._position([(keys[0], first[keys[0]])] if keys else [])
             if keys:
-                skips, read = self._nonzero_skips(), self.src.read
-                held = {"read": [read[1], read[2]], "docs": [[k[0], k[1], skips.get(k, 0) + first[k]] for k in keys]}
+                skips, sizes, read = self._nonzero_skips(), self.store.sizes, self.src.read
+                docs = [[k[0], k[1], skips.get(k, 0) + first[k], sizes[k] - first[k]] for k in keys]
+                held = {"read": [read[1], read[2]], "docs": docs}  # each: tokens from `skip` on, `left` of them
         return {
             "held": held,
             "position": pos.to_dict(),

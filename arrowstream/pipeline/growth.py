@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from arrowstream.distributed.topology import Consumer, RowRange
+from arrowstream.distributed.topology import Consumer, Left, RowRange
 from arrowstream.errors import StateMismatchError
 from arrowstream.io.layout import Layout
 from arrowstream.pipeline.plan import Plan
@@ -74,18 +74,24 @@ class GrownPlan(Plan):
         return super().fresh_deal(epoch, consumer)
 
     def recut(
-        self, epoch: int, num_streams: int, by: str, pooled: list[RowRange], parts: int
+        self, epoch: int, num_streams: int, by: str, pooled: list[RowRange], parts: int, left: Left | None = None
     ) -> list[list[RowRange]] | None:
         if epoch < self.until_epoch:
-            return self.old.recut(epoch, num_streams, by, pooled, parts)
-        return super().recut(epoch, num_streams, by, pooled, parts)
+            return self.old.recut(epoch, num_streams, by, pooled, parts, left)
+        return super().recut(epoch, num_streams, by, pooled, parts, left)
 
     def batch_targets(
-        self, epoch: int, parts: list[list[RowRange]], num_streams: int, by: str = "rows", per_rank: int = 1
+        self,
+        epoch: int,
+        parts: list[list[RowRange]],
+        num_streams: int,
+        by: str = "rows",
+        per_rank: int = 1,
+        left: Left | None = None,
     ) -> list[int]:
         if epoch < self.until_epoch:
-            return self.old.batch_targets(epoch, parts, num_streams, by, per_rank)
-        return super().batch_targets(epoch, parts, num_streams, by, per_rank)
+            return self.old.batch_targets(epoch, parts, num_streams, by, per_rank, left)
+        return super().batch_targets(epoch, parts, num_streams, by, per_rank, left)
 
     def describe(self, epoch: int) -> dict[str, Any]:
         """Return the data identity a state saved in ``epoch`` carries."""

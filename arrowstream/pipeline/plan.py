@@ -44,7 +44,7 @@ from arrowstream.distributed.tokens import (
     rank_targets,
     token_cut,
 )
-from arrowstream.distributed.topology import Consumer, RowRange
+from arrowstream.distributed.topology import Consumer, Left, RowRange
 from arrowstream.errors import StateError
 from arrowstream.io.chunk import Chunk
 from arrowstream.io.layout import Layout
@@ -275,7 +275,7 @@ class Plan:
         return "batches" if self.packer.exact_batches(0) is not None else "tokens"  # type: ignore[union-attr]
 
     def recut(
-        self, epoch: int, num_streams: int, by: str, pooled: list[RowRange], parts: int
+        self, epoch: int, num_streams: int, by: str, pooled: list[RowRange], parts: int, left: Left | None = None
     ) -> list[list[RowRange]] | None:
         """Cut an epoch's pooled rows (an elastic resume's) into shares of even batches, or ``None`` (equal rows).
 
@@ -286,8 +286,9 @@ class Plan:
         tokens, counted or estimated, cut between documents
         (:func:`~arrowstream.distributed.recut.weighted_recut`): a look-ahead
         packer's held documents, most of their tokens already emitted, weigh
-        what they have left. Batches of a fixed number of documents, and
-        pipelines without even batches, re-deal equal rows.
+        what they have left (counted; estimated, what their states recorded,
+        ``left``). Batches of a fixed number of documents, and pipelines
+        without even batches, re-deal equal rows.
         """
         mode = self.streams_by
         if mode == "rows":
@@ -301,7 +302,7 @@ class Plan:
         if counts is not None:
             return weighted_recut(pooled, counted_lengths(layout, counts), parts)
         tokens = estimated_lengths(layout, self.manifest.shard_rows, self.estimated_tokens())
-        return weighted_recut(pooled, tokens, parts)
+        return weighted_recut(pooled, tokens, parts, left=left or {}, counted=False)
 
     def fresh_work(self, epoch: int, consumer: Consumer) -> list[RowRange]:
         """Return ``consumer``'s share of a fresh ``epoch``: its own stream, whole."""
@@ -390,7 +391,13 @@ class Plan:
         return f"estimated: {', '.join(droppers)} may drop rows before they are read"
 
     def batch_targets(
-        self, epoch: int, parts: list[list[RowRange]], num_streams: int, by: str = "rows", per_rank: int = 1
+        self,
+        epoch: int,
+        parts: list[list[RowRange]],
+        num_streams: int,
+        by: str = "rows",
+        per_rank: int = 1,
+        left: Left | None = None,
     ) -> list[int]:
         """Return the batches each consumer emits in ``epoch`` given all consumers' ``parts`` (rank-major).
 
@@ -400,18 +407,20 @@ class Plan:
         padding goes to its workers with the fewest batches
         (:func:`~arrowstream.distributed.tokens.rank_targets`; ``per_rank``
         consumers a rank). Else estimated, the same for every consumer (see
-        :mod:`~arrowstream.distributed.balance`).
+        :mod:`~arrowstream.distributed.balance`), where held documents of an
+        elastic resume count the tokens ``left`` recorded for them.
         """
-        key = (epoch, tuple(tuple(p) for p in parts), num_streams, by, per_rank)
+        left = left or {}
+        key = (epoch, tuple(tuple(p) for p in parts), num_streams, by, per_rank, tuple(sorted(left.items())))
         hit = self._targets.get(key)
         if hit is None:
             if len(self._targets) >= 4:  # a few epochs' worth: every iterator of a process asks the same
                 self._targets.pop(next(iter(self._targets)), None)
-            hit = self._targets[key] = self._batch_targets(epoch, parts, num_streams, by, per_rank)
+            hit = self._targets[key] = self._batch_targets(epoch, parts, num_streams, by, per_rank, left)
         return list(hit)
 
     def _batch_targets(
-        self, epoch: int, parts: list[list[RowRange]], num_streams: int, by: str, per_rank: int
+        self, epoch: int, parts: list[list[RowRange]], num_streams: int, by: str, per_rank: int, left: Left
     ) -> list[int]:
         packer = self.packer
         assert packer is not None
@@ -425,9 +434,11 @@ class Plan:
                     exact = packer.count_batches(part_chunks(layout, counts, part, self.batch_rows))
                 natural.append(exact)
             return rank_targets(natural, per_rank)
-        return [self._estimated_target(epoch, parts, num_streams, by)] * len(parts)
+        return [self._estimated_target(epoch, parts, num_streams, by, left)] * len(parts)
 
-    def _estimated_target(self, epoch: int, parts: list[list[RowRange]], num_streams: int, by: str) -> int:
+    def _estimated_target(
+        self, epoch: int, parts: list[list[RowRange]], num_streams: int, by: str, left: Left
+    ) -> int:
         packer = self.packer
         assert packer is not None
         sample = self.sample()
@@ -446,6 +457,7 @@ class Plan:
             1.0,
             parts,
             per_batch,
+            left=left,
         )
 
     def sample(self) -> Sample:

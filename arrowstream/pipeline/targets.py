@@ -37,7 +37,9 @@ def epoch_target(
         return known[epoch]
     if epoch in parts:
         deal = parts[epoch]
-        return plan.batch_targets(epoch, deal.parts, deal.num_streams, deal.by, consumer.per_rank)[consumer.index]
+        return plan.batch_targets(epoch, deal.parts, deal.num_streams, deal.by, consumer.per_rank, deal.left)[
+            consumer.index
+        ]
     fresh = [plan.fresh_work(epoch, Consumer(c, consumer.count)) for c in range(consumer.count)]
     by = plan.at(epoch).streams_by
     return plan.batch_targets(epoch, fresh, consumer.count, by, consumer.per_rank)[consumer.index]

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 STATE_FORMAT = "arrowstream.state"
-STATE_VERSION = 8
+STATE_VERSION = 9
 #: Versions this release loads. Version 2 left out empty parts (``held``, ``next_work``,
 #: counters not moved yet); version 3 has the same keys at every step; version 4 says how
 #: each epoch's streams were cut (``work.by``: by rows before, the only way then); version 5
@@ -40,8 +40,10 @@ STATE_VERSION = 8
 #: inside a document (a fifth number, ``take``); version 7 starts the look-ahead packers'
 #: epochs with smaller windows (``packer.ramp``, and ``packer.windows`` for ``best_fit``;
 #: an older state has none and its run never ramps); version 8 always carries its checksum
-#: (``checksum``, as every state since 2026-11-27 has: one of version 8 without it is refused).
-READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8)
+#: (``checksum``, as every state since 2026-11-27 has: one of version 8 without it is refused);
+#: version 9 records how many tokens each held document has left (a fourth number in
+#: ``held.docs``; an older state's are estimated when an elastic resume re-deals them).
+READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8, 9)
 #: The keys of ``position`` that name its place for people (checked on load, not used).
 WHERE_KEYS = ("stream", "file", "row_group", "row")
 

@@ -150,17 +150,20 @@ class Held:
     """Documents a look-ahead packer holds back, by reference, and how far it has read.
 
     ``read`` is ``(segment, seq)`` of the first document not read yet; each of
-    ``docs`` is ``(segment, seq, skip)``: a held document, whose tokens from
-    ``skip`` on are not emitted yet.
+    ``docs`` is ``(segment, seq, skip, left)``: a held document, whose tokens
+    from ``skip`` on are not emitted yet, ``left`` of them (``-1``: not
+    recorded, a state of version 8 or older).
 
     Examples
     --------
-    >>> Held.from_dict({"read": [0, 9], "docs": [[0, 4, 0], [0, 7, 3]]}).docs
-    ((0, 4, 0), (0, 7, 3))
+    >>> Held.from_dict({"read": [0, 9], "docs": [[0, 4, 0, 12], [0, 7, 3, 5]]}).docs
+    ((0, 4, 0, 12), (0, 7, 3, 5))
+    >>> Held.from_dict({"read": [0, 9], "docs": [[0, 4, 0]]}).docs   # version 8
+    ((0, 4, 0, -1),)
     """
 
     read: tuple[int, int]
-    docs: tuple[tuple[int, int, int], ...]
+    docs: tuple[tuple[int, int, int, int], ...]
 
     @classmethod
     def from_dict(cls, data: Any, *, field: str = "held") -> Held:
@@ -173,11 +176,21 @@ class Held:
         """
         try:
             segment, seq = (int(v) for v in data["read"])
-            docs = tuple((int(a), int(b), int(c)) for a, b, c in data["docs"])
+            docs = tuple(_held_doc(d) for d in data["docs"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"state `{field}` is malformed ({exc!r}): the state was edited") from exc
         return cls((segment, seq), docs)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the references as a state holds them."""
-        return {"read": list(self.read), "docs": [list(d) for d in self.docs]}
+        return {"read": list(self.read), "docs": [list(d) if d[3] >= 0 else list(d[:3]) for d in self.docs]}
+
+
+def _held_doc(item: Any) -> tuple[int, int, int, int]:
+    """One held document ``[segment, seq, skip, left]`` (``left`` absent before version 9: ``-1``)."""
+    if not isinstance(item, (list, tuple)) or len(item) not in (3, 4):
+        raise ValueError(f"a held document is [segment, seq, skip, left], got {item!r}")
+    values = [int(v) for v in item]
+    if min(values) < 0:
+        raise ValueError(f"a held document's numbers are >= 0, got {item!r}")
+    return (values[0], values[1], values[2], values[3] if len(values) == 4 else -1)
