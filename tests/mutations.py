@@ -1657,6 +1657,14 @@ MUTANTS = [
         "",
         ("arrowstream/pack/store.py",),
     ),
+    Mutant(
+        "filter-membership-false-for-null",
+        "`--filter` membership is pyarrow's is_in (false for a null), so `not (x in ...)` keeps null rows",
+        "arrowstream/cli/expressions.py",
+        "        member = pc.if_else(field.is_valid(), field.isin([_literal(v, text) for v in right.elts]), _NULL)\n",
+        "        member = field.isin([_literal(v, text) for v in right.elts])\n",
+        ("tests/test_cli_stream.py",),
+    ),
 ]
 
 

@@ -10,8 +10,8 @@ A condition compares columns with literals and combines the comparisons::
 - comparisons: ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=`` between a column
   and a literal (a string, a number, ``True`` or ``False``), in either order,
   chained as in Python (``a < x < b``);
-- ``x in (...)`` and ``x not in (...)`` with a tuple or list of literals (``not in`` drops null
-  rows, as ``!=`` does; ``not (x in (...))`` is pyarrow's ``~isin``, which keeps them);
+- ``x in (...)`` and ``x not in (...)`` with a tuple or list of literals (null for a null
+  ``x``, as ``x == v`` is: ``not in`` and ``not (x in (...))`` drop null rows, as ``!=`` does);
 - ``x is None`` and ``x is not None``: null or not;
 - ``and``, ``or``, ``not`` and parentheses;
 - a column whose name is not a Python name: ``col("my column")``.
@@ -27,6 +27,7 @@ import ast
 import operator
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["FilterSyntaxError", "parse_filter"]
@@ -44,6 +45,10 @@ SYNTAX = (
 
 class FilterSyntaxError(ValueError):
     """A ``--filter`` condition that is not in the syntax."""
+
+
+#: A null of the filter's type: what a membership test of a null value gives.
+_NULL = pa.scalar(None, pa.bool_())
 
 
 def parse_filter(text: str) -> pc.Expression:
@@ -109,10 +114,10 @@ def _compare(left: ast.AST, op: ast.cmpop, right: ast.AST, text: str) -> pc.Expr
         if not isinstance(right, (ast.Tuple, ast.List, ast.Set)):
             raise FilterSyntaxError(f"{_where(right, text)}: `in` takes a tuple or list of literals")
         field = _column(left, text)
-        member = field.isin([_literal(v, text) for v in right.elts])
-        # pyarrow's is_in says false for a null, so `~` would keep null rows: `x not in (...)` drops them,
-        # as `x != v` does (`not (x in (...))` stays pyarrow's `~isin`)
-        return member if isinstance(op, ast.In) else ~member & field.is_valid()
+        # pyarrow's is_in says false for a null, so `~` would keep null rows: null for a null instead, as
+        # `x == v` gives, so `not in`, `not (x in ...)` and `not (x not in ...)` all drop them, as `!=` does
+        member = pc.if_else(field.is_valid(), field.isin([_literal(v, text) for v in right.elts]), _NULL)
+        return member if isinstance(op, ast.In) else ~member
     if type(op) not in _COMPARE:
         raise FilterSyntaxError(f"{_where(left, text)}: unsupported comparison: the syntax is {SYNTAX}")
     if _is_column(left):
