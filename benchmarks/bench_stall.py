@@ -31,16 +31,20 @@ Usage::
     python benchmarks/bench_stall.py                   # 85 MB corpus, concat 8 x 2048
     python benchmarks/bench_stall.py --strategy best_fit --prefetch 0   # best_fit, batches made when asked for
     python benchmarks/bench_stall.py --step-ms 5,20,100   # your own step times instead of the headroom
+    python benchmarks/bench_stall.py --thread-nice 0,5 --workers 0   # producer threads as nice as the step, and 5 nicer
     python benchmarks/bench_stall.py --smoke           # seconds: runs once, checks only
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -111,6 +115,23 @@ def _default_sharing(cls: Any) -> str:
     import inspect
 
     return inspect.signature(cls).parameters["sharing"].default
+
+
+@contextlib.contextmanager
+def _thread_nice(value: str) -> Iterator[None]:
+    """Run with ``ARROWSTREAM_THREAD_NICE=value`` (``""``: as the environment has it); workers inherit it."""
+    from arrowstream.io.niceness import THREAD_NICE_ENV
+
+    before = os.environ.get(THREAD_NICE_ENV)
+    if value:
+        os.environ[THREAD_NICE_ENV] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(THREAD_NICE_ENV, None)
+        else:
+            os.environ[THREAD_NICE_ENV] = before
 
 
 def _rate(args: argparse.Namespace, workers: int) -> float:
@@ -246,6 +267,11 @@ def main() -> int:
                    help="to_torch(sharing=...): how workers hand batches over [the library's default: in slots]")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
+        "--thread-nice", default=None,
+        help="comma-separated ARROWSTREAM_THREAD_NICE values, each run in turn at the same step "
+             "(e.g. 0,5: producer threads at the consumer's priority, and 5 steps nicer) [the library's default]",
+    )
+    p.add_argument(
         "--switch-interval", type=float, default=None,
         help="sys.setswitchinterval(seconds) before the runs (default: Python's, 0.005)",
     )
@@ -263,6 +289,7 @@ def main() -> int:
         sys.setswitchinterval(args.switch_interval)
     args.corpus, args.tokenizer = corpus_and_tokenizer(args)
     workers = [int(w) for w in args.workers.split(",")]
+    nices = [n.strip() for n in args.thread_nice.split(",")] if args.thread_nice else [""]
     headrooms = [float(h) for h in args.headroom.split(",")]
     fixed = [float(ms) for ms in args.step_ms.split(",")] if args.step_ms else []
     # each setting's name and its step time from the loader's rate
@@ -278,38 +305,44 @@ def main() -> int:
         for setting, step_of in plan:
             step = step_of(rate)
             h = step * rate
-            runs, floors, besides = [], [], []
+            runs: dict[str, list[dict[str, Any]]] = {n: [] for n in nices}
+            floors, besides = [], []
             for _ in range(args.repeats):  # alternated, so all see the same machine
-                runs.append(_consume(args, k, step))
+                for n in nices:
+                    with _thread_nice(n):
+                        runs[n].append(_consume(args, k, step))
                 floors.append(_consume(args, k, step, ready=True))
                 if args.beside:
                     besides.append(_consume(args, k, step, ready=True, beside=True))
-            summary = {key: median([r[key] for r in runs]) for key in runs[0]}
             floor = {key: median([r[key] for r in floors]) for key in floors[0]}
-            results["runs"][f"workers={k}, {setting}"] = {
-                "rate": rate, "rates": rates, "runs": runs, **summary, "ready": {"runs": floors, **floor},
-            }
-            row = [k, f"{rate:.0f}", f"{h:.3g}", f"{step * 1e3:.2f}", f"{100 * summary['wait_share']:.1f}",
-                   f"{100 * summary['cpu_wait_share']:.1f}",
-                   f"{summary['p50_ms']:.2f}", f"{summary['p99_ms']:.2f}", f"{summary['first_batch_s']:.2f}",
-                   f"{100 * floor['wait_share']:.1f}", f"{floor['p50_ms']:.2f}"]
-            if args.beside:
-                near = {key: median([r[key] for r in besides]) for key in besides[0]}
-                results["runs"][f"workers={k}, {setting}"]["ready_beside"] = {"runs": besides, **near}
-                row += [f"{100 * near['wait_share']:.1f}", f"{near['p50_ms']:.2f}"]
-            rows.append(row)
-            log(f"  headroom {h:.3g}: step {step * 1e3:.2f} ms, waited {100 * summary['wait_share']:.1f} % of wall time "
-                f"({100 * summary['cpu_wait_share']:.1f} points of it runnable without a CPU), "
-                f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms; batches ready: waited "
-                f"{100 * floor['wait_share']:.1f} %, p50 {floor['p50_ms']:.2f} ms")
+            for n in nices:
+                summary = {key: median([r[key] for r in runs[n]]) for key in runs[n][0]}
+                name = f"workers={k}, {setting}" + (f", nice={n}" if n else "")
+                results["runs"][name] = {
+                    "rate": rate, "rates": rates, "runs": runs[n], **summary, "ready": {"runs": floors, **floor},
+                }
+                row = [k, n or "default", f"{rate:.0f}", f"{h:.3g}", f"{step * 1e3:.2f}",
+                       f"{100 * summary['wait_share']:.1f}", f"{100 * summary['cpu_wait_share']:.1f}",
+                       f"{summary['p50_ms']:.2f}", f"{summary['p99_ms']:.2f}", f"{summary['first_batch_s']:.2f}",
+                       f"{100 * floor['wait_share']:.1f}", f"{floor['p50_ms']:.2f}"]
+                if args.beside:
+                    near = {key: median([r[key] for r in besides]) for key in besides[0]}
+                    results["runs"][name]["ready_beside"] = {"runs": besides, **near}
+                    row += [f"{100 * near['wait_share']:.1f}", f"{near['p50_ms']:.2f}"]
+                rows.append(row)
+                log(f"  headroom {h:.3g}{f', nice {n}' if n else ''}: step {step * 1e3:.2f} ms, waited "
+                    f"{100 * summary['wait_share']:.1f} % of wall time "
+                    f"({100 * summary['cpu_wait_share']:.1f} points of it runnable without a CPU), "
+                    f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms; batches ready: waited "
+                    f"{100 * floor['wait_share']:.1f} %, p50 {floor['p50_ms']:.2f} ms")
     log()
-    header = ["workers", "loader batches/s", "headroom", "step ms", "wait % of wall", "of it off a CPU %", "p50 wait ms",
+    header = ["workers", "thread nice", "loader batches/s", "headroom", "step ms", "wait % of wall", "of it off a CPU %", "p50 wait ms",
               "p99 wait ms", "first batch s", "ready: wait %", "ready: p50 ms"]
     if args.beside:
         header += ["ready beside the work: wait %", "p50 ms"]
     log(fmt_table(header, rows))
     for setting, _ in plan:  # the question asked: with the best worker count, how much does the step wait?
-        best = min((run["wait_share"], name) for name, run in results["runs"].items() if name.endswith(setting))
+        best = min((run["wait_share"], name) for name, run in results["runs"].items() if f", {setting}" in name)
         key = setting.split("=", 1)[1] if not fixed else setting
         results.setdefault("best", {})[key] = {"run": best[1], "wait_share": best[0]}
         at = f"{key}x headroom" if not fixed else f"a {setting.split('=', 1)[1]} step"

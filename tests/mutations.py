@@ -1665,6 +1665,14 @@ MUTANTS = [
         "        member = field.isin([_literal(v, text) for v in right.elts])\n",
         ("tests/test_cli_stream.py",),
     ),
+    Mutant(
+        "producer-threads-at-the-consumers-priority",
+        "the loader's producer threads compete with the training loop's thread for a CPU at the same priority",
+        "arrowstream/io/prefetch.py",
+        "    lower_thread_priority(nice)  # the consumer's thread (the training loop) takes a CPU first\n",
+        "",
+        ("tests/test_prefetch.py",),
+    ),
 ]
 
 

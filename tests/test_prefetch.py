@@ -1,14 +1,19 @@
-"""The background producer: order, errors, and a clean interpreter exit."""
+"""The background producer: order, errors, a clean interpreter exit, and a lower priority than the consumer."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from arrowstream import ConfigError
+from arrowstream.io.niceness import DEFAULT_THREAD_NICE, THREAD_NICE_ENV
 from arrowstream.io.prefetch import Prefetcher
 
 from .conftest import write_parts
@@ -114,3 +119,35 @@ def test_warnings_of_the_producer_and_pool_threads_name_the_consumers_line() -> 
         *[(f"square {i}", __file__, lines[1]) for i in range(3)],
         *[(f"square {i}", __file__, lines[2]) for i in range(2)],
     ]
+
+
+def _priority() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+@pytest.mark.parametrize(("setting", "added"), [(None, DEFAULT_THREAD_NICE), ("0", 0), ("11", 11)])
+def test_the_producer_thread_runs_nicer_than_the_consumer(
+    monkeypatch: pytest.MonkeyPatch, setting: str | None, added: int
+) -> None:
+    # the training loop's thread, woken for its next batch, should find a CPU free of the loader's threads
+    if setting is None:
+        monkeypatch.delenv(THREAD_NICE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(THREAD_NICE_ENV, setting)
+    mine = _priority()
+
+    def seen() -> Iterator[tuple[int, int]]:
+        pool = ThreadPoolExecutor(1)  # a thread the producer starts inherits its niceness
+        yield _priority(), pool.submit(_priority).result()
+        pool.shutdown()
+
+    [(producer, started)] = list(Prefetcher(seen))
+    assert producer == started == min(19, mine + added)
+    assert _priority() == mine  # the consumer's own is untouched
+
+
+def test_a_niceness_outside_0_to_19_is_refused_in_the_consumers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(THREAD_NICE_ENV, "-5")
+    with pytest.raises(ConfigError, match=r"ARROWSTREAM_THREAD_NICE='-5': expected an integer from 0"):
+        Prefetcher(lambda: iter([1]))

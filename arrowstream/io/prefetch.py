@@ -6,7 +6,9 @@ consumer packs the current ones keeps the tokenizer busy. Order is preserved
 (one producer), so output and state are the same as without prefetching; the
 consumer's position, not the producer's, is what a state records.
 
-Memory is bounded by ``depth`` items. An exception in the producer is raised
+The producer thread runs a few steps nicer than the consumer
+(:mod:`~arrowstream.io.niceness`), so a training loop waking for its next
+batch gets a CPU at once. Memory is bounded by ``depth`` items. An exception in the producer is raised
 in the consumer as the same exception object, with its original traceback.
 
 At interpreter exit, producer threads still running, including those of
@@ -27,6 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from arrowstream.errors import forward_warnings, warn_user
+from arrowstream.io.niceness import lower_thread_priority, thread_nice
 
 __all__ = ["AHEAD_BYTES", "AHEAD_MOST", "Prefetcher", "close_all", "depth_for"]
 
@@ -57,9 +60,10 @@ def _put(q: queue.Queue[object], stop: threading.Event, item: object) -> bool:
 
 
 def _produce(
-    make: Callable[[], Iterator[T]], q: queue.Queue[object], stop: threading.Event, outbox: deque[Any]
+    make: Callable[[], Iterator[T]], q: queue.Queue[object], stop: threading.Event, outbox: deque[Any], nice: int
 ) -> None:
     forward_warnings(outbox.append)  # warned again by the consumer, at the user's line
+    lower_thread_priority(nice)  # the consumer's thread (the training loop) takes a CPU first
     try:
         try:
             for item in make():
@@ -121,7 +125,7 @@ class Prefetcher(Generic[T]):
         # collected, and the finalizer stops its thread.
         self._thread = threading.Thread(
             target=_produce,
-            args=(make, self._queue, self._stop, self._warnings),
+            args=(make, self._queue, self._stop, self._warnings, thread_nice()),
             name="arrowstream-prefetch",
             daemon=True,
         )
