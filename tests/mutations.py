@@ -1673,6 +1673,14 @@ MUTANTS = [
         "",
         ("tests/test_prefetch.py",),
     ),
+    Mutant(
+        "merged-epoch-stats-keep-let-go-epochs",
+        "merged per-epoch counters keep epochs a consumer further on let go: one consumer's figures shown as the epoch's",
+        "arrowstream/distributed/topology.py",
+        "    per_epoch = {e: row for e, row in per_epoch.items() if e >= max(full, default=0)}\n",
+        "",
+        ("tests/test_state_sizes.py::test_merged_per_epoch_counters_leave_out_epochs_a_consumer_let_go",),
+    ),
 ]
 
 

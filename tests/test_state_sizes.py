@@ -63,3 +63,25 @@ def test_an_endless_runs_state_stays_as_large_over_many_epochs(tmp_path: Path) -
         a, b = next(it), next(resumed)
         assert all((a[k] == b[k]).all() for k in ("input_ids", "segment_ids"))
     assert resumed.state_dict()["epoch_stats"] == it.state_dict()["epoch_stats"]
+
+
+def test_merged_per_epoch_counters_leave_out_epochs_a_consumer_let_go(tmp_path: Path) -> None:
+    # two endless consumers far apart: the one further on kept only its last 16 epochs, so the merged figures of
+    # older epochs held the other's counts alone (half an epoch's tokens, as if half were lost)
+    from arrowstream import merge_states
+    from arrowstream.io.chunk import KEPT_EPOCHS
+
+    write_dataset(tmp_path, num_files=1, docs_per_file=8, rows_per_group=2, seed=0)
+    ds = read_parquet(tmp_path, num_epochs=None).tokenize(sample_tokenizer()).pack(seq_len=64, batch_size=1)
+    states = []
+    for rank, epochs in ((0, 4), (1, KEPT_EPOCHS + 8)):
+        it = ds.iter(rank=rank, world_size=2)
+        while it.state_dict()["position"]["epoch"] < epochs:
+            next(it)
+        states.append(json.loads(json.dumps(it.state_dict())))
+    behind, ahead = ([e["epoch"] for e in st["epoch_stats"]] for st in states)
+    assert behind[0] == 0 and ahead[0] > behind[-1]  # nothing in common
+    merged = merge_states(states, drift=True)["epoch_stats"]
+    assert [e["epoch"] for e in merged] == ahead  # the older epochs: one consumer's figures only, left out
+    own = {e["epoch"]: e["tokens"] for e in states[1]["epoch_stats"]}
+    assert all(e["tokens"] == own[e["epoch"]] for e in merged)

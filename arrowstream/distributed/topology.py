@@ -29,6 +29,7 @@ from typing import Any
 
 from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError, StateError, StateMismatchError
+from arrowstream.io.chunk import KEPT_EPOCHS
 from arrowstream.state import Held, Position, RowRange, Work
 from arrowstream.state.checksum import verify_checksum, with_checksum
 
@@ -471,6 +472,9 @@ def merge_states(states: list[dict[str, Any]], *, drift: bool = False) -> dict[s
             for key, value in entry.items():
                 if key != "epoch":
                     row[key] = row.get(key, 0) + int(value)
+    # a consumer keeps its last KEPT_EPOCHS epochs: those another, further on, let go are partial here
+    full = [st["epoch_stats"][0]["epoch"] for st in ordered if len(st.get("epoch_stats") or []) >= KEPT_EPOCHS]
+    per_epoch = {e: row for e, row in per_epoch.items() if e >= max(full, default=0)}
     merged = {
         key: copy.deepcopy(dataset if key == "dataset" else first[key])
         for key in ("format", "version", "dataset", "options_hash", "options")
