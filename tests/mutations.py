@@ -1681,6 +1681,22 @@ MUTANTS = [
         "",
         ("tests/test_state_sizes.py::test_merged_per_epoch_counters_leave_out_epochs_a_consumer_let_go",),
     ),
+    Mutant(
+        "analyze-cannot-skip",
+        "analyze(on_error=\"skip\") still stops at a row group that does not decode",
+        "arrowstream/analysis/lengths.py",
+        "    reader = ShardReader(manifest, columns, skip_unreadable=skip)\n",
+        "    reader = ShardReader(manifest, columns)\n",
+        ("tests/test_skip.py",),
+    ),
+    Mutant(
+        "analyze-counts-bytes-that-are-not-utf8",
+        "analyze without a tokenizer measures a row group polars refused, counting bytes that are not UTF-8 as text",
+        "arrowstream/analysis/lengths.py",
+        "                        table.column(column).validate(full=True)\n",
+        "                        pass\n",
+        ("tests/test_errors.py",),
+    ),
 ]
 
 

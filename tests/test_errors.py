@@ -94,8 +94,10 @@ def test_text_that_is_not_utf8_names_file_row_group_column_and_row(tmp_path: Pat
         list(read_parquet(root).tokenize(tokenizer).pack(seq_len=32, batch_size=1))
     with pytest.raises(SchemaError, match=r"shuffle window over .*row group 1.*not UTF-8 text in document \d"):
         list(read_parquet(root).shuffle(seed=1, window=2).tokenize(tokenizer).pack(seq_len=32, batch_size=1))
-    with pytest.raises(SchemaError, match=r"cannot measure column `text` of '.*part-000\.parquet'.*not UTF-8"):
-        analyze(root, tokenizer=tokenizer)
+    for tok in (tokenizer, None):  # polars refuses the file; read row group by row group, the bytes are named
+        with pytest.raises(SchemaError, match=r"cannot measure column `text` of '.*part-000\.parquet', row group 1: "
+                           r".*not UTF-8"):
+            analyze(root, tokenizer=tok)
 
 
 def test_token_column_of_wrong_type_is_a_schema_error(tmp_path: Path) -> None:

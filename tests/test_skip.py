@@ -160,3 +160,38 @@ def test_the_stream_command_skips_unreadable_row_groups_when_asked(
     out, err = capsys.readouterr()
     assert re.search(r"warning: skipped the unreadable row group 1 of '.*part-000\.parquet' \(10 rows", err), err
     assert "unreadable" in out, out
+
+
+@pytest.mark.filterwarnings("ignore::arrowstream.DataLossWarning")  # the skip's own warning, asserted elsewhere
+def test_analyze_names_an_unreadable_row_group_or_leaves_it_out_listed(corpus: Path) -> None:
+    # polars reads the files itself: a corrupt row group was an error naming the file alone, and could not be skipped
+    from arrowstream.analysis import analyze
+
+    with pytest.raises(ShardError, match=r"part-001\.parquet', row group 1, .*pass on_error=\"skip\" to leave"):
+        analyze(corpus, column="input_ids")
+    a = analyze(corpus, column="input_ids", on_error="skip")
+    assert a.info["unreadable_row_groups"] == [{"file": "part-001.parquet", "row_group": 1}]
+    assert (a.info["unreadable_rows"], a.info["num_docs"], a.info["null_or_empty"]) == (5, 55, 0)
+    run = read_parquet(corpus, on_error="skip").tokenize(None, column="input_ids", add_eos=False).iter()
+    lengths = sorted(len(ids) + 1 for b in run for ids in b.column("input_ids").to_pylist())  # analyze counts an EOS
+    tokens = a.summary.filter(a.summary["measure"] == "tokens").row(0, named=True)
+    assert tokens["num_docs"] == len(lengths) and tokens["p100"] == lengths[-1] and tokens["p0"] == lengths[0]
+
+
+@pytest.mark.filterwarnings("always::arrowstream.DataLossWarning")  # the command prints it
+def test_the_analyze_command_leaves_unreadable_row_groups_out_when_asked(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from arrowstream.cli import main
+    from arrowstream.testing.data import make_texts
+
+    write_parts(tmp_path / "d", [{"text": make_texts(40, seed=1)}], row_group_size=10)
+    _corrupt(tmp_path / "d" / "part-000.parquet", 1)
+    common = ["analyze", str(tmp_path / "d"), "--tokenizer", str(tokenizer_path)]
+    assert main(common) != 0
+    err = capsys.readouterr().err
+    assert "row group 1" in err and "pass --on-error skip to leave" in err, err
+    assert main([*common, "--on-error", "skip"]) == 0
+    out = capsys.readouterr().out
+    assert "left out, unreadable: 1 row group(s), 10 rows (part-000.parquet row group 1)" in out, out
+    assert "30 documents" in out, out

@@ -57,7 +57,7 @@ from arrowstream.analysis.simulate import (
     simulate_packer,
     simulate_padded,
 )
-from arrowstream.checks import check_int
+from arrowstream.checks import check_choice, check_int
 from arrowstream.errors import ConfigError, SchemaError
 from arrowstream.pack import ConcatPacker
 from arrowstream.pack.bestfit import BestFitPacker
@@ -151,6 +151,7 @@ def analyze(
     seed: int = 0,
     add_eos: bool = True,
     window: int = 1024,
+    on_error: str = "raise",
 ) -> Analysis:
     """Measure document lengths and predict what each batching strategy costs.
 
@@ -177,6 +178,12 @@ def analyze(
         Count one EOS token per document, as ``.tokenize`` does by default.
     window
         Look-ahead of the best-fit and bucketing predictions.
+    on_error
+        ``"raise"``: a row group that does not decode is a
+        :class:`~arrowstream.errors.ShardError` naming the file and row
+        group. ``"skip"``: it is left out of every figure, as a run with
+        ``read_parquet(..., on_error="skip")`` leaves it out, and listed in
+        ``info["unreadable_row_groups"]`` (``info["unreadable_rows"]`` rows).
 
     Raises
     ------
@@ -184,6 +191,9 @@ def analyze(
         ``column`` or ``by`` is missing, or ``column`` is neither text nor token ids.
     ConfigError
         The dataset has no document, or an option is out of range.
+    ShardError
+        A row group does not decode (with ``on_error="raise"``), naming
+        the file and row group.
 
     Examples
     --------
@@ -195,9 +205,10 @@ def analyze(
     for key, value in (("seq_len", seq_len), ("batch_size", batch_size), ("window", window)):
         check_int(key, value)
     check_int("sample", sample, none_ok=True, hint="documents to tokenize")
+    check_choice("on_error", on_error, ("raise", "skip"))
     tok = None if tokenizer is None else load_tokenizer(tokenizer)
     columns = [column] + ([by] if by not in (None, "file", column) else [])
-    ds = read_parquet(source, columns=columns)
+    ds = read_parquet(source, columns=columns, on_error=on_error)
     manifest = ds.manifest
     dtype = manifest.schema.field(column).type
     is_text = pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
@@ -213,7 +224,8 @@ def analyze(
         raise ConfigError(
             f"column `{column}` already holds token ids: leave `tokenizer` unset to analyse it"
         )
-    counts = _length_counts(ds, column, by, is_text)
+    counts, skipped = _length_counts(ds, column, by, is_text, skip=on_error == "skip")
+    lost = int(manifest.shard_rows[skipped].sum()) if skipped else 0
     if is_ids and add_eos:  # count the EOS a run appends, as for tokenized text
         counts = counts.with_columns(pl.col("tokens") + 1)
     docs = int(counts["n"].sum())
@@ -228,11 +240,17 @@ def analyze(
         "num_files": manifest.num_files,
         "num_rows": manifest.num_rows,
         "num_docs": docs,
-        "null_or_empty": manifest.num_rows - docs,
+        "null_or_empty": manifest.num_rows - docs - lost,
         "seq_len": seq_len,
         "batch_size": batch_size,
         "add_eos": add_eos,
     }
+    if skipped:  # left out of every figure, as a run with on_error="skip" leaves them out
+        info["unreadable_row_groups"] = [
+            {"file": manifest.relpaths[int(manifest.shard_file[k])], "row_group": int(manifest.shard_row_group[k])}
+            for k in skipped
+        ]
+        info["unreadable_rows"] = lost
     measures = ["chars", "bytes"] if is_text else ["tokens"]
     rows = [_summary_row(m, counts, m, seq_len if m == "tokens" else None) for m in measures]
     hist = [_histogram(m, counts, m) for m in measures]
@@ -254,7 +272,7 @@ def analyze(
             if by == "file":  # one pipeline per file: the same order, windows and ids as one run
                 parts = [
                     _pipeline_lengths(
-                        read_parquet(path, columns=[column], filesystem=manifest.filesystem)
+                        read_parquet(path, columns=[column], filesystem=manifest.filesystem, on_error=on_error)
                         .tokenize(enc, column=column, add_eos=False)
                     )
                     for path in manifest.paths
@@ -275,7 +293,7 @@ def analyze(
                 )
                 by_rows = by_rows.sort(["group", "measure"], descending=[False, False])
         else:
-            token_lengths, chars = _sample_lengths(ds, enc, column, sample, seed)
+            token_lengths, chars = _sample_lengths(ds, enc, column, sample, seed, skip=on_error == "skip")
             token_lengths = token_lengths + int(add_eos)
             info["tokens"] = _sample_info(token_lengths, chars, docs, counts, seed, add_eos)
             read_chunks = _chunk_docs(ds, docs)

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from arrowstream.errors import ConfigError, SchemaError
+from arrowstream.errors import ConfigError, SchemaError, ShardError
 from arrowstream.io.reader import ShardReader
 from arrowstream.tokenize.encoders import Encoder
 
@@ -65,39 +65,85 @@ def quantiles_from_counts(values: np.ndarray, counts: np.ndarray, qs: Sequence[f
     return out
 
 
-def _length_counts(ds: Any, column: str, by: str | None, is_text: bool) -> pl.DataFrame:
-    """Count documents per distinct length (and group), streaming over every file."""
+def _length_counts(
+    ds: Any, column: str, by: str | None, is_text: bool, *, skip: bool = False
+) -> tuple[pl.DataFrame, list[int]]:
+    """Count documents per distinct length (and group), streaming over every file; also the shards skipped.
+
+    polars reads all files at once. When it fails, each file is read again
+    alone, and a file it cannot read is measured row group by row group
+    (read by the run's own reader), so the error names the row group, or,
+    with ``skip``, a row group that does not decode is left out and
+    returned, as a run with ``on_error="skip"`` leaves it out.
+    """
     manifest = ds.manifest
     if isinstance(manifest.filesystem, pafs.LocalFileSystem):
         sources: Any = list(manifest.paths)
     else:  # polars reaches object stores by URI
         sources = [f"{manifest.filesystem.type_name}://{p}" for p in manifest.paths]
+    frame: pl.DataFrame | None = None
+    skipped: list[int] = []
     try:
         frame = _count_lengths(pl.scan_parquet(sources, include_file_paths="__file", missing_columns="insert",
                                                extra_columns="ignore"),
                                column, by, is_text)
-    except pl.exceptions.PolarsError as exc:
-        raise _named(exc, sources, column, by, is_text) from exc
+    except pl.exceptions.PolarsError:
+        pass  # measured again below, outside this handler: an error there is not one raised while handling this
+    if frame is None:
+        frame, skipped = _count_each(ds, sources, column, by, is_text, skip)
     if by == "file":  # relative paths read better than absolute ones
         rel = dict(zip(sources, manifest.relpaths))
         frame = frame.with_columns(pl.col("group").replace_strict(rel, default=pl.col("group")))
-    return frame
+    return frame, skipped
 
 
-def _named(exc: Exception, sources: list[str], column: str, by: str | None, is_text: bool) -> SchemaError:
-    """The error polars gave over all ``sources``, with the first file it comes from (each read again alone)."""
-    for source in sources:
-        try:
-            _count_lengths(pl.scan_parquet(source, include_file_paths="__file"), column, by, is_text)
-        except pl.exceptions.PolarsError as own:
-            exc = own
-            where = f" of {source!r}"
-            break
-    else:
-        where = ""
+def _count_each(
+    ds: Any, sources: list[str], column: str, by: str | None, is_text: bool, skip: bool
+) -> tuple[pl.DataFrame, list[int]]:
+    """:func:`_length_counts` file by file, and row group by row group in a file polars cannot read."""
+    manifest = ds.manifest
+    columns = [column] + ([by] if by not in (None, "file", column) else [])
+    reader = ShardReader(manifest, columns, skip_unreadable=skip)
+    frames, skipped = [], []
+    try:
+        for f, source in enumerate(sources):
+            try:
+                frames.append(_count_lengths(pl.scan_parquet(source, include_file_paths="__file"), column, by, is_text))
+                continue
+            except pl.exceptions.PolarsError:
+                pass
+            for shard in np.flatnonzero(manifest.shard_file == f).tolist():
+                try:
+                    table = reader.read(shard)  # names what does not decode, unless skipped
+                except ShardError as exc:
+                    raise ShardError(f"{exc}; or pass on_error=\"skip\" to leave row groups that do not decode "
+                                     "out of the analysis, listed") from exc.__cause__
+                if shard in reader.unreadable:
+                    skipped.append(shard)
+                    continue
+                try:
+                    if is_text:  # polars counts bytes that are not UTF-8 as characters once it is handed them
+                        table.column(column).validate(full=True)
+                    lf = pl.from_arrow(table.append_column("__file", pa.array([source] * table.num_rows))).lazy()
+                    frames.append(_count_lengths(lf, column, by, is_text))
+                except (pl.exceptions.PolarsError, pa.ArrowInvalid) as exc:
+                    info = manifest.shard(shard)
+                    raise _named(exc, f"{info.path!r}, row group {info.row_group}", column) from exc
+    finally:
+        reader.close()
+    keys = [c for c in frames[0].columns if c != "n"] if frames else ["chars", "bytes"] if is_text else ["tokens"]
+    if not frames:
+        return pl.DataFrame({k: [] for k in [*keys, "n"]}, schema={k: pl.Int64 for k in [*keys, "n"]}), skipped
+    merged = pl.concat(frames, how="vertical_relaxed").group_by(keys).agg(pl.col("n").sum())
+    return merged.sort(keys), skipped
+
+
+def _named(exc: Exception, where: str, column: str) -> SchemaError:
+    """The error measuring ``column`` at ``where`` gave, with advice where it names bytes that are not UTF-8."""
     hint = (" (the column holds bytes that are not UTF-8 text: write the files again with the text as UTF-8)"
             if "utf8" in str(exc).lower() or "utf-8" in str(exc).lower() else "")
-    return SchemaError(f"cannot measure column `{column}`{where}: polars could not read it: {exc}{hint}")
+    reader = "polars could not read it: " if isinstance(exc, pl.exceptions.PolarsError) else ""
+    return SchemaError(f"cannot measure column `{column}` of {where}: {reader}{exc}{hint}")
 
 
 def _count_lengths(lf: pl.LazyFrame, column: str, by: str | None, is_text: bool) -> pl.DataFrame:
@@ -195,12 +241,12 @@ def _token_group_rows(lengths: np.ndarray, groups: list[Any], seq_len: int) -> p
 
 
 def _sample_lengths(
-    ds: Any, enc: Encoder, column: str, sample: int, seed: int
+    ds: Any, enc: Encoder, column: str, sample: int, seed: int, *, skip: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenize a seeded Bernoulli sample of documents; return token and char lengths."""
+    """Tokenize a seeded Bernoulli sample of documents; return token and char lengths (``skip``: unreadable row groups left out)."""
     manifest = ds.manifest
     p = min(1.0, sample / max(1, manifest.num_rows))
-    reader = ShardReader(manifest, [column])
+    reader = ShardReader(manifest, [column], skip_unreadable=skip)
     tokens, chars = [], []
     for shard in range(manifest.num_shards):
         f, rg = int(manifest.shard_file[shard]), int(manifest.shard_row_group[shard])
@@ -208,7 +254,10 @@ def _sample_lengths(
         pick = np.random.default_rng([seed, f, rg]).random(n) < p
         if not pick.any():
             continue
-        col = reader.read(shard).column(column).combine_chunks().filter(pa.array(pick))
+        table = reader.read(shard)
+        if shard in reader.unreadable:
+            continue
+        col = table.column(column).combine_chunks().filter(pa.array(pick))
         texts = [t for t in col.to_pylist() if t]
         if not texts:
             continue

@@ -77,6 +77,11 @@ def render_analysis(a: Analysis, *, max_groups: int | None = 20) -> str:
         f"({info['null_or_empty']:,} null or empty)",
         "",
     ]
+    if info.get("unreadable_row_groups"):  # on_error="skip": left out of every figure below
+        skipped = info["unreadable_row_groups"]
+        listed = ", ".join(f"{r['file']} row group {r['row_group']}" for r in skipped[:5])
+        more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        out[-1:-1] = [f"left out, unreadable: {len(skipped)} row group(s), {info['unreadable_rows']:,} rows ({listed}{more})"]
     quant = ["p0", "p10", "p50", "p90", "p99", "p100"]
     rows = []
     for r in a.summary.iter_rows(named=True):

@@ -43,6 +43,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the sample and the random batches")
     p.add_argument("--window", type=positive_int, default=1024, help="look-ahead of best-fit and bucketing")
     p.add_argument("--no-eos", action="store_true", help="do not count an EOS token per document")
+    p.add_argument(
+        "--on-error", choices=["raise", "skip"], default="raise",
+        help="row groups that do not decode: stop with an error naming them (default), or leave them out, listed",
+    )
     p.add_argument("--plot", help="write the figure here: .png, .pdf or .svg (needs matplotlib)")
     p.add_argument("--json", help="write the full result as JSON here")
     p.set_defaults(func=run)
@@ -122,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         add_eos=not args.no_eos,
         window=args.window,
+        on_error=args.on_error,
     )
     print(render_analysis(result, max_groups=args.by_groups))
     if args.json:

@@ -46,6 +46,7 @@ _WORDS: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "analyze": (
         ("fix `columns=` or the data", "fix --column (or --by) or the data"),
+        ('pass on_error="skip" to leave', "pass --on-error skip to leave"),
         ("read the others only (`columns=`), add it", "add it"),
     ),
     "stream": (
