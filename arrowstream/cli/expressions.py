@@ -10,8 +10,9 @@ A condition compares columns with literals and combines the comparisons::
 - comparisons: ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=`` between a column
   and a literal (a string, a number, ``True`` or ``False``), in either order,
   chained as in Python (``a < x < b``);
-- ``x in (...)`` and ``x not in (...)`` with a tuple or list of literals (null for a null
-  ``x``, as ``x == v`` is: ``not in`` and ``not (x in (...))`` drop null rows, as ``!=`` does);
+- ``x in (...)`` and ``x not in (...)`` with a tuple or list of literals (a null ``x`` is in
+  neither: ``not in``, ``not (x in (...))`` and ``not (x not in (...))`` drop null rows, as
+  ``!=`` does);
 - ``x is None`` and ``x is not None``: null or not;
 - ``and``, ``or``, ``not`` and parentheses;
 - a column whose name is not a Python name: ``col("my column")``.
@@ -27,7 +28,6 @@ import ast
 import operator
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["FilterSyntaxError", "parse_filter"]
@@ -46,9 +46,6 @@ SYNTAX = (
 class FilterSyntaxError(ValueError):
     """A ``--filter`` condition that is not in the syntax."""
 
-
-#: A null of the filter's type: what a membership test of a null value gives.
-_NULL = pa.scalar(None, pa.bool_())
 
 
 def parse_filter(text: str) -> pc.Expression:
@@ -83,41 +80,53 @@ def _where(node: ast.AST, text: str) -> str:
     return f"`{ast.get_source_segment(text.strip(), node)}` (at character {getattr(node, 'col_offset', 0) + 1})"
 
 
-def _condition(node: ast.AST, text: str) -> pc.Expression:
+def _condition(node: ast.AST, text: str, negate: bool = False) -> pc.Expression:
+    """The expression of ``node`` (``negate``: of ``not node``).
+
+    pyarrow's ``is_in`` is false, not null, for a null: ``~`` over it would
+    keep null rows, where ``not (x == v)`` drops them. A ``not`` over a
+    membership test is carried down to it instead (De Morgan's laws), so
+    every form drops null rows as ``x != v`` does; any other ``not`` stays
+    pyarrow's ``~`` (null for a null), so their expressions are unchanged.
+    """
+    if negate and not any(isinstance(n, (ast.In, ast.NotIn)) for n in ast.walk(node)):
+        return ~_condition(node, text)
     if isinstance(node, ast.BoolOp):
-        parts = [_condition(v, text) for v in node.values]
+        parts = [_condition(v, text, negate) for v in node.values]
+        both = isinstance(node.op, ast.And) != negate  # not (a and b) is (not a) or (not b)
         out = parts[0]
         for part in parts[1:]:
-            out = (out & part) if isinstance(node.op, ast.And) else (out | part)
+            out = (out & part) if both else (out | part)
         return out
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        return ~_condition(node.operand, text)
+        return _condition(node.operand, text, not negate)
     if isinstance(node, ast.Compare):
         out = None
         left = node.left
         for op, right in zip(node.ops, node.comparators):
-            term = _compare(left, op, right, text)
-            out = term if out is None else out & term
+            term = _compare(left, op, right, text, negate)
+            out = term if out is None else (out | term) if negate else (out & term)
             left = right
         assert out is not None
         return out
     raise FilterSyntaxError(f"{_where(node, text)} is not a condition: the syntax is {SYNTAX}")
 
 
-def _compare(left: ast.AST, op: ast.cmpop, right: ast.AST, text: str) -> pc.Expression:
+def _compare(left: ast.AST, op: ast.cmpop, right: ast.AST, text: str, negate: bool = False) -> pc.Expression:
     if isinstance(op, (ast.Is, ast.IsNot)):
         if not (isinstance(right, ast.Constant) and right.value is None):
             raise FilterSyntaxError(f"{_where(right, text)}: `is` compares with None only")
         field = _column(left, text)
-        return field.is_null() if isinstance(op, ast.Is) else field.is_valid()
+        return field.is_null() if isinstance(op, ast.Is) != negate else field.is_valid()
     if isinstance(op, (ast.In, ast.NotIn)):
         if not isinstance(right, (ast.Tuple, ast.List, ast.Set)):
             raise FilterSyntaxError(f"{_where(right, text)}: `in` takes a tuple or list of literals")
         field = _column(left, text)
-        # pyarrow's is_in says false for a null, so `~` would keep null rows: null for a null instead, as
-        # `x == v` gives, so `not in`, `not (x in ...)` and `not (x not in ...)` all drop them, as `!=` does
-        member = pc.if_else(field.is_valid(), field.isin([_literal(v, text) for v in right.elts]), _NULL)
-        return member if isinstance(op, ast.In) else ~member
+        member = field.isin([_literal(v, text) for v in right.elts])
+        # is_in is false for a null, so `~` alone would keep null rows: `not in` drops them, as `!=` does
+        return member if isinstance(op, ast.In) != negate else ~member & field.is_valid()
+    if negate:
+        return ~_compare(left, op, right, text)
     if type(op) not in _COMPARE:
         raise FilterSyntaxError(f"{_where(left, text)}: unsupported comparison: the syntax is {SYNTAX}")
     if _is_column(left):
