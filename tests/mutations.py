@@ -1697,6 +1697,14 @@ MUTANTS = [
         "                        pass\n",
         ("tests/test_errors.py",),
     ),
+    Mutant(
+        "producer-niceness-stacks",
+        "a producer started by a producer is nicer again (5, then 10), counted from its parent, not the main thread",
+        "arrowstream/io/niceness.py",
+        "        base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's (its id is the process's)\n",
+        "        base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())\n",
+        ("tests/test_prefetch.py",),
+    ),
 ]
 
 

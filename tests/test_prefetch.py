@@ -137,13 +137,14 @@ def test_the_producer_thread_runs_nicer_than_the_consumer(
         monkeypatch.setenv(THREAD_NICE_ENV, setting)
     mine = _priority()
 
-    def seen() -> Iterator[tuple[int, int]]:
+    def seen() -> Iterator[tuple[int, int, int]]:
         pool = ThreadPoolExecutor(1)  # a thread the producer starts inherits its niceness
-        yield _priority(), pool.submit(_priority).result()
+        [inner] = list(Prefetcher(lambda: iter([_priority()])))  # a producer inside a producer: no nicer
+        yield _priority(), pool.submit(_priority).result(), inner
         pool.shutdown()
 
-    [(producer, started)] = list(Prefetcher(seen))
-    assert producer == started == min(19, mine + added)
+    [(producer, started, inner)] = list(Prefetcher(seen))
+    assert producer == started == inner == min(19, mine + added)
     assert _priority() == mine  # the consumer's own is untouched
 
 

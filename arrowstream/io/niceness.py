@@ -15,7 +15,8 @@ runnable. With DataLoader workers it made no difference beyond the noise.
 Linux schedules every thread on its own, so raising a thread's niceness
 (:func:`lower_thread_priority`) touches that thread and the threads it
 starts afterwards (its encoder and read-ahead pools), never the training
-loop. Elsewhere nothing changes. ``ARROWSTREAM_THREAD_NICE`` sets how many
+loop. The niceness is counted from the process's main thread
+(:func:`producer_priority`), so producers inside producers are no nicer. Elsewhere nothing changes. ``ARROWSTREAM_THREAD_NICE`` sets how many
 steps (0 to 19; 0 leaves priorities alone); the default is
 :data:`DEFAULT_THREAD_NICE`.
 """
@@ -28,7 +29,7 @@ import threading
 
 from arrowstream.errors import ConfigError
 
-__all__ = ["DEFAULT_THREAD_NICE", "THREAD_NICE_ENV", "lower_thread_priority", "thread_nice"]
+__all__ = ["DEFAULT_THREAD_NICE", "THREAD_NICE_ENV", "lower_thread_priority", "producer_priority", "thread_nice"]
 
 #: The environment variable setting how much nicer producer threads run (0 to 19; 0: unchanged).
 THREAD_NICE_ENV = "ARROWSTREAM_THREAD_NICE"
@@ -71,23 +72,45 @@ def thread_nice() -> int:
     return value
 
 
-def lower_thread_priority(by: int) -> bool:
-    """Make the calling thread ``by`` steps nicer (Linux); return whether it changed.
+def producer_priority(by: int) -> int | None:
+    """Return the niceness a producer thread takes: ``by`` more than the process's main thread (Linux), or ``None``.
+
+    Relative to the main thread, not to the thread that starts the
+    producer: a producer started by another producer (an iterator's chunk
+    producer inside ``to_torch()``'s) is no nicer than its parent.
+
+    Examples
+    --------
+    >>> producer_priority(0) is None
+    True
+    """
+    if by <= 0 or not sys.platform.startswith("linux"):
+        return None
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's (its id is the process's)
+    except OSError:
+        return None
+    return min(19, base + by)
+
+
+def lower_thread_priority(to: int | None) -> bool:
+    """Make the calling thread as nice as ``to`` if it is less (Linux); return whether it changed.
 
     Threads it starts afterwards inherit the new value. Failing to change
     it (a sandbox that refuses) is not an error: the thread runs as before.
 
     Examples
     --------
-    >>> lower_thread_priority(0)
+    >>> lower_thread_priority(None)
     False
     """
-    if by <= 0 or not sys.platform.startswith("linux"):
+    if to is None:
         return False
     tid = threading.get_native_id()
     try:
-        now = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + by))
+        if os.getpriority(os.PRIO_PROCESS, tid) >= to:
+            return False
+        os.setpriority(os.PRIO_PROCESS, tid, to)
     except OSError:
         return False
     return True

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from arrowstream.errors import forward_warnings, warn_user
-from arrowstream.io.niceness import lower_thread_priority, thread_nice
+from arrowstream.io.niceness import lower_thread_priority, producer_priority, thread_nice
 
 __all__ = ["AHEAD_BYTES", "AHEAD_MOST", "Prefetcher", "close_all", "depth_for"]
 
@@ -60,7 +60,8 @@ def _put(q: queue.Queue[object], stop: threading.Event, item: object) -> bool:
 
 
 def _produce(
-    make: Callable[[], Iterator[T]], q: queue.Queue[object], stop: threading.Event, outbox: deque[Any], nice: int
+    make: Callable[[], Iterator[T]], q: queue.Queue[object], stop: threading.Event, outbox: deque[Any],
+    nice: int | None,
 ) -> None:
     forward_warnings(outbox.append)  # warned again by the consumer, at the user's line
     lower_thread_priority(nice)  # the consumer's thread (the training loop) takes a CPU first
@@ -125,7 +126,7 @@ class Prefetcher(Generic[T]):
         # collected, and the finalizer stops its thread.
         self._thread = threading.Thread(
             target=_produce,
-            args=(make, self._queue, self._stop, self._warnings, thread_nice()),
+            args=(make, self._queue, self._stop, self._warnings, producer_priority(thread_nice())),
             name="arrowstream-prefetch",
             daemon=True,
         )
