@@ -1705,6 +1705,14 @@ MUTANTS = [
         "        base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())\n",
         ("tests/test_prefetch.py",),
     ),
+    Mutant(
+        "truncated-documents-kept-held",
+        "a truncated document stays in bucket's store after its one piece went out (the store grows all epoch)",
+        "arrowstream/pack/bucketrun.py",
+        "            if truncating or a + n >= doc.tokens.size:  # its last piece (pieces go out in order)\n",
+        "            if a + n >= doc.tokens.size:  # its last piece (pieces go out in order)\n",
+        ("tests/test_bucket.py::test_truncated_documents_leave_the_store_once_they_go_out",),
+    ),
 ]
 
 

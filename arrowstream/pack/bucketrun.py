@@ -241,8 +241,9 @@ class BucketRun(LookaheadRun):
         if self.carrying:  # read in an earlier epoch, counted in this one
             self.ledger.add("carried_tokens", batch["num_tokens"])
             self.ledger.add("carried_docs", sum(1 for key, doc, a in zip(keys, docs, starts) if doc.skip == 0 and a == 0))
+        truncating = self.p.long_docs != "split"  # a truncated document's one piece is its last
         for doc, a, n, key in zip(docs, starts, sizes, keys):
-            if a + n >= doc.tokens.size:  # its last piece (pieces go out in order)
+            if truncating or a + n >= doc.tokens.size:  # its last piece (pieces go out in order)
                 del self.store[(key[0], key[1])]
         self.ledger.add("tokens", batch["num_tokens"])
         self.ledger.add("padding_tokens", batch["num_padding_tokens"])
