@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from arrowstream import StateError, merge_states, read_parquet
-from arrowstream.distributed.topology import Consumer, own_share
+from arrowstream.distributed.redeal import own_share
+from arrowstream.distributed.topology import Consumer
 from arrowstream.pipeline.plan import Plan
 from arrowstream.state import (
     BestFitState,

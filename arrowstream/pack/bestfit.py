@@ -206,7 +206,8 @@ class _BestFitRun(LookaheadRun):
     ) -> None:
         self.p = packer
         self.targets = targets
-        self.store = HeldStore()
+        self.store = HeldStore(cap=packer.seq_len if packer.long_docs == "truncate" else None)
+        self.size_windows = self.store.windows  # the same list: a snapshot copies it
         self.refs: dict[Key, int] = {}  # pieces not yet emitted, per held document
         self.open: list[_Row] = []
         self.ready: list[list[DocSegment]] = []
@@ -247,7 +248,7 @@ class _BestFitRun(LookaheadRun):
                     first[key] = start
         return first
 
-    _shared = ("ready", "out")  # a closed row's pieces never change; open rows' do
+    _shared = ("ready", "out", "size_windows")  # a closed row's pieces never change (open rows' do), nor a sealed window's sizes
 
     def _copy_rows(self, frozen: Any) -> None:
         frozen.open = [_Row(list(row.pieces), row.fill, row.age) for row in self.open]

@@ -62,7 +62,8 @@ class BucketRun(LookaheadRun):
     ) -> None:
         self.p = packer
         self.targets = targets
-        self.store = HeldStore()
+        self.store = HeldStore(cap=packer.max_len if packer.long_docs == "truncate" else None)
+        self.size_windows = self.store.windows  # the same list: a snapshot copies it
         self.carry: list[Ref] = []  # documents (or a split one's next piece) waiting for the next window, in stream order
         self.out: list[list[Ref]] = []  # batches formed, in emission order
         self.ramp = packer.ramp
@@ -99,7 +100,7 @@ class BucketRun(LookaheadRun):
                 first[key] = start
         return first
 
-    _shared = ("out",)  # a formed batch never changes
+    _shared = ("out", "size_windows")  # a formed batch never changes, nor a sealed window's sizes
 
     def _copy_rows(self, frozen: Any) -> None:
         frozen.carry = list(self.carry)

@@ -48,16 +48,17 @@ _NO_SKIP = _Skip(0)
 
 
 class _Skips:
-    """A run's store of held documents as ``state_dict()`` reads it: each key's nonzero ``skip`` and size.
+    """A run's store of held documents as ``state_dict()`` reads it: each key's nonzero ``skip``.
 
     The tokens are left behind, so a frozen run is small and can be pickled
-    (a DataLoader worker sends it with each batch).
+    (a DataLoader worker sends it with each batch); the sizes travel as the
+    run's ``size_windows``.
     """
 
-    __slots__ = ("sizes", "skips")
+    __slots__ = ("skips",)
 
-    def __init__(self, skips: dict[Any, int], sizes: dict[Any, int]) -> None:
-        self.skips, self.sizes = skips, sizes
+    def __init__(self, skips: dict[Any, int]) -> None:
+        self.skips = skips
 
     def __getitem__(self, key: Any) -> _Skip:
         skip = self.skips.get(key)
@@ -141,7 +142,9 @@ def freeze(run: Any) -> FrozenRun:
     frozen = copy.copy(run)
     frozen.ledger = _Counts(run.ledger.snapshot(), run.ledger.epoch_snapshot())
     frozen.src = _ReadMark(tuple(run.src.read))
-    frozen.store = _Skips(dict(run.store.skips), dict(run.store.sizes))
+    frozen.store = _Skips(dict(run.store.skips))
+    run.store.seal()  # the snapshot shares the windows' dicts of sizes: none changes from now on
+    frozen.size_windows = list(run.size_windows)
     frozen.targets = None  # (holds the plan) not read by state_dict(); nor is best_fit's count of pieces
     frozen.__dict__.pop("refs", None)
     run._copy_rows(frozen)

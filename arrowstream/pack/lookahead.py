@@ -39,6 +39,7 @@ from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack import PackRun
 from arrowstream.pack.base import drop_at_target
 from arrowstream.pack.frozen import freeze
+from arrowstream.pack.store import size_in
 from arrowstream.state import (
     BestFitState,
     BucketState,
@@ -318,7 +319,8 @@ class LookaheadRun(PackRun):
     the state loaded.
     """
 
-    store: Any  # a HeldStore (a frozen run's: its skips and sizes alone)
+    store: Any  # a HeldStore (a frozen run's: its skips alone)
+    size_windows: list[dict[Key, int]]  # the store's sizes, a dict per window (see pack/store.py)
     src: DocumentSource
     ledger: Ledger
     epoch: int  # the epoch being read
@@ -410,8 +412,8 @@ class LookaheadRun(PackRun):
             keys = sorted(first)  # (segment, seq) pairs of ints: list.sort's fast path, unlike ((segment, seq), first)
             pos = self._position([(keys[0], first[keys[0]])] if keys else [])
             if keys:
-                skips, sizes, read = self._nonzero_skips(), self.store.sizes, self.src.read
-                docs = [[k[0], k[1], skips.get(k, 0) + first[k], sizes[k] - first[k]] for k in keys]
+                skips, windows, read = self._nonzero_skips(), self.size_windows, self.src.read
+                docs = [[k[0], k[1], skips.get(k, 0) + first[k], size_in(windows, k) - first[k]] for k in keys]
                 held = {"read": [read[1], read[2]], "docs": docs}  # each: tokens from `skip` on, `left` of them
         return {
             "held": held,

@@ -1,28 +1,37 @@
-"""A look-ahead run's held documents by key, with their sizes and skips kept as they change.
+"""A look-ahead run's held documents by key, with the sizes and skips its state needs, kept as they change.
 
-A ``best_fit`` or ``bucket`` state records, for every held document, the
-tokens it has left (``held.docs``), which needs each document's size, and
-the tokens removed from its front upstream (``skip``, rarely not 0). A
-snapshot is taken after every batch (:mod:`~arrowstream.pack.frozen`):
-rebuilding those from the documents each time cost ~0.1 ms a batch for a
-window of two thousand documents, and sending the documents' tokens with a
-snapshot would cost far more. :class:`HeldStore` keeps both as documents
-come and go, so a snapshot copies two small dicts.
+A ``best_fit`` or ``bucket`` state records every held document's ``skip``
+(tokens removed upstream, rarely not 0) and the tokens it has left
+(``held.docs``), which needs its size. A snapshot is taken after every
+batch (:mod:`~arrowstream.pack.frozen`), and a DataLoader worker pickles it
+with every batch: copying every held document's size into it made it five
+times larger (2.7 -> 13.6 KB a batch for ``best_fit``), and sending the
+documents' tokens would cost far more.
+
+:class:`HeldStore` keeps the sizes in one dict per window of documents
+(:attr:`HeldStore.windows`), each filled as its documents come and never
+changed after the snapshot that follows (:meth:`HeldStore.seal`), and drops
+a window's dict once none of its documents is held. A snapshot copies the
+list of them; consecutive snapshots share the dicts themselves, which a
+stream of snapshots sends as their place in the one before
+(:class:`~arrowstream.state.sealed.SealStream`), so each window's sizes
+cross once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["HeldStore"]
+__all__ = ["HeldStore", "size_in"]
 
 
 class HeldStore(dict):  # type: ignore[type-arg]
-    """Held documents by key (a dict), keeping each one's size and its nonzero ``skip`` beside it.
+    """Held documents by key (a dict), with each one's size in :attr:`windows` and its nonzero ``skip``.
 
-    Only item assignment, ``del`` and :meth:`update` change it (what the
-    runs use); anything else that would change it is refused.
+    A size is at most ``cap`` (a document truncated there gives no more).
+    Only item assignment, ``del`` and :meth:`update` change the store (what
+    the runs use); anything else that would change it is refused.
 
     Examples
     --------
@@ -30,22 +39,38 @@ class HeldStore(dict):  # type: ignore[type-arg]
     >>> from arrowstream.pack.lookahead import Doc
     >>> store = HeldStore()
     >>> store[(0, 1)] = Doc(np.arange(5), None, 0)
+    >>> store.seal()   # a snapshot shares the first window's dict: later documents go to a new one
     >>> store.update({(0, 2): Doc(np.arange(3), None, 2)})
-    >>> del store[(0, 1)]
-    >>> store.sizes, store.skips
-    ({(0, 2): 3}, {(0, 2): 2})
+    >>> store.windows, store.skips
+    ([{(0, 1): 5}, {(0, 2): 3}], {(0, 2): 2})
+    >>> del store[(0, 1)]   # the first window holds no document any more
+    >>> store.windows, size_in(store.windows, (0, 2))
+    ([{(0, 2): 3}], 3)
     """
 
-    __slots__ = ("sizes", "skips")
+    __slots__ = ("_live", "_open", "_window_of", "cap", "skips", "windows")
 
-    def __init__(self) -> None:
+    def __init__(self, *, cap: int | None = None) -> None:
         super().__init__()
-        self.sizes: dict[Any, int] = {}  # each held document's tokens (those removed upstream left out)
+        self.cap = cap
         self.skips: dict[Any, int] = {}  # each held document's tokens removed upstream, where not 0
+        self.windows: list[dict[Any, int]] = []  # sizes (tokens it gives in all), a dict per window; never rebound
+        self._open: dict[Any, int] | None = None  # the last window's, while documents may still join it
+        self._window_of: dict[Any, dict[Any, int]] = {}
+        self._live: dict[int, int] = {}  # id of a window's dict -> its documents still held
 
     def __setitem__(self, key: Any, doc: Any) -> None:
+        if key in self:
+            self._let_go(key)
         super().__setitem__(key, doc)
-        self.sizes[key] = int(doc.tokens.size)
+        if self._open is None:
+            self._open = {}
+            self.windows.append(self._open)
+            self._live[id(self._open)] = 0
+        n = int(doc.tokens.size)
+        self._open[key] = n if self.cap is None else min(n, self.cap)
+        self._window_of[key] = self._open
+        self._live[id(self._open)] += 1
         if doc.skip:
             self.skips[key] = int(doc.skip)
         else:
@@ -53,15 +78,47 @@ class HeldStore(dict):  # type: ignore[type-arg]
 
     def __delitem__(self, key: Any) -> None:
         super().__delitem__(key)
-        del self.sizes[key]
+        self._let_go(key)
         self.skips.pop(key, None)
+
+    def _let_go(self, key: Any) -> None:
+        window = self._window_of.pop(key)
+        self._live[id(window)] -= 1
+        if not self._live[id(window)]:
+            del self._live[id(window)]
+            self.windows[:] = [w for w in self.windows if w is not window]  # in place: runs hold this list
+            if window is self._open:
+                self._open = None
+
+    def seal(self) -> None:
+        """Let no document join the dicts of :attr:`windows` from now on (a snapshot shares them)."""
+        self._open = None
 
     def update(self, other: Mapping[Any, Any]) -> None:  # type: ignore[override]
         """Hold every document of ``other``."""
         for key, doc in other.items():
             self[key] = doc
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle would set the items before the attributes; rebuild through __setitem__ instead
+        return (_rebuilt, (self.cap, dict(self)))
+
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("a HeldStore changes only by item assignment, del and update (its sizes follow them)")
 
     pop = popitem = clear = setdefault = __ior__ = _refuse  # type: ignore[assignment]
+
+
+def size_in(windows: Sequence[Mapping[Any, int]], key: Any) -> int:
+    """Return held document ``key``'s size from a store's :attr:`~HeldStore.windows` (the newest that has it)."""
+    for window in reversed(windows):
+        size = window.get(key)
+        if size is not None:
+            return size
+    raise KeyError(key)
+
+
+def _rebuilt(cap: int | None, docs: dict[Any, Any]) -> HeldStore:
+    store = HeldStore(cap=cap)
+    store.update(docs)
+    return store

@@ -21,7 +21,8 @@ import numpy as np
 import pyarrow as pa
 
 from arrowstream.core.allocator import keep_freed_memory
-from arrowstream.distributed.topology import Consumer, Deal, own_share
+from arrowstream.distributed.redeal import own_share
+from arrowstream.distributed.topology import Consumer, Deal
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.io.prefetch import Prefetcher

@@ -114,7 +114,7 @@ class IteratorSnapshot:
         nxt = position.epoch + 1
         while nxt in self.deals:
             deal = self.deals[nxt]
-            ahead.append(Work(deal.num_streams, deal.segments, self.known_targets.get(nxt), deal.by))
+            ahead.append(Work(deal.num_streams, deal.segments, self.known_targets.get(nxt), deal.by, left=deal.left))
             nxt += 1
         state = State(
             dataset=self.plan.describe(position.epoch),
@@ -122,7 +122,7 @@ class IteratorSnapshot:
             options=self.plan.options(),
             position=position,
             where=where_of(self.plan, share, position),
-            work=Work(share.num_streams, share.segments, by=share.by),
+            work=Work(share.num_streams, share.segments, by=share.by, left=share.left),
             consumer=(self.consumer.index, self.consumer.count),
             stats=stats,
             packer=extra,

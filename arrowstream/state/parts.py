@@ -91,7 +91,9 @@ class Work:
     Examples
     --------
     >>> Work.from_dict({"num_streams": 2, "segments": [[1, 0, 6, 0], [0, 3, 4, 0, 5]]})
-    Work(num_streams=2, segments=((1, 0, 6, 0, 0), (0, 3, 4, 0, 5)), target=None, by='rows', target_known=False)
+    Work(num_streams=2, segments=((1, 0, 6, 0, 0), (0, 3, 4, 0, 5)), target=None, by='rows', target_known=False, left=())
+    >>> Work.from_dict({"num_streams": 1, "segments": [[0, 7, 8, 40], [0, 9, 20, 0]], "left": [[0, 7, 40, 12]]}).left
+    ((0, 7, 40, 12),)
     """
 
     num_streams: int
@@ -100,6 +102,9 @@ class Work:
     by: str = "rows"
     #: Whether the state stated ``target`` (a version-2 ``next_work`` may not).
     target_known: bool = field(default=False, compare=False)
+    #: ``(stream, seq, skip, left)`` of rows that were held documents when a merge dealt them: from ``skip``
+    #: on, ``left`` tokens (version 9; for the estimates of a later re-deal).
+    left: tuple[tuple[int, int, int, int], ...] = field(default=(), compare=False)
 
     @classmethod
     def from_dict(cls, data: Any, *, field: str = "work") -> Work:
@@ -117,6 +122,7 @@ class Work:
             target = data.get("target")
             known = "target" in data
             by = data.get("by", "rows")
+            left = tuple(_left_row(item) for item in data.get("left") or ())
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StateError(f"state `{field}` is malformed ({exc!r}): the state was edited") from exc
         if streams < 1:
@@ -131,7 +137,7 @@ class Work:
             target = count(target, f"{field}.target")
         if by not in STREAMS_BY:
             raise StateError(f"state `{field}.by` must be one of {list(STREAMS_BY)!r}, got {by!r}: the state was edited")
-        return cls(streams, segments, target, by, known)  # type: ignore[arg-type]
+        return cls(streams, segments, target, by, known, left)  # type: ignore[arg-type]
 
     def to_dict(self, *, with_target: bool = False) -> dict[str, Any]:
         """Return the share as a state holds it (``target`` only for ``next_work``)."""
@@ -142,6 +148,8 @@ class Work:
         }
         if with_target:
             out["target"] = self.target
+        if self.left:
+            out["left"] = [list(row) for row in self.left]
         return out
 
 
@@ -194,3 +202,11 @@ def _held_doc(item: Any) -> tuple[int, int, int, int]:
     if min(values) < 0:
         raise ValueError(f"a held document's numbers are >= 0, got {item!r}")
     return (values[0], values[1], values[2], values[3] if len(values) == 4 else -1)
+
+
+def _left_row(item: Any) -> tuple[int, int, int, int]:
+    """One ``[stream, seq, skip, left]`` of a share's ``left``."""
+    values = tuple(int(v) for v in item)
+    if len(values) != 4 or min(values) < 0:
+        raise ValueError(f"a share's `left` row is [stream, seq, skip, left] of ints >= 0, got {item!r}")
+    return values  # type: ignore[return-value]

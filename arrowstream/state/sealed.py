@@ -99,7 +99,7 @@ class SealStream:
     ...     states.append(it.state_dict())
     >>> received = [pickle.loads(b) for b in sent]  # in order, as a DataLoader delivers them
     >>> "".join("d" if r.is_difference else "w" for r in received)  # whole ones, and differences from them
-    'wddddddddww'
+    'wdddddddddw'
     >>> [r.open().with_plan(it.plan).to_dict() for r in reversed(received)] == states[::-1]
     True
     """
