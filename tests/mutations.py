@@ -1729,6 +1729,14 @@ MUTANTS = [
         "",
         ("tests/test_topology.py::test_estimated_even_batches_after_an_elastic_resume_count_what_held_documents_have_left",),
     ),
+    Mutant(
+        "encoder-pool-at-the-consumers-priority",
+        "a text pipeline's encoder threads, started by the thread that iterates, compete with it as equals",
+        "arrowstream/pipeline/iterator.py",
+        '            self._pool = producer_pool(plan.num_inflight, "arrowstream-encode")\n',
+        '            self._pool = ThreadPoolExecutor(plan.num_inflight, thread_name_prefix="arrowstream-encode")\n',
+        ("tests/test_prefetch.py",),
+    ),
 ]
 
 

@@ -152,3 +152,21 @@ def test_a_niceness_outside_0_to_19_is_refused_in_the_consumers_thread(monkeypat
     monkeypatch.setenv(THREAD_NICE_ENV, "-5")
     with pytest.raises(ConfigError, match=r"ARROWSTREAM_THREAD_NICE='-5': expected an integer from 0"):
         Prefetcher(lambda: iter([1]))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_a_text_pipelines_encoder_threads_run_nicer_though_the_consumer_starts_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `ds.iter()` over text runs no prefetch thread: the thread that iterates starts the encoder's pool itself
+    from arrowstream import read_parquet
+    from arrowstream.testing.data import make_texts, sample_tokenizer
+
+    monkeypatch.setenv(THREAD_NICE_ENV, "4")
+    write_parts(tmp_path, [{"text": make_texts(20, seed=1)}])
+    it = read_parquet(tmp_path).tokenize(sample_tokenizer(), num_inflight=2).pack(seq_len=32, batch_size=2).iter()
+    next(it)
+    assert it._pool is not None and it._pool.submit(_priority).result() == min(19, _priority() + 4)
+    monkeypatch.setenv(THREAD_NICE_ENV, "x")
+    with pytest.raises(ConfigError, match="ARROWSTREAM_THREAD_NICE='x'"):
+        read_parquet(tmp_path).tokenize(sample_tokenizer(), num_inflight=2).pack(seq_len=32, batch_size=2).iter()

@@ -16,7 +16,9 @@ Linux schedules every thread on its own, so raising a thread's niceness
 (:func:`lower_thread_priority`) touches that thread and the threads it
 starts afterwards (its encoder and read-ahead pools), never the training
 loop. The niceness is counted from the process's main thread
-(:func:`producer_priority`), so producers inside producers are no nicer. Elsewhere nothing changes. ``ARROWSTREAM_THREAD_NICE`` sets how many
+(:func:`producer_priority`), so producers inside producers are no nicer;
+the encoder's and read-ahead's pools start nice (:func:`producer_pool`)
+whichever thread starts them. Elsewhere nothing changes. ``ARROWSTREAM_THREAD_NICE`` sets how many
 steps (0 to 19; 0 leaves priorities alone); the default is
 :data:`DEFAULT_THREAD_NICE`.
 """
@@ -26,10 +28,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from arrowstream.errors import ConfigError
 
-__all__ = ["DEFAULT_THREAD_NICE", "THREAD_NICE_ENV", "lower_thread_priority", "producer_priority", "thread_nice"]
+__all__ = [
+    "DEFAULT_THREAD_NICE", "THREAD_NICE_ENV", "lower_thread_priority", "producer_pool", "producer_priority", "thread_nice",
+]
 
 #: The environment variable setting how much nicer producer threads run (0 to 19; 0: unchanged).
 THREAD_NICE_ENV = "ARROWSTREAM_THREAD_NICE"
@@ -114,3 +119,21 @@ def lower_thread_priority(to: int | None) -> bool:
     except OSError:
         return False
     return True
+
+
+def producer_pool(workers: int, name: str) -> ThreadPoolExecutor:
+    """Return a thread pool whose threads run as nice as producers (:func:`producer_priority`), whoever starts them.
+
+    The encoder's and the read-ahead's pools: started by the thread that
+    iterates when no prefetch thread runs (a text pipeline's ``ds.iter()``),
+    their threads would otherwise compete with the training loop as equals.
+
+    Examples
+    --------
+    >>> with producer_pool(1, "example") as pool:
+    ...     pool.submit(sum, [1, 2]).result()
+    3
+    """
+    return ThreadPoolExecutor(
+        workers, thread_name_prefix=name, initializer=lower_thread_priority, initargs=(producer_priority(thread_nice()),)
+    )

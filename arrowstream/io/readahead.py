@@ -29,6 +29,7 @@ import pyarrow.fs as pafs
 
 from arrowstream.errors import ConfigError
 from arrowstream.io.manifest import Manifest
+from arrowstream.io.niceness import producer_pool
 from arrowstream.io.reader import ShardReader, warn_skipped
 
 __all__ = ["ReadAhead", "read_ahead_depth"]
@@ -98,7 +99,7 @@ class ReadAhead:
         if self.depth <= 0:
             return
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.depth, thread_name_prefix="arrowstream-read")
+            self._pool = producer_pool(self.depth, "arrowstream-read")
         for shard in shards:
             if len(self._pending) >= self.depth:
                 return

@@ -25,6 +25,7 @@ from arrowstream.distributed.redeal import own_share
 from arrowstream.distributed.topology import Consumer, Deal
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.io.chunk import Chunk, Ledger
+from arrowstream.io.niceness import producer_pool
 from arrowstream.io.prefetch import Prefetcher
 from arrowstream.io.reader import innermost
 from arrowstream.pack import PackRun
@@ -89,7 +90,7 @@ class DatasetIterator:
         if plan.num_inflight > 1:
             # no finalizer: an executor's idle threads end once it is garbage-collected, and
             # a shutdown run by the garbage collector inside another pool's submit deadlocks
-            self._pool = ThreadPoolExecutor(plan.num_inflight, thread_name_prefix="arrowstream-encode")
+            self._pool = producer_pool(plan.num_inflight, "arrowstream-encode")
         self._reset(state)
 
     # -- state --------------------------------------------------------------------
