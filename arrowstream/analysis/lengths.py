@@ -131,9 +131,10 @@ def _count_each(
                     raise _named(exc, f"{info.path!r}, row group {info.row_group}", column) from exc
     finally:
         reader.close()
-    keys = [c for c in frames[0].columns if c != "n"] if frames else ["chars", "bytes"] if is_text else ["tokens"]
-    if not frames:
-        return pl.DataFrame({k: [] for k in [*keys, "n"]}, schema={k: pl.Int64 for k in [*keys, "n"]}), skipped
+    keys = ["chars", "bytes"] if is_text else ["tokens"]
+    if not frames:  # every row group skipped
+        return pl.DataFrame(schema={k: pl.Int64 for k in [*keys, "n"]}), skipped
+    keys += ["group"] if by is not None else []
     merged = pl.concat(frames, how="vertical_relaxed").group_by(keys).agg(pl.col("n").sum())
     return merged.sort(keys), skipped
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from arrowstream.core.execute import run_stages
 from arrowstream.core.stage import Stage
-from arrowstream.distributed.topology import RowRange
+from arrowstream.distributed.topology import RowRange, held_left
 from arrowstream.errors import ShardError
 from arrowstream.io.chunk import Chunk
 from arrowstream.io.failures import skippable
@@ -249,7 +249,7 @@ def _range_estimate(
 ) -> float:
     """The estimated tokens of a row range; a held document's as recorded, and a ``take`` as is."""
     stream, start, end, skip, take = rng
-    held = left.get((stream, start)) if end == start + 1 else None
+    held = held_left(left, rng)
     if held is not None:
         return float(held)
     tokens = token_rate * layout.range_bytes(stream, start, end, row_bytes)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from arrowstream.distributed.tokens import TokenCounts, emitted_lengths
-from arrowstream.distributed.topology import cut_at
+from arrowstream.distributed.topology import cut_at, held_left
 from arrowstream.io.layout import Layout
 from arrowstream.state import RowRange
 
@@ -122,7 +122,7 @@ def weighted_recut(
         w = np.array(lengths(stream, start, end), dtype=np.float64)
         if take:
             w[-1] = take
-        held = known.get((stream, start)) if end == start + 1 else None
+        held = held_left(known, rng)
         if held is not None:
             w[0] = held
         elif counted:

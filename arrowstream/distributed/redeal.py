@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from arrowstream.distributed.topology import Consumer, Deal, Fresh, Left, recut, remaining
+from arrowstream.distributed.topology import Consumer, Deal, Fresh, Left, held_left, recut, remaining
 from arrowstream.errors import StateError
 from arrowstream.state import Held, Position, RowRange, Work
 
@@ -91,11 +91,10 @@ def _still_left(left: Left, rows: list[RowRange], share: Work) -> None:
     reached keeps what the deal recorded, less what went out of it since.
     """
     recorded = {(stream, seq): (skip, tokens) for stream, seq, skip, tokens in share.left}
-    for stream, start, end, skip, _ in rows:
-        if end == start + 1 and (stream, start) in recorded and (stream, start) not in left:
-            then, tokens = recorded[(stream, start)]
-            if skip >= then:
-                left[(stream, start)] = max(tokens - (skip - then), 0)
+    for rng in rows:
+        dealt, key = held_left(recorded, rng), (rng[0], rng[1])
+        if dealt is not None and key not in left and rng[3] >= dealt[0]:
+            left[key] = max(dealt[1] - (rng[3] - dealt[0]), 0)
 
 
 def _left(entry: dict[str, Any], work: list[RowRange], *, left: Left) -> list[RowRange]:
@@ -205,9 +204,5 @@ def own_share(
 def _share(deal: Deal, index: int) -> Work:
     """Consumer ``index``'s share of ``deal``, with what its held documents had left (for a later re-deal's estimates)."""
     part = deal.parts[index]
-    left = tuple(
-        (stream, start, skip, deal.left[(stream, start)])
-        for stream, start, end, skip, _ in part
-        if end == start + 1 and (stream, start) in deal.left
-    )
+    left = tuple((rng[0], rng[1], rng[3], n) for rng in part if (n := held_left(deal.left, rng)) is not None)
     return Work(deal.num_streams, tuple(part), by=deal.by, left=left)

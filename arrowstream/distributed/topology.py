@@ -24,7 +24,7 @@ The re-deal itself is :mod:`arrowstream.distributed.redeal`.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,7 @@ __all__ = [
     "Left",
     "RowRange",
     "cut_at",
+    "held_left",
     "merge_states",
     "recut",
     "remaining",
@@ -50,6 +51,18 @@ __all__ = [
 
 #: Tokens still to come of documents a look-ahead packer held, by ``(stream, seq)`` in an epoch's layout.
 Left = dict[tuple[int, int], int]
+
+
+def held_left(left: Mapping[tuple[int, int], Any], rng: RowRange) -> Any:
+    """What ``left`` records for ``rng`` if it is a held document's row (a range of one row), else ``None``.
+
+    Examples
+    --------
+    >>> held_left({(0, 7): 12}, (0, 7, 8, 40, 0)), held_left({(0, 7): 12}, (0, 7, 9, 40, 0))
+    (12, None)
+    """
+    stream, start, end, _, _ = rng
+    return left.get((stream, start)) if end == start + 1 else None
 
 
 @dataclass(frozen=True, slots=True)
