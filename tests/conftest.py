@@ -120,6 +120,36 @@ def stop_merge_resume(ds: Any, before: int, after: int) -> list[dict[str, Any]]:
     return seen
 
 
+def counts_through_a_merge(ds: Any, before: int, after: int, keys: Sequence[str]) -> tuple[dict, dict]:
+    """Return ``keys``' counts of one uninterrupted pass, and of the same epoch stopped on ``before`` ranks and finished on ``after``.
+
+    The second adds the merged state's counts (the stopped consumers') to
+    those the new consumers counted after it, so a document counted by both
+    sides of the merge shows up twice.
+    """
+    from arrowstream import merge_states
+
+    whole = ds.iter()
+    for _ in whole:
+        pass
+    states = []
+    for rank in range(before):
+        it = ds.iter(rank=rank, world_size=before)
+        for _ in range(2 + rank):
+            next(it)
+        states.append(json.loads(json.dumps(it.state_dict())))
+    assert any(s["held"] is not None for s in states)
+    merged = json.loads(json.dumps(merge_states(states)))
+    got = {key: merged["stats"].get(key, 0) for key in keys}
+    for rank in range(after):
+        it = ds.iter(merged, rank=rank, world_size=after)
+        for _ in it:
+            pass
+        for key in keys:
+            got[key] += it.stats.get(key, 0)
+    return {key: whole.stats.get(key, 0) for key in keys}, got
+
+
 @pytest.fixture
 def text_dir(tmp_path: Path) -> Callable[..., Path]:
     """Return a factory writing ``num_files`` files of sample texts with unique ids."""

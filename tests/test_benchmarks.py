@@ -197,3 +197,10 @@ def test_stall_benchmark_compares_thread_niceness_side_by_side(tmp_path: Path) -
         a, b = (result["runs"][f"workers={k}, headroom=2.0, nice={n}"] for n in (0, 7))
         assert a["step_ms"] == b["step_ms"] and a["ready"]["runs"] == b["ready"]["runs"]  # the same step and floor
     assert result["best"]["2.0"]["run"] in result["runs"]
+
+
+def test_long_documents_benchmark_smoke_run_keeps_states_small(tmp_path: Path) -> None:
+    report, _ = _bench(tmp_path, "bench_long_docs.py", "--smoke", workdir=False, timeout=300)
+    assert report["checks_passed"]
+    for key, result in report["results"].items():  # one long document leaves the largest state as it was
+        assert result["state"]["long"] <= 1.2 * result["state"]["plain"] + 500, (key, result["state"])

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from arrowstream import ConfigError, read_parquet
 from arrowstream.testing import assert_batch_consistent, assert_resumes_identically
 
-from .conftest import BASE, stop_merge_resume
+from .conftest import BASE, counts_through_a_merge, stop_merge_resume
 from .conftest import heavy_tail as _heavy_tail
 from .conftest import write_named_docs as _write
 
@@ -195,6 +195,37 @@ def test_even_batches_with_best_fit(tmp_path: Path) -> None:
         dropped += it.stats.get("dropped_tokens", 0)
     assert all(c == counts[0] for c in counts) and len(counts[0]) == 2
     assert tokens + dropped == 2 * sum(n + 1 for n in lengths)
+
+
+def test_a_split_documents_full_rows_are_one_state_entry_however_long_it_is(tmp_path: Path) -> None:
+    # 900 tokens in rows of 8: 112 full rows. Listed one by one, every state and every snapshot a
+    # DataLoader worker sent carried them all (a 24 MB document made a 540 KB state)
+    lengths = [3, 900, 7, 4, 600]
+    root = _write(tmp_path, lengths, files=1)
+    ds = _pipeline(root, num_epochs=2, seq_len=8, batch_size=2)
+    it = ds.iter()
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(it.state_dict()))
+    rows = state["packer"]["ready"] + state["packer"]["out"]
+    runs = [row[0] for row in rows if len(row) == 1 and len(row[0]) == 5]
+    assert runs and sum(r[4] for r in runs) > 100 and len(rows) < 10, rows
+    assert len(json.dumps(state)) < 2_500
+    assert [b["input_ids"].tobytes() for b in ds.iter(state)] == [b["input_ids"].tobytes() for b in it]
+    assert assert_resumes_identically(ds, min_epochs=2, horizon=12) > 180
+    _check_epoch(list(_pipeline(root, seq_len=8, batch_size=2).iter()), lengths, 8)
+
+
+@pytest.mark.parametrize("long_docs", ["truncate", "split"])
+def test_a_long_document_held_through_a_merge_is_counted_once(tmp_path: Path, long_docs: str) -> None:
+    # counted when read, a held long document was counted by the consumer that held it and again by
+    # the one it was dealt to
+    root = _write(tmp_path, _heavy_tail(150, seed=4, cap=200))
+    ds = _pipeline(root, even_batches=False, long_docs=long_docs)
+    keys = ("long_docs_split", "long_docs_truncated", "truncated_tokens", "tokens")
+    whole, merged = counts_through_a_merge(ds, 2, 3, keys)
+    assert whole[keys[0] if long_docs == "split" else keys[1]] > 5
+    assert merged == whole
 
 
 def test_long_documents_are_truncated_or_dropped_and_counted(tmp_path: Path) -> None:

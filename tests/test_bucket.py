@@ -22,7 +22,7 @@ from arrowstream import (
 from arrowstream.pack.assemble import PADDED_KEYS
 from arrowstream.testing import assert_resumes_identically
 
-from .conftest import BASE, stop_merge_resume, write_parts
+from .conftest import BASE, counts_through_a_merge, stop_merge_resume, write_parts
 from .conftest import heavy_tail as _heavy_tail
 from .conftest import write_named_docs as _write
 
@@ -377,6 +377,18 @@ def test_an_elastic_resume_emits_every_piece_of_split_documents_once(
     assert max(lengths) + 1 > ds.packer.max_len
     seen = stop_merge_resume(ds, before, after)
     _check_split_epoch(seen, lengths, max_len=ds.packer.max_len)
+
+
+@pytest.mark.parametrize("long_docs", ["truncate", "split"])
+def test_a_long_document_held_through_a_merge_is_counted_once(tmp_path: Path, long_docs: str) -> None:
+    # counted when read, a held long document was counted by the consumer that held it and again by
+    # the one it was dealt to
+    root = _write(tmp_path, _heavy_tail(150, seed=4, cap=200))
+    ds = _pipeline(root, even_batches=False, long_docs=long_docs, max_len=32)
+    keys = ("long_docs_split", "long_docs_truncated", "truncated_tokens", "tokens")
+    whole, merged = counts_through_a_merge(ds, 2, 3, keys)
+    assert whole[keys[0] if long_docs == "split" else keys[1]] > 5
+    assert merged == whole
 
 
 def test_long_documents_are_truncated_or_dropped_and_counted(tmp_path: Path) -> None:

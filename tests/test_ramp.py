@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from arrowstream import read_parquet
-from arrowstream.pack.lookahead import RAMP_FIRST, window_size
+from arrowstream.pack.windows import RAMP_FIRST, window_size
 from arrowstream.testing import assert_resumes_identically
 
 from .conftest import heavy_tail, write_named_docs

@@ -54,6 +54,13 @@ def test_parts_round_trip() -> None:
                         "open": [], "ready": [], "out": []}, "packer.read"),
         (BestFitState, {"epoch": 0, "epoch_batches": 0, "read": [0, 0, 0], "block": 0, "flushed": False,
                         "open": [], "ready": [[[0, 1, 2]]], "out": []}, "packer` is malformed"),
+        # full rows of a split document: none of them, a five-number reference beside others, or in an open row
+        (BestFitState, {"epoch": 0, "epoch_batches": 0, "read": [0, 0, 0], "block": 0, "flushed": False,
+                        "open": [], "ready": [], "out": [[[0, 1, 0, 8, 0]]]}, "packer` is malformed"),
+        (BestFitState, {"epoch": 0, "epoch_batches": 0, "read": [0, 0, 0], "block": 0, "flushed": False,
+                        "open": [], "ready": [[[0, 1, 0, 8, 3], [0, 2]]], "out": []}, "packer` is malformed"),
+        (BestFitState, {"epoch": 0, "epoch_batches": 0, "read": [0, 0, 0], "block": 0, "flushed": False,
+                        "open": [[1, [[0, 1, 0, 8, 3]]]], "ready": [], "out": []}, "packer` is malformed"),
         (BucketState, {"epoch": 0, "epoch_batches": 0, "read": [0, 0, 0], "window": 0, "flushed": False,
                        "carry": [[0]], "out": []}, "packer` is malformed"),
     ],

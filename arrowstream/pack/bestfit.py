@@ -1,7 +1,7 @@
 """Best-fit packing: whole documents placed into rows over a look-ahead window.
 
 :class:`BestFitPacker` reads documents a window at a time (see
-:mod:`arrowstream.pack.lookahead`), sorts the window's pieces by length, longest
+:mod:`arrowstream.pack.windows`), sorts the window's pieces by length, longest
 first, and puts each into the open row with the least room that still fits
 it, opening a row when none does (best-fit decreasing). Open rows are carried
 into the next windows, so later short documents fill their gaps. A row
@@ -22,7 +22,7 @@ is one counter.
 
 With ``ramp`` (the default), the first epoch's first windows are smaller
 (64 documents, then four times as many each window up to ``window``; see
-:func:`~arrowstream.pack.lookahead.window_size`) and the blocks shuffled
+:func:`~arrowstream.pack.windows.window_size`) and the blocks shuffled
 after them one batch each, so the first batch waits for a few dozen
 documents rather than a whole window. Later windows and epochs are as
 without it.
@@ -53,16 +53,12 @@ from arrowstream.errors import ConfigError
 from arrowstream.io.chunk import Chunk
 from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.layout import Layout
-from arrowstream.pack.lookahead import (
-    Doc,
-    DocumentSource,
-    Key,
-    LookaheadRun,
-    fresh_origin,
-    window_size,
-)
+from arrowstream.pack.lookahead import LookaheadRun, fresh_origin
+from arrowstream.pack.queued import Entry, FullRows, count_rows, entry_from_refs, iter_rows, pieces_from_refs
+from arrowstream.pack.queued import push_rows, row_refs, take_rows
 from arrowstream.pack.store import HeldStore
-from arrowstream.state import BestFitState, Position, Progress, SegmentRef, State
+from arrowstream.pack.windows import Doc, DocumentSource, Key, window_size
+from arrowstream.state import BestFitState, Position, Progress, State
 
 __all__ = ["LONG_DOCS", "BestFitPacker"]
 
@@ -207,11 +203,14 @@ class _BestFitRun(LookaheadRun):
         self.p = packer
         self.targets = targets
         self.store = HeldStore(cap=packer.seq_len if packer.long_docs == "truncate" else None)
+        self.long_limit = packer.seq_len
         self.size_windows = self.store.windows  # the same list: a snapshot copies it
         self.refs: dict[Key, int] = {}  # pieces not yet emitted, per held document
         self.open: list[_Row] = []
-        self.ready: list[list[DocSegment]] = []
-        self.out: list[list[DocSegment]] = []
+        # rows (a split document's full rows as one FullRows entry, see pack/queued.py) and how many
+        self.ready: list[Entry] = []
+        self.out: list[Entry] = []
+        self.n_ready = self.n_out = 0
         self.ramp, self.block = packer.ramp, 0
         if self._start(state, packer.window):
             return
@@ -222,10 +221,14 @@ class _BestFitRun(LookaheadRun):
         self.target = part.progress.target if part.progress.target_known else targets(self.counting)
         self.block, self.flushed, mark = part.block, part.flushed, part.read
         self.windows, self.ramp = part.windows, part.ramp  # a state from before the ramp: none, to the end
-        self.open = [_Row(_pieces(p), 0, age) for age, p in part.open]
-        self.ready = [_pieces(p) for p in part.ready]
-        self.out = [_pieces(p) for p in part.out]
+        self.open = [_Row(pieces_from_refs(p), 0, age) for age, p in part.open]
+        self.ready = [entry_from_refs(p) for p in part.ready]
+        self.out = [entry_from_refs(p) for p in part.out]
+        self.n_ready, self.n_out = count_rows(self.ready), count_rows(self.out)
         for row in self._rows():
+            if type(row) is FullRows:
+                self.refs[row.key] = self.refs.get(row.key, 0) + row.count
+                continue
             for key, _, _, _ in row:
                 self.refs[key] = self.refs.get(key, 0) + 1
         self.src = DocumentSource(
@@ -234,7 +237,8 @@ class _BestFitRun(LookaheadRun):
 
     # -- state ----------------------------------------------------------------------
 
-    def _rows(self) -> Iterator[list[DocSegment]]:
+    def _rows(self) -> Iterator[Entry]:
+        """Every pending row, a split document's full rows as one :class:`FullRows`."""
         yield from (row.pieces for row in self.open)
         yield from self.ready
         yield from self.out
@@ -243,6 +247,10 @@ class _BestFitRun(LookaheadRun):
         first: dict[Key, int] = {}
         get = first.get
         for row in self._rows():
+            if type(row) is FullRows:
+                if row.start < get(row.key, _PAST_ANY):
+                    first[row.key] = row.start
+                continue
             for key, start, _, _ in row:
                 if start < get(key, _PAST_ANY):
                     first[key] = start
@@ -261,9 +269,9 @@ class _BestFitRun(LookaheadRun):
             read,
             self.block,
             self.flushed,
-            tuple((row.age, _encode(row.pieces)) for row in self.open),
-            tuple(_encode(p) for p in self.ready),
-            tuple(_encode(p) for p in self.out),
+            tuple((row.age, row_refs(row.pieces)) for row in self.open),
+            tuple(row_refs(p) for p in self.ready),
+            tuple(row_refs(p) for p in self.out),
             self.windows,
             self.ramp,
         )
@@ -288,8 +296,9 @@ class _BestFitRun(LookaheadRun):
                 if not self._past_target(chunks, lambda: self._drop_rest(chunks)):
                     raise StopIteration
                 continue
-            if len(self.out) >= B or (self.flushed and self.out):
-                taken, self.out = self.out[:B], self.out[B:]
+            if self.n_out >= B or (self.flushed and self.n_out):
+                taken, self.out = take_rows(self.out, B)
+                self.n_out -= len(taken)
                 if len(taken) < B and self.p.drop_last and self.target is None:
                     self._drop(taken)
                     continue
@@ -307,7 +316,7 @@ class _BestFitRun(LookaheadRun):
             window = self.src.pull(chunks, size, exact=size < self.p.window)
             if window is None:
                 self._close(list(range(len(self.open))))
-                self._shuffle_block(len(self.ready))
+                self._shuffle_block(self.n_ready)
                 self.flushed = True
                 continue
             self.windows += 1
@@ -315,14 +324,16 @@ class _BestFitRun(LookaheadRun):
             self._close_after_window()
             # whatever the rows asked for; one batch while the windows ramp up, so the first goes out early
             block = (1 if size < self.p.window else self.p.shuffle_batches) * self.p.batch_size
-            while len(self.ready) >= block:
+            while self.n_ready >= block:
                 self._shuffle_block(block)
 
     def _recover(self, chunks: Iterator[Chunk]) -> None:
         """Re-read the held documents of a loaded state and complete their pieces."""
         self._recover_documents(chunks)
 
-        def full(pieces: list[DocSegment]) -> list[DocSegment]:
+        def full(pieces: Entry) -> Any:
+            if type(pieces) is FullRows:  # lengths always known
+                return pieces
             return [
                 (key, start, int(self.store[key].tokens.size) if n < 0 else n, whole)
                 for key, start, n, whole in pieces
@@ -347,16 +358,15 @@ class _BestFitRun(LookaheadRun):
                 self.ledger.add("long_docs_dropped", 1)
                 self.ledger.add("long_tokens_dropped", n)
                 continue
-            if self.p.long_docs == "truncate":
-                self.ledger.add("long_docs_truncated", 1)
-                self.ledger.add("truncated_tokens", n - L)
+            if self.p.long_docs == "truncate":  # counted when its piece leaves (_release)
                 self._hold(key, doc, 1)
-                self.ready.append([(key, 0, L, False)])
+                push_rows(self.ready, [[(key, 0, L, False)]])
+                self.n_ready += 1
                 continue
-            full, rest = divmod(n, L)
-            self.ledger.add("long_docs_split", 1)
+            full, rest = divmod(n, L)  # counted when its first piece leaves (_release)
             self._hold(key, doc, full + (rest > 0))
-            self.ready.extend([(key, k * L, L, False)] for k in range(full))
+            push_rows(self.ready, [FullRows(key, 0, L, full)])  # one entry however long the document
+            self.n_ready += full
             if rest:
                 pieces.append((key, full * L, rest, False))
         # best-fit decreasing: longest first; each into the open row with the least room left
@@ -395,13 +405,15 @@ class _BestFitRun(LookaheadRun):
 
     def _close(self, indices: list[int]) -> None:
         chosen = set(indices)
-        self.ready.extend(self.open[i].pieces for i in indices)
+        push_rows(self.ready, [self.open[i].pieces for i in indices])
+        self.n_ready += len(indices)
         self.open = [row for i, row in enumerate(self.open) if i not in chosen]
 
     def _shuffle_block(self, n: int) -> None:
         if n == 0:
             return
-        block, self.ready = self.ready[:n], self.ready[n:]
+        block, self.ready = take_rows(self.ready, n)
+        self.n_ready -= n
         order = np.random.default_rng([self.p.seed, self.epoch, self.block]).permutation(n)
         # rows holding a piece of a cut document keep their order among themselves, so a
         # document's pieces go out first to last and what is left of it is always a suffix
@@ -409,7 +421,8 @@ class _BestFitRun(LookaheadRun):
         if cut:
             slots = [k for k, i in enumerate(order) if i in set(cut)]
             order[slots] = cut
-        self.out.extend(block[int(i)] for i in order)
+        push_rows(self.out, [block[int(i)] for i in order])
+        self.n_out += n
         self.block += 1
 
     def _layout(self, rows: list[list[DocSegment]], B: int) -> Layout:
@@ -446,7 +459,16 @@ class _BestFitRun(LookaheadRun):
         return layout
 
     def _release(self, pieces: Iterator[DocSegment]) -> None:
-        for key, _, _, _ in pieces:
+        """Let pieces go (emitted or dropped); count a long document when its first piece goes.
+
+        Counted here rather than when read, a long document held when the
+        states were merged is counted once: by the consumer it was dealt to,
+        which reads it again, or by the one that held it if its first piece
+        had gone out (the other's copy then has a ``skip``).
+        """
+        for key, start, _, whole in pieces:
+            if start == 0 and not whole:
+                self._count_long(self.store[key])
             left = self.refs[key] - 1
             if left:
                 self.refs[key] = left
@@ -464,8 +486,9 @@ class _BestFitRun(LookaheadRun):
 
     def _drop_rest(self, chunks: Iterator[Chunk]) -> None:
         """Drop everything held and the rest of the epoch upstream, counted."""
-        self._drop([row.pieces for row in self.open] + self.ready + self.out)
+        self._drop([row.pieces for row in self.open] + list(iter_rows(self.ready)) + list(iter_rows(self.out)))
         self.open, self.ready, self.out = [], [], []
+        self.n_ready = self.n_out = 0
         docs, tokens = self.src.drain(chunks)
         self.ledger.add("dropped_docs", docs)
         self.ledger.add("dropped_tokens", tokens)
@@ -473,15 +496,3 @@ class _BestFitRun(LookaheadRun):
 
 
 _PAST_ANY = 1 << 62  # past any token offset
-
-
-def _encode(pieces: list[DocSegment]) -> tuple[SegmentRef, ...]:
-    return tuple([key if whole else (key[0], key[1], start, n) for key, start, n, whole in pieces])
-
-
-def _pieces(refs: tuple[SegmentRef, ...]) -> list[DocSegment]:
-    """Decode pieces; a whole document's length is known only once it is re-read."""
-    return [
-        ((ref[0], ref[1]), 0, -1, True) if len(ref) == 2 else ((ref[0], ref[1]), ref[2], ref[3], False)
-        for ref in refs
-    ]

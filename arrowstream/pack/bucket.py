@@ -1,7 +1,7 @@
 """Length bucketing: one whole document per row, rows of similar length batched together.
 
 For training without packing (fine-tuning, evaluation), :class:`BucketPacker`
-reads documents a window at a time (see :mod:`arrowstream.pack.lookahead`), sorts the
+reads documents a window at a time (see :mod:`arrowstream.pack.windows`), sorts the
 window's pool by length (a stable sort, so ties keep stream order) and cuts the
 sorted run into batches: ``batch_size`` rows each, or, with ``max_tokens``, the
 longest run of consecutive documents whose ``rows x padded length`` stays
@@ -19,7 +19,7 @@ or dropped and counted with ``drop_last``. A window's batches go out in an
 order permuted by ``(seed, epoch, window)``, so lengths do not rise and fall.
 With ``ramp`` (the default) the first epoch's first windows are smaller (64
 documents, four times as many each window up to ``window``; see
-:func:`~arrowstream.pack.lookahead.window_size`), so the first batch comes
+:func:`~arrowstream.pack.windows.window_size`), so the first batch comes
 after a few dozen documents rather than a whole window (a small window
 emits only its best-filled batch, the rest waits for a larger pool; see
 :mod:`arrowstream.pack.bucketrun`).

@@ -2,7 +2,7 @@
 
 :class:`BucketRun` is what :meth:`BucketPacker.start <arrowstream.pack.bucket.BucketPacker.start>`
 returns for one consumer: it pulls look-ahead windows
-(:mod:`arrowstream.pack.lookahead`), lets the packer cut each window's pool
+(:mod:`arrowstream.pack.windows`), lets the packer cut each window's pool
 into batches (:meth:`~arrowstream.pack.bucket.BucketPacker.plan`), queues them
 in an order permuted by ``(seed, epoch, window)``, carries the leftovers in
 stream order, and assembles each batch once, right-padded. Its state names
@@ -37,7 +37,8 @@ import numpy as np
 
 from arrowstream.io.chunk import Chunk
 from arrowstream.pack.assemble import assemble_padded_batch
-from arrowstream.pack.lookahead import Doc, DocumentSource, Key, LookaheadRun, window_size
+from arrowstream.pack.lookahead import LookaheadRun
+from arrowstream.pack.windows import Doc, DocumentSource, Key, window_size
 from arrowstream.pack.store import HeldStore
 from arrowstream.state import BucketState, Progress, State
 
@@ -63,6 +64,7 @@ class BucketRun(LookaheadRun):
         self.p = packer
         self.targets = targets
         self.store = HeldStore(cap=packer.max_len if packer.long_docs == "truncate" else None)
+        self.long_limit = packer.max_len
         self.size_windows = self.store.windows  # the same list: a snapshot copies it
         self.carry: list[Ref] = []  # documents (or a split one's next piece) waiting for the next window, in stream order
         self.out: list[list[Ref]] = []  # batches formed, in emission order
@@ -166,17 +168,11 @@ class BucketRun(LookaheadRun):
         held: list[Key] = []
         for key, doc in zip(keys, docs):
             n = int(doc.tokens.size)
-            if limit is not None and n > limit:
-                if self.p.long_docs == "split":
-                    self.ledger.add("long_docs_split", 1)
-                elif self.p.long_docs == "drop":
-                    self.ledger.add("long_docs_dropped", 1)
-                    self.ledger.add("long_tokens_dropped", n)
-                    continue
-                else:
-                    self.ledger.add("long_docs_truncated", 1)
-                    self.ledger.add("truncated_tokens", n - limit)
-            self.store[key] = doc
+            if limit is not None and n > limit and self.p.long_docs == "drop":
+                self.ledger.add("long_docs_dropped", 1)
+                self.ledger.add("long_tokens_dropped", n)
+                continue
+            self.store[key] = doc  # split or truncated: counted when its first piece leaves (_count_long)
             held.append(key)
         return held
 
@@ -244,6 +240,8 @@ class BucketRun(LookaheadRun):
             self.ledger.add("carried_docs", sum(1 for key, doc, a in zip(keys, docs, starts) if doc.skip == 0 and a == 0))
         truncating = self.p.long_docs != "split"  # a truncated document's one piece is its last
         for doc, a, n, key in zip(docs, starts, sizes, keys):
+            if a == 0:
+                self._count_long(doc)
             if truncating or a + n >= doc.tokens.size:  # its last piece (pieces go out in order)
                 del self.store[(key[0], key[1])]
         self.ledger.add("tokens", batch["num_tokens"])
@@ -264,6 +262,9 @@ class BucketRun(LookaheadRun):
         self.ledger.add("dropped_tokens", tokens)
         # a document whose head went out elsewhere (a re-dealt skip, or its first pieces) is not a whole one
         self.ledger.add("dropped_docs", sum(1 for key, a in first.items() if self.store[key].skip == 0 and a == 0))
+        for key, a in first.items():
+            if a == 0:
+                self._count_long(self.store[key])
         for key in first:
             del self.store[key]
 

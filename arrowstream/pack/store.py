@@ -36,7 +36,7 @@ class HeldStore(dict):  # type: ignore[type-arg]
     Examples
     --------
     >>> import numpy as np
-    >>> from arrowstream.pack.lookahead import Doc
+    >>> from arrowstream.pack.windows import Doc
     >>> store = HeldStore()
     >>> store[(0, 1)] = Doc(np.arange(5), None, 0)
     >>> store.seal()   # a snapshot shares the first window's dict: later documents go to a new one

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 STATE_FORMAT = "arrowstream.state"
-STATE_VERSION = 9
+STATE_VERSION = 10
 #: Versions this release loads. Version 2 left out empty parts (``held``, ``next_work``,
 #: counters not moved yet); version 3 has the same keys at every step; version 4 says how
 #: each epoch's streams were cut (``work.by``: by rows before, the only way then); version 5
@@ -42,8 +42,10 @@ STATE_VERSION = 9
 #: an older state has none and its run never ramps); version 8 always carries its checksum
 #: (``checksum``, as every state since 2026-11-27 has: one of version 8 without it is refused);
 #: version 9 records how many tokens each held document has left (a fourth number in
-#: ``held.docs``; an older state's are estimated when an elastic resume re-deals them).
-READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8, 9)
+#: ``held.docs``; an older state's are estimated when an elastic resume re-deals them);
+#: version 10 keeps a ``best_fit`` split document's full rows as one entry (a row of one
+#: five-number reference in ``packer.ready`` and ``packer.out``; older states list each row).
+READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8, 9, 10)
 #: The keys of ``position`` that name its place for people (checked on load, not used).
 WHERE_KEYS = ("stream", "file", "row_group", "row")
 
@@ -101,6 +103,7 @@ class State:
     epoch_stats: tuple[dict[str, int], ...] = ()
     later_work: tuple[Work, ...] = ()
     num_workers: int | None = None  # DataLoader workers a rank, when more than one (counted even batches per rank)
+    version: int = STATE_VERSION  # the version it was saved with (it is always written as this release's)
 
     @classmethod
     def from_dict(cls, data: Any) -> State:
@@ -160,6 +163,7 @@ class State:
             epoch_stats=tuple(dict(e) for e in epochs),
             later_work=tuple(Work.from_dict(w, field="later_work") for w in later),
             num_workers=workers,
+            version=data["version"],
         )
 
     def to_dict(self) -> dict[str, Any]:

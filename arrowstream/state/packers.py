@@ -23,7 +23,9 @@ __all__ = ["BestFitState", "BucketState", "DocKey", "SegmentRef", "Progress"]
 #: (``position.segment``'s kind of index) and its row sequence number.
 DocKey = tuple[int, int]
 #: A document segment in a packed row: ``(range, seq)`` for a whole document, or
-#: ``(range, seq, start, length)`` for a cut part of one.
+#: ``(range, seq, start, length)`` for a cut part of one; in ``ready`` and ``out``, a row
+#: of one ``(range, seq, start, length, rows)`` stands for ``rows`` full rows of a split
+#: document, tokens ``start`` onward, ``length`` a row (version 10).
 SegmentRef = tuple[int, ...]
 
 
@@ -103,6 +105,16 @@ def _segment_ref(item: Any) -> SegmentRef:
     return tuple(int(v) for v in item)
 
 
+def _queued_row(row: Any) -> tuple[SegmentRef, ...]:
+    """A ready or outgoing row; or, one reference of five numbers, a split document's full rows."""
+    if isinstance(row, list) and len(row) == 1 and isinstance(row[0], list) and len(row[0]) == 5:
+        run = tuple(int(v) for v in row[0])
+        if run[3] < 1 or run[4] < 1:
+            raise ValueError(f"full rows are [range, seq, start, length, rows] with length and rows >= 1, got {row[0]!r}")
+        return (run,)
+    return tuple(map(_segment_ref, row))
+
+
 def _key(item: Any) -> DocKey:
     if not isinstance(item, list) or len(item) != 2:
         raise ValueError(f"a held document is [range, seq], got {item!r}")
@@ -124,7 +136,9 @@ class BestFitState:
     rows are shuffled and go out next. ``windows`` counts the look-ahead
     windows read in the epoch and ``ramp`` says whether the first ones are
     smaller (version 7; a state saved before has neither: no ramp, which the
-    run keeps).
+    run keeps). A ``ready`` or ``out`` row of one five-number reference
+    ``[range, seq, start, length, rows]`` stands for ``rows`` full rows of a
+    split document, so a long document costs one entry (version 10).
 
     Examples
     --------
@@ -155,8 +169,8 @@ class BestFitState:
                 int(data["block"]),
                 bool(data["flushed"]),
                 tuple((int(age), tuple(map(_segment_ref, row))) for age, row in data["open"]),
-                tuple(tuple(map(_segment_ref, row)) for row in data["ready"]),
-                tuple(tuple(map(_segment_ref, row)) for row in data["out"]),
+                tuple(map(_queued_row, data["ready"])),
+                tuple(map(_queued_row, data["out"])),
                 count(data.get("windows", 0), "packer.windows"),
                 bool(data.get("ramp", False)),
             )

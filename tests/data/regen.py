@@ -48,6 +48,8 @@ def build(case: str) -> Any:
         return ds.shuffle(seed=11, window=2).tokenize(None, **ids).pack(seq_len=16, batch_size=2)
     if case == "best-fit-text":
         return ds.tokenize(str(TOKENIZER)).pack(seq_len=24, batch_size=2, strategy="best_fit", window=12)
+    if case == "best-fit-split":  # version 10: rows short enough that documents are split into full rows
+        return ds.tokenize(str(TOKENIZER)).pack(seq_len=4, batch_size=2, strategy="best_fit", window=12)
     if case == "bucket":
         # long_docs="truncate": the default when these states were saved (no document is longer than a row
         # without max_len, so the output is the same; the option is named to match their options hash)
@@ -70,6 +72,8 @@ CASES: dict[str, dict[str, Any]] = {
     # version 6: consumer 1 of 3 of a counted concat, whose share of whole batches begins and ends
     # inside a document
     "concat-split": {"pipeline": "concat-shuffled", "world": 3, "own": 1, "steps": [0, 4, 10, 17]},
+    # version 10: a split document's full rows as one entry of `packer.ready` and `packer.out`
+    "best-fit-split": {"world": 1, "steps": [2, 13]},
 }
 
 
