@@ -26,6 +26,12 @@ the same ready batches while another process makes the loader's batches at
 the consumer's pace: the floor on a machine whose cores, caches and memory
 do the loader's work, without this process's interpreter lock or queues.
 
+Also reported at each step time: how long the profiler range that every
+``DataLoader.__next__`` opens (``torch.autograd.profiler.record_function``,
+a torch operator) takes right after sleeping the step, and back to back,
+with nothing else running: what a CPU that comes back cold from the step
+adds to every ``next()``, whatever the loader.
+
 Usage::
 
     python benchmarks/bench_stall.py                   # 85 MB corpus, concat 8 x 2048
@@ -217,6 +223,28 @@ def _consume(
             halt()
 
 
+def _cold_range_us(step_s: float, samples: int = 200) -> tuple[float, float]:
+    """Return the median microseconds of the profiler range every ``DataLoader.__next__`` opens, after sleeping ``step_s`` and back to back.
+
+    Nothing else runs meanwhile: what the range costs more after a step is
+    the CPU coming back cold (caches, and a virtual CPU halted while idle).
+    """
+    import torch
+
+    def once() -> float:
+        a = time.perf_counter()
+        with torch.autograd.profiler.record_function("probe"):
+            pass
+        return time.perf_counter() - a
+
+    cold, warm = [], []
+    for _ in range(samples):
+        time.sleep(step_s)
+        cold.append(once())
+        warm.append(once())  # right after: warm
+    return float(np.median(cold) * 1e6), float(np.median(warm) * 1e6)
+
+
 def _consume_once(args: argparse.Namespace, workers: int, step_s: float, *, ready: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     it = iter((_ready_loader if ready else _loader)(args, workers))
@@ -315,16 +343,18 @@ def main() -> int:
                 if args.beside:
                     besides.append(_consume(args, k, step, ready=True, beside=True))
             floor = {key: median([r[key] for r in floors]) for key in floors[0]}
+            cold_us, warm_us = _cold_range_us(step)
             for n in nices:
                 summary = {key: median([r[key] for r in runs[n]]) for key in runs[n][0]}
                 name = f"workers={k}, {setting}" + (f", nice={n}" if n else "")
                 results["runs"][name] = {
                     "rate": rate, "rates": rates, "runs": runs[n], **summary, "ready": {"runs": floors, **floor},
+                    "profiler_range_us": {"after_step": cold_us, "back_to_back": warm_us},
                 }
                 row = [k, n or "default", f"{rate:.0f}", f"{h:.3g}", f"{step * 1e3:.2f}",
                        f"{100 * summary['wait_share']:.1f}", f"{100 * summary['cpu_wait_share']:.1f}",
                        f"{summary['p50_ms']:.2f}", f"{summary['p99_ms']:.2f}", f"{summary['first_batch_s']:.2f}",
-                       f"{100 * floor['wait_share']:.1f}", f"{floor['p50_ms']:.2f}"]
+                       f"{100 * floor['wait_share']:.1f}", f"{floor['p50_ms']:.2f}", f"{cold_us:.0f} ({warm_us:.0f})"]
                 if args.beside:
                     near = {key: median([r[key] for r in besides]) for key in besides[0]}
                     results["runs"][name]["ready_beside"] = {"runs": besides, **near}
@@ -334,10 +364,11 @@ def main() -> int:
                     f"{100 * summary['wait_share']:.1f} % of wall time "
                     f"({100 * summary['cpu_wait_share']:.1f} points of it runnable without a CPU), "
                     f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms; batches ready: waited "
-                    f"{100 * floor['wait_share']:.1f} %, p50 {floor['p50_ms']:.2f} ms")
+                    f"{100 * floor['wait_share']:.1f} %, p50 {floor['p50_ms']:.2f} ms; the DataLoader's profiler range "
+                    f"after a step {cold_us:.0f} us, back to back {warm_us:.0f} us")
     log()
     header = ["workers", "thread nice", "loader batches/s", "headroom", "step ms", "wait % of wall", "of it off a CPU %", "p50 wait ms",
-              "p99 wait ms", "first batch s", "ready: wait %", "ready: p50 ms"]
+              "p99 wait ms", "first batch s", "ready: wait %", "ready: p50 ms", "profiler range after a step us (back to back)"]
     if args.beside:
         header += ["ready beside the work: wait %", "p50 ms"]
     log(fmt_table(header, rows))
