@@ -362,6 +362,24 @@ def test_a_merged_state_resumes_on_any_topology_on_the_same_schedule(
                    for r in range(old[0]) for a, b in zip(reference[r][before:], resumed[r]))
 
 
+def test_two_topology_changes_keep_the_runs_counters(sources: dict[str, Path]) -> None:
+    # a re-dealt consumer's counters start at zero; one of them carries the merged ones (`earlier`), so
+    # a later merge counts the whole run, and a resume on the same topology keeps each consumer's own
+    mixture = _mixture(sources, {"web": 0.5, "code": 0.3, "books": 0.2}, batch_size=3)
+    _, its = _run(mixture, 2, 1, 4)
+    first = json.loads(json.dumps(merge_states([it.state_dict() for it in its.values()])))
+    _, its = _run(mixture, 3, 1, 5, first)
+    assert all(it.stats["batches"] == 5 for it in its.values())
+    second = json.loads(json.dumps(merge_states([it.state_dict() for it in its.values()])))
+    assert second["stats"]["batches"] == 2 * 4 + 3 * 5
+    assert second["stats"]["rows"] == first["stats"]["rows"] + 3 * 5 * 3
+    assert second["stats"]["web.tokens"] > first["stats"]["web.tokens"] > 0
+    _, its = _run(mixture, 3, 1, 2, second)  # the same topology: each consumer's own counters go on
+    assert [it.stats["batches"] for it in its.values()] == [7, 7, 7]
+    third = merge_states([it.state_dict() for it in its.values()])
+    assert third["stats"]["batches"] == 2 * 4 + 3 * 7
+
+
 def test_a_token_budget_ends_every_rank_at_one_step_across_a_topology_change(sources: dict[str, Path]) -> None:
     mixture = _mixture(sources, {"web": 1, "code": 1}, batch_size=2, num_tokens=16 * 2 * 2 * 9 + 1)
     _, its = _run(mixture, 2, 1, 4)

@@ -105,6 +105,9 @@ def test_a_malformed_envelope_names_the_field() -> None:
         ("packer", [1], "packer` should be a dict"),
         ("next_work", {"num_streams": 0, "segments": []}, "next_work.num_streams"),
         ("version", 1, "version 1 is not supported"),
+        ("earlier", {"stats": {"rows": 1}}, "earlier` should be"),
+        ("earlier", {"stats": {"rows": "1"}, "epoch_stats": []}, "earlier.stats` should hold int counters"),
+        ("earlier", {"stats": {}, "epoch_stats": [{"tokens": 1}]}, "earlier.epoch_stats"),
     ]:
         with pytest.raises(StateError, match=match):
             State.from_dict({**good, key: value})

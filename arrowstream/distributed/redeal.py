@@ -144,10 +144,11 @@ def own_share(
 
     With the topology the global state was merged from, that is the
     consumer's saved state (and no deal); otherwise its equal share of every
-    row not yet emitted (counters restart at zero; the merged totals stay in
-    the global state's ``stats``), and every consumer's share of each open
-    epoch. When some consumers had already begun the next epoch, the share of
-    that epoch's rows left travels as ``next_work``. Check the state's
+    row not yet emitted (counters restart at zero), and every consumer's
+    share of each open epoch. When some consumers had already begun the next
+    epoch, the share of that epoch's rows left travels as ``next_work``.
+    Consumer 0 carries the merged counters as ``earlier`` (not in its own
+    ``stats``), so a later merge counts them again. Check the state's
     identity first (:func:`~arrowstream.state.check_identity`): the rows are
     re-dealt over this pipeline's layout.
 
@@ -177,6 +178,8 @@ def own_share(
         own.update({k: entry.get(k) for k in ("held", "next_work")})  # absent in version 2
         own["later_work"] = entry.get("later_work") or []
         own["epoch_stats"] = entry.get("epoch_stats", [])  # version 5 on
+        if entry.get("earlier") is not None:  # version 10
+            own["earlier"] = entry["earlier"]
         workers = {} if state.get("num_workers") is None else {"num_workers": state["num_workers"]}
         return {**common, **own, "consumer": me, **workers}, deals
     mine = deals[epoch].parts[consumer.index]
@@ -198,7 +201,19 @@ def own_share(
     ]
     out["next_work"] = later[0] if later else None
     out["later_work"] = later[1:]
+    if consumer.index == 0:  # the counters so far go on in one consumer's state, so a later merge keeps them
+        out["earlier"] = {"stats": _not_read_again(state), "epoch_stats": list(state.get("epoch_stats") or [])}
     return out, deals
+
+
+def _not_read_again(state: dict[str, Any]) -> dict[str, int]:
+    """Return a global state's counters less the held documents' rows, which the consumers they are dealt to read again."""
+    stats = dict(state["stats"])
+    held = sum(len((entry.get("held") or {}).get("docs") or []) for entry in state["consumers"])
+    for key in ("rows", "docs"):  # counted as read; every held document is a row, and a document, read again
+        if key in stats:
+            stats[key] -= held
+    return stats
 
 
 def _share(deal: Deal, index: int) -> Work:

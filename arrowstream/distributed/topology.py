@@ -308,7 +308,9 @@ def merge_states(states: list[dict[str, Any]], *, drift: bool = False) -> dict[s
     ordered = sorted(states, key=lambda st: st["consumer"]["index"])
     totals: dict[str, int] = {}
     per_epoch: dict[int, dict[str, int]] = {}
-    for st in ordered:
+    # each consumer's counters, and those from before the last re-deal that one of them carries (version 10)
+    counted = [*ordered, *(st["earlier"] for st in ordered if st.get("earlier") is not None)]
+    for st in counted:
         for key, value in st["stats"].items():
             if key in WHOLE_RUN_COUNTERS:  # every consumer reports the same whole-run figure: count it once
                 totals[key] = max(totals.get(key, 0), int(value))
@@ -335,7 +337,9 @@ def merge_states(states: list[dict[str, Any]], *, drift: bool = False) -> dict[s
             "consumers": [
                 {
                     k: copy.deepcopy(st[k])
-                    for k in ("position", "work", "stats", "packer", "next_work", "later_work", "held", "epoch_stats")
+                    for k in (
+                        "position", "work", "stats", "packer", "next_work", "later_work", "held", "epoch_stats", "earlier"
+                    )
                     if k in st
                 }
                 for st in ordered

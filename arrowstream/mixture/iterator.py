@@ -31,6 +31,7 @@ from arrowstream.mixture.snapshot import MixturePlans, MixtureSnapshot
 from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.state import STATE_FORMAT
 from arrowstream.state.checksum import verify_checksum
+from arrowstream.state.envelope import check_counters
 
 if TYPE_CHECKING:
     import polars as pl
@@ -126,6 +127,8 @@ class MixtureIterator:
         self._stat_keys = [[(key, f"{name}.{key}") for key in _ROW_COUNTS] for name in self.mixture.names]
         if own is not None:
             self._stats.update({k: int(v) for k, v in own["stats"].items() if k in self._stats})
+        # counters from before the last re-deal, which this consumer carries for a later merge (version 10)
+        self._earlier = None if own is None else own.get("earlier")
 
     def _own(self, state: dict[str, Any]) -> dict[str, Any]:
         """Return what this consumer continues from: batches, origin, stages, sources' states, stats."""
@@ -190,30 +193,25 @@ class MixtureIterator:
             "dormant": dict(state.get("dormant") or {}),
             "prior": {str(k): float(v) for k, v in (state.get("prior") or {}).items()},
             "stats": state["stats"],
+            "earlier": _counters(state.get("earlier")),
         }
 
     def _share(self, state: dict[str, Any], stages: list[Stage]) -> dict[str, Any]:
         """Return this consumer's part of a merged state: its own on the same topology, else a fresh start at the row reached."""
         saved = state["topology"]
         same = (int(saved["world_size"]), int(saved["num_workers"])) == (self.world_size, self.num_workers)
+        common = {"stages": stages, "sources": dict(state["sources"]), "dormant": dict(state.get("dormant") or {})}
         if same:
             entry = state["consumers"][self.consumer.index]
             return {
-                "batches": int(entry["batches"]),
-                "origin": int(state["origin"]),
-                "stages": stages,
-                "sources": dict(state["sources"]),
-                "dormant": dict(state.get("dormant") or {}),
-                "stats": entry.get("stats", {}),
+                **common, "batches": int(entry["batches"]), "origin": int(state["origin"]),
+                "stats": entry.get("stats", {}), "earlier": _counters(entry.get("earlier")),
             }
-        # another topology: every source re-deals what its consumers had left; the schedule goes on from the row reached
+        # another topology: every source re-deals what its consumers had left; the schedule goes on from the row
+        # reached; one consumer keeps the counters so far, so a later merge counts them
         return {
-            "batches": 0,
-            "origin": int(state["rows"]),
-            "stages": stages,
-            "sources": dict(state["sources"]),
-            "dormant": dict(state.get("dormant") or {}),
-            "stats": {},
+            **common, "batches": 0, "origin": int(state["rows"]), "stats": {},
+            "earlier": _counters(state["stats"]) if self.consumer.index == 0 else None,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -241,6 +239,7 @@ class MixtureIterator:
                 "position": {"batches": self._batches, "origin": self._origin},
                 "stats": dict(self._stats),
                 **({"prior": dict(self._prior)} if self._prior else {}),
+                **({"earlier": dict(self._earlier)} if self._earlier else {}),
             },
             {name: it.snapshot() for name, it in self._sources.items()},
             dict(self._dormant),
@@ -487,9 +486,14 @@ class MixtureIterator:
             it.close()
 
 
+def _counters(value: Any) -> dict[str, int] | None:
+    return None if value is None else check_counters(value, "earlier")
+
+
 def _diff(saved: Any, current: Any, prefix: str = "") -> list[str]:
     if isinstance(saved, dict) and isinstance(current, dict):
         return [d for key in sorted(set(saved) | set(current), key=str) for d in _diff(saved.get(key), current.get(key), f"{prefix}{key}.")]
     if saved != current:
         return [f"`{prefix.rstrip('.')}` was {saved!r}, now {current!r}"]
     return []
+

@@ -119,8 +119,9 @@ def _merge_mixture(states: list[dict[str, Any]]) -> dict[str, Any]:
     slots = slots_per_batch(first["mixture"])
     names = list(first["sources"])
     stats: dict[str, int] = {}
-    for st in states:
-        for key, value in st["stats"].items():
+    # each consumer's counters, and those from before the last re-deal that one of them carries (version 10)
+    for counters in [st["stats"] for st in states] + [st["earlier"] for st in states if st.get("earlier")]:
+        for key, value in counters.items():
             stats[key] = stats.get(key, 0) + int(value)
     return with_checksum({
         "format": STATE_FORMAT,
@@ -132,7 +133,14 @@ def _merge_mixture(states: list[dict[str, Any]]) -> dict[str, Any]:
         "origin": origins.pop(),
         "step": step,
         "rows": int(first["position"]["origin"]) + step * world * slots,
-        "consumers": [{"batches": k} for k in batches],
+        "consumers": [
+            {
+                "batches": k,
+                "stats": by_index[q]["stats"],  # its own, for a resume on the same topology
+                **({"earlier": by_index[q]["earlier"]} if by_index[q].get("earlier") else {}),
+            }
+            for q, k in enumerate(batches)
+        ],
         "stats": stats,
         "sources": {
             name: topology.merge_states([by_index[q]["sources"][name] for q in range(count)], drift=True)

@@ -104,4 +104,5 @@ class MixtureSnapshot:
             "sources": {name: snap.to_dict() for name, snap in self.sources.items()},
             "dormant": copy.deepcopy(self.dormant),
             **({"prior": own["prior"]} if own.get("prior") else {}),
+            **({"earlier": own["earlier"]} if own.get("earlier") else {}),
         })

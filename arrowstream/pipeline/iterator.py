@@ -274,6 +274,7 @@ class DatasetIterator:
             self._ledger.snapshot() if run is None else None,
             dict(self._deals),
             dict(self._known_targets),
+            None if self._saved is None else self._saved.earlier,
         )
 
     @property

@@ -72,12 +72,16 @@ class IteratorSnapshot:
     stats: dict[str, int] | None
     deals: dict[int, Work]
     known_targets: dict[int, int | None]
+    earlier: dict[str, Any] | None = None  # counters from before a re-deal, carried (see State.earlier)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle without the plan (a DataLoader worker sends its snapshots): :meth:`with_plan` puts it back."""
         return (
             IteratorSnapshot,
-            (None, self.consumer, self.counters, self.inner, self.position, self.stats, self.deals, self.known_targets),
+            (
+                None, self.consumer, self.counters, self.inner, self.position, self.stats, self.deals,
+                self.known_targets, self.earlier,
+            ),
         )
 
     def shared_rows(self) -> list[Any]:
@@ -130,6 +134,7 @@ class IteratorSnapshot:
             epoch_stats=tuple(epochs),
             later_work=tuple(ahead[1:]),
             num_workers=self.consumer.per_rank if self.consumer.per_rank > 1 else None,
+            earlier=self.earlier,
         ).to_dict()
         state["held"] = held
         return with_checksum(state)

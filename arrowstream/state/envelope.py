@@ -25,6 +25,7 @@ __all__ = [
     "WHERE_KEYS",
     "State",
     "check_identity",
+    "check_counters",
     "check_state",
     "hash_options",
 ]
@@ -104,6 +105,7 @@ class State:
     later_work: tuple[Work, ...] = ()
     num_workers: int | None = None  # DataLoader workers a rank, when more than one (counted even batches per rank)
     version: int = STATE_VERSION  # the version it was saved with (it is always written as this release's)
+    earlier: dict[str, Any] | None = None  # counters from before the last re-deal that this consumer carries
 
     @classmethod
     def from_dict(cls, data: Any) -> State:
@@ -121,9 +123,7 @@ class State:
                     f"state `{key}` should be a dict, got {type(data.get(key)).__name__}: "
                     "the state is truncated or was edited; pass what `state_dict()` returned"
                 )
-        bad = {k: v for k, v in data["stats"].items() if isinstance(v, bool) or not isinstance(v, int)}
-        if bad:
-            raise StateError(f"state `stats` should hold int counters, got {bad!r}")
+        check_counters(data["stats"], "stats")
         consumer = data["consumer"]
         index, total = count(consumer.get("index"), "consumer.index"), count(consumer.get("count"), "consumer.count")
         workers = data.get("num_workers")
@@ -140,14 +140,16 @@ class State:
                 "the state was edited"
             )
         epochs = data.get("epoch_stats") or []  # version 5 on
-        if not isinstance(epochs, list) or not all(
-            isinstance(e, dict) and "epoch" in e and all(isinstance(v, int) and not isinstance(v, bool) for v in e.values())
-            for e in epochs
-        ):
-            raise StateError(
-                f"state `epoch_stats` should be a list of {{'epoch': int, counter: int, ...}}, got {epochs!r}: "
-                "the state was edited"
-            )
+        _check_epoch_rows(epochs, "epoch_stats")
+        earlier = data.get("earlier")  # version 10, after a re-deal: consumer 0's
+        if earlier is not None:
+            if not isinstance(earlier, dict) or set(earlier) != {"stats", "epoch_stats"}:
+                raise StateError(
+                    f"state `earlier` should be {{'stats': {{...}}, 'epoch_stats': [...]}}, got {earlier!r}: "
+                    "the state was edited"
+                )
+            check_counters(earlier["stats"], "earlier.stats")
+            _check_epoch_rows(earlier["epoch_stats"], "earlier.epoch_stats")
         return cls(
             dataset=data["dataset"],
             options_hash=data.get("options_hash"),  # type: ignore[arg-type]
@@ -164,6 +166,7 @@ class State:
             later_work=tuple(Work.from_dict(w, field="later_work") for w in later),
             num_workers=workers,
             version=data["version"],
+            earlier=earlier,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -184,7 +187,29 @@ class State:
             "epoch_stats": [dict(e) for e in self.epoch_stats],
             "later_work": [w.to_dict(with_target=True) for w in self.later_work],
             **({} if self.num_workers is None else {"num_workers": self.num_workers}),
+            **({} if self.earlier is None else {"earlier": self.earlier}),
         }
+
+
+def check_counters(stats: Any, name: str) -> dict[str, int]:
+    """Return ``stats``, a state's counters (``name`` in it), refusing anything but a dict of ints."""
+    if not isinstance(stats, dict):
+        raise StateError(f"state `{name}` should be a dict of int counters, got {type(stats).__name__}: the state was edited")
+    bad = {k: v for k, v in stats.items() if isinstance(v, bool) or not isinstance(v, int)}
+    if bad:
+        raise StateError(f"state `{name}` should hold int counters, got {bad!r}")
+    return dict(stats)
+
+
+def _check_epoch_rows(epochs: Any, name: str) -> None:
+    if not isinstance(epochs, list) or not all(
+        isinstance(e, dict) and "epoch" in e and all(isinstance(v, int) and not isinstance(v, bool) for v in e.values())
+        for e in epochs
+    ):
+        raise StateError(
+            f"state `{name}` should be a list of {{'epoch': int, counter: int, ...}}, got {epochs!r}: "
+            "the state was edited"
+        )
 
 
 def hash_options(options: dict[str, Any]) -> str:
