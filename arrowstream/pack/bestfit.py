@@ -419,7 +419,8 @@ class _BestFitRun(LookaheadRun):
         # document's pieces go out first to last and what is left of it is always a suffix
         cut = [i for i in range(n) if not all(whole for _, _, _, whole in block[i])]
         if cut:
-            slots = [k for k, i in enumerate(order) if i in set(cut)]
+            cuts = set(cut)
+            slots = [k for k, i in enumerate(order) if i in cuts]
             order[slots] = cut
         push_rows(self.out, [block[int(i)] for i in order])
         self.n_out += n
@@ -459,13 +460,7 @@ class _BestFitRun(LookaheadRun):
         return layout
 
     def _release(self, pieces: Iterator[DocSegment]) -> None:
-        """Let pieces go (emitted or dropped); count a long document when its first piece goes.
-
-        Counted here rather than when read, a long document held when the
-        states were merged is counted once: by the consumer it was dealt to,
-        which reads it again, or by the one that held it if its first piece
-        had gone out (the other's copy then has a ``skip``).
-        """
+        """Let pieces go (emitted or dropped); a long document is counted as its first piece goes (``_count_long``)."""
         for key, start, _, whole in pieces:
             if start == 0 and not whole:
                 self._count_long(self.store[key])

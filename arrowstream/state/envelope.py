@@ -45,7 +45,10 @@ STATE_VERSION = 10
 #: version 9 records how many tokens each held document has left (a fourth number in
 #: ``held.docs``; an older state's are estimated when an elastic resume re-deals them);
 #: version 10 keeps a ``best_fit`` split document's full rows as one entry (a row of one
-#: five-number reference in ``packer.ready`` and ``packer.out``; older states list each row).
+#: five-number reference in ``packer.ready`` and ``packer.out``; older states list each row),
+#: counts a long document as its first piece leaves (an older state's held ones were counted
+#: when read: taken back on resume), and after a re-deal consumer 0 carries the merged
+#: counters (``earlier``).
 READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8, 9, 10)
 #: The keys of ``position`` that name its place for people (checked on load, not used).
 WHERE_KEYS = ("stream", "file", "row_group", "row")
