@@ -1843,6 +1843,22 @@ MUTANTS = [
         "",
         ("tests/test_mixture.py::test_two_topology_changes_keep_the_runs_counters",),
     ),
+    Mutant(
+        "token-id-index-ignored",
+        "a plan over token ids reads every row group's ids to weigh half row groups though an index has their counts",
+        "arrowstream/tokenize/known.py",
+        "        return KnownTokens(from_column if index is None else _index_first(index, from_column, eos), per_shard)",
+        "        return KnownTokens(from_column, per_shard)",
+        ("tests/test_length_index.py::test_an_index_of_token_ids_spares_reading_them_to_weigh_half_row_groups",),
+    ),
+    Mutant(
+        "token-id-index-without-eos",
+        "a token-id index's counts are taken without the end-of-document token: shares cut on wrong counts",
+        "arrowstream/tokenize/known.py",
+        "        return np.where(counts > 0, counts + eos, 0)",
+        "        return counts",
+        ("tests/test_length_index.py::test_an_index_of_token_ids_spares_reading_them_to_weigh_half_row_groups",),
+    ),
 ]
 
 

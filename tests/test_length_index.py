@@ -206,14 +206,50 @@ def test_an_index_elsewhere_is_named_explicitly(tmp_path: Path, tokenizer: Token
         _ = _pipeline(root, tokenizer, length_index=where).balance
 
 
-def test_the_index_is_for_text(tmp_path: Path, tokenizer: Tokenizer) -> None:
+def test_length_index_true_is_refused(tmp_path: Path, tokenizer: Tokenizer) -> None:
     from arrowstream import ConfigError
 
     write_parts(tmp_path, [{"ids": pa.array([[1, 2]], pa.list_(pa.int32()))}])
-    with pytest.raises(ConfigError, match="only for text"):
-        read_parquet(tmp_path).tokenize(None, column="ids", eos_id=0, length_index=tmp_path / "x")
     with pytest.raises(ConfigError, match="`length_index` is a directory"):
         read_parquet(tmp_path).tokenize(tokenizer, column="ids", length_index=True)
+    with pytest.raises(ConfigError, match="`length_index` is a directory"):
+        read_parquet(tmp_path).tokenize(None, column="ids", eos_id=0, length_index=True)
+
+
+def test_an_index_of_token_ids_spares_reading_them_to_weigh_half_row_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # over token ids the footers count whole row groups; `.shuffle`'s half row groups were weighed by
+    # reading every row group's ids in every consumer before its first batch
+    from arrowstream.io.reader import ShardReader
+
+    lengths = [int(n) for n in np.random.default_rng(0).integers(0, 50, size=120)]
+    ids = [list(range(1, n + 1)) if k % 17 else None for k, n in enumerate(lengths)]  # a few null rows
+    root = tmp_path / "data"
+    write_parts(root, [{"ids": pa.array(ids[a : a + 40], pa.list_(pa.int32()))} for a in (0, 40, 80)], row_group_size=10)
+    reads: Counter = Counter()
+    read = ShardReader.read
+
+    def counting(self: ShardReader, shard: int, *args: object, **kwargs: object) -> pa.Table:
+        reads[shard] += 1
+        return read(self, shard, *args, **kwargs)
+
+    monkeypatch.setattr(ShardReader, "read", counting)
+
+    def run() -> tuple[list[bytes], int]:
+        reads.clear()
+        ds = read_parquet(root).shuffle(seed=1, window=3).tokenize(None, column="ids", eos_id=0).pack(seq_len=16, batch_size=2)
+        out = [b["input_ids"].tobytes() for r in range(2) for b in ds.iter(rank=r, world_size=2)]
+        return out, sum(reads.values())
+
+    before, read_before = run()
+    summary = build_length_index(root, None, column="ids")
+    assert (summary.num_files, summary.num_docs) == (3, 120)
+    after, read_after = run()
+    assert after == before
+    assert read_after == read_before - 12  # the 12 row groups were each read once more to weigh their halves
+    index = list((root / INDEX_DIR).rglob("part-000.parquet.lengths"))[0]
+    assert pq.read_table(index).column("tokens").to_pylist()[:17] == [None if x is None else len(x) for x in ids[:17]]
 
 
 def test_empty_texts_keep_no_id_in_the_cache_and_the_index(tmp_path: Path, tokenizer: Tokenizer) -> None:
@@ -253,6 +289,13 @@ def test_the_command_line_builds_and_reports_an_index(tmp_path: Path, tokenizer_
     assert listed["length_indexes"][0]["files_covered"] == 3
     missing = subprocess.run([*run, "index", str(root), "--tokenizer", str(tmp_path)], capture_output=True, text=True, env=env)
     assert missing.returncode == 2 and "is a directory without a tokenizer.json" in missing.stderr
+    # without a tokenizer: a column of token ids, and text is refused naming the column
+    write_parts(tmp_path / "ids", [{"ids": pa.array([[1, 2], [3]] * 5, pa.list_(pa.int32()))}], row_group_size=4)
+    ids = subprocess.run([*run, "index", str(tmp_path / "ids"), "--column", "ids"], capture_output=True, text=True, env=env)
+    assert ids.returncode == 0, ids.stderr
+    assert "1 files (1 counted now, 0 already there), 10 documents, 15 tokens" in ids.stdout
+    text = subprocess.run([*run, "index", str(root)], capture_output=True, text=True, env=env)
+    assert text.returncode != 0 and "text" in text.stderr and "Traceback" not in text.stderr
 
 
 def test_counted_plans_read_only_the_row_groups_cuts_fall_in(tmp_path: Path, tokenizer: Tokenizer) -> None:

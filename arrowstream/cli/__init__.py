@@ -129,8 +129,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("index", help="count every document's tokens, so even batches are exact")
     p.add_argument("path", help="directory, glob, file or URI")
-    p.add_argument("--tokenizer", required=True, help="path to a tokenizer.json")
-    p.add_argument("--column", default="text", help="text column (default: text)")
+    p.add_argument(
+        "--tokenizer",
+        help="path to a tokenizer.json; without one, --column holds token ids and their counts are kept",
+    )
+    p.add_argument("--column", default="text", help="text column, or token-id column without --tokenizer (default: text)")
     p.add_argument("--no-special-tokens", action="store_true", help="encode with add_special_tokens=False")
     p.add_argument(
         "--index",
@@ -245,7 +248,8 @@ def _indexes(path: str) -> list[dict[str, Any]]:
 
 
 def _index(args: argparse.Namespace) -> int:
-    check_tokenizer(args.tokenizer)
+    if args.tokenizer is not None:
+        check_tokenizer(args.tokenizer)
     m = read_manifest(args.path, columns=[args.column])
     i, n = args.shard or (0, 1)
     total = int(np.isin(m.shard_file, list(range(i, m.num_files, n))).sum())

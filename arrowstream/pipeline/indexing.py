@@ -24,7 +24,7 @@ __all__ = ["build_length_index"]
 
 def build_length_index(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    tokenizer: Tokenizer | Encoder | str | os.PathLike[str],
+    tokenizer: Tokenizer | Encoder | str | os.PathLike[str] | None,
     *,
     column: str = "text",
     add_special_tokens: bool = True,
@@ -46,7 +46,10 @@ def build_length_index(
     source, filesystem
         The dataset, as for :func:`~arrowstream.read_parquet`.
     tokenizer, column, add_special_tokens
-        As for ``.tokenize``: they define the ids counted.
+        As for ``.tokenize``: they define the ids counted. ``tokenizer``
+        ``None``: ``column`` holds token ids, and the index keeps each
+        row's count of them (what a plan over ``.shuffle``'s half row
+        groups would otherwise read every row group's ids for).
     length_index
         The directory to keep the index in; ``None``: beside the data, in
         ``<root>/_arrowstream_index``, where pipelines look by default
@@ -95,8 +98,10 @@ def build_length_index(
         length_index=length_index,
     )
     stage = ds.stages[-1]
-    assert isinstance(stage, Tokenize) and stage.encoder is not None
+    assert isinstance(stage, Tokenize)
     index = LengthIndex(ds.manifest, stage.setting, length_index)
+    if stage.encoder is None:  # token ids: their lists' lengths
+        return index.build(None, column=column, progress=progress, shard=shard)
     return index.build(
         stage.encoder.encode,
         column=column,

@@ -111,6 +111,10 @@ class Tokenize(Stage):
         which makes even batches over text exact; ``None`` (default): beside
         the data, in ``<root>/_arrowstream_index``, used when there is one;
         a path: that directory, which must cover the data; ``False``: none.
+        Over token ids (``tokenizer=None``) an index of the ids' lengths
+        (``arrowstream index PATH --column ids``) spares a plan reading the
+        ids of every row group when it must weigh parts of them (with
+        ``.shuffle``); without one they are read.
         It never changes a consumer's documents, only how an epoch is split
         between consumers (see ``docs/training.md``).
     loss_mask
@@ -221,11 +225,9 @@ class Tokenize(Stage):
                     "ids: drop `cache=`"
                 )
             self.cache = TokenCache(cache, self.setting, writable=cache_write)
-        if length_index is True or (length_index not in (None, False) and self.encoder is None):
+        if length_index is True:
             raise ConfigError(
-                "`length_index` is a directory, None (look beside the data) or False (none), and "
-                f"only for text (token ids tell their lengths); got {length_index!r}"
-                + ("" if self.encoder is not None else " with a column of token ids")
+                "`length_index` is a directory, None (look beside the data) or False (none); got True"
             )
         self.length_index = length_index
 
@@ -338,7 +340,7 @@ class Tokenize(Stage):
         length index that covers the data (see :func:`~arrowstream.tokenize.known.known_tokens`).
         """
         index = None
-        if self.encoder is not None and self.length_index is not False:
+        if self.length_index is not False:
             index = LengthIndex(manifest, self.setting, self.length_index or None)  # type: ignore[arg-type]
         return known_tokens(
             manifest, self.column, eos=int(self.add_eos), ids=self.encoder is None, cache=self.cache, index=index

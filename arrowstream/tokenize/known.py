@@ -11,6 +11,8 @@ fills while consumers run, so they could disagree on what it holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,7 +49,9 @@ def known_tokens(
         Whether ``column`` holds token ids.
     cache, index
         The stage's token cache and the length index to look for (either may
-        be ``None``). A complete read-only cache comes first.
+        be ``None``). A complete read-only cache comes first. Over token ids,
+        an index that covers the data gives the rows' counts in place of
+        reading the ids (the footers give whole row groups' either way).
 
     Examples
     --------
@@ -77,7 +81,7 @@ def known_tokens(
 
         elements, empty = manifest.list_values(column), manifest.list_empty_rows(column)
         per_shard = None if elements is None or empty is None else elements + eos * (manifest.shard_rows - empty)
-        return KnownTokens(from_column, per_shard)
+        return KnownTokens(from_column if index is None else _index_first(index, from_column, eos), per_shard)
     counts = None if cache is None or cache.writable else cache.counts(manifest)
     if cache is not None and counts is not None:
 
@@ -97,3 +101,23 @@ def known_tokens(
         return np.where(lengths > 0, lengths + eos, 0)
 
     return KnownTokens(from_index, totals[:, 0] + eos * totals[:, 1], source="a length index")
+
+
+def _index_first(index: LengthIndex, read: Callable[[int], np.ndarray], eos: int) -> Callable[[int], np.ndarray]:
+    """Return a shard's tokens per row from ``index`` when it covers the data, else from ``read`` (the ids themselves).
+
+    The index is looked for at the first call, so a plan that needs no
+    row's count (whole row groups come from the footers) asks nothing of
+    the storage.
+    """
+    covered: list[bool] = []
+
+    def lengths(shard: int) -> np.ndarray:
+        if not covered:
+            covered.append(index.totals() is not None)
+        if not covered[0]:
+            return read(shard)
+        counts = index.lengths(shard)
+        return np.where(counts > 0, counts + eos, 0)
+
+    return lengths

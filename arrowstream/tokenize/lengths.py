@@ -6,9 +6,14 @@ epoch can only be split by an estimate. An index made once (by
 each document encodes to, a few bytes a document, and a pipeline that finds
 one splits the epoch by exact token counts (see ``docs/training.md``).
 
+Over a column of token ids the counts are the lists' lengths, which the
+Parquet footers give only per row group: an index of them lets a plan weigh
+parts of row groups (``.shuffle``'s half row groups) without reading the ids
+(:func:`~arrowstream.tokenize.known.known_tokens`).
+
 Layout: one directory per tokenization setting (tokenizer hash, text column,
-``add_special_tokens``), named by a hash of it, with an ``index.json`` that
-states it. Inside, each source file has one small Parquet file,
+``add_special_tokens``; no tokenizer for token ids), named by a hash of it,
+with an ``index.json`` that states it. Inside, each source file has one small Parquet file,
 ``<relative path of the source file>.lengths``, with one row group per
 non-empty source row group and one ``int32`` row per document: the ids it
 encodes to (EOS not included), 0 for an empty text, null for a null one.
@@ -288,7 +293,7 @@ class LengthIndex:
 
     def build(
         self,
-        encode: Encode,
+        encode: Encode | None,
         *,
         column: str = "text",
         slice_bytes: int = 1 << 18,
@@ -298,7 +303,8 @@ class LengthIndex:
     ) -> IndexSummary:
         """Count every document's ids with ``encode`` and write the entries missing or stale.
 
-        ``progress`` is called with the row groups done after each one.
+        ``encode`` ``None``: ``column`` holds token ids, and a document's
+        count is its list's length (null for a null list). ``progress`` is called with the row groups done after each one.
         Files whose entry matches the data are kept as they are. ``shard``
         ``(i, n)``: only every ``n``-th file from the ``i``-th (one process
         of ``n``; entries are per file, written whole).
@@ -329,8 +335,12 @@ class LengthIndex:
                     if entry is None:
                         per_group = []
                         for shard in shards:
-                            texts = reader.read(shard).column(column).combine_chunks()
-                            per_group.append(encode_lengths(encode, texts, pool, slice_bytes))
+                            values = reader.read(shard).column(column).combine_chunks()
+                            per_group.append(
+                                pc.cast(pc.list_value_length(values), pa.int32())
+                                if encode is None
+                                else encode_lengths(encode, values, pool, slice_bytes)
+                            )
                             if progress is not None:
                                 progress(1)
                         try:
