@@ -1802,7 +1802,7 @@ MUTANTS = [
         "arrowstream/pack/bucketrun.py",
         "        for key, a in first.items():\n            if a == 0:\n                self._count_long(self.store[key])\n",
         "",
-        ("tests/test_bucket.py",),
+        ("tests/test_bucket.py::test_a_truncated_document_in_a_dropped_batch_is_counted_truncated_and_dropped",),
     ),
     Mutant(
         "redeal-forgets-the-counts-so-far",

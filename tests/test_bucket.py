@@ -391,6 +391,20 @@ def test_a_long_document_held_through_a_merge_is_counted_once(tmp_path: Path, lo
     assert merged == whole
 
 
+@pytest.mark.parametrize("seed", [1, 7])
+def test_a_truncated_document_in_a_dropped_batch_is_counted_truncated_and_dropped(tmp_path: Path, seed: int) -> None:
+    # drop_last drops the epoch's last, partial batch; a truncated document in it must still count its
+    # truncated tokens, or they are counted nowhere (these seeds put one there)
+    lengths = _heavy_tail(41, seed=seed, cap=120)
+    root = _write(tmp_path, lengths, files=1)
+    it = _pipeline(root, max_len=32, long_docs="truncate", drop_last=True).iter()
+    for _ in it:
+        pass
+    stats = it.stats
+    assert stats["dropped_docs"] > 0 and stats["long_docs_truncated"] > 0
+    assert stats["tokens"] + stats["dropped_tokens"] + stats["truncated_tokens"] == sum(n + 1 for n in lengths)
+
+
 def test_long_documents_are_truncated_or_dropped_and_counted(tmp_path: Path) -> None:
     lengths = [5, 100, 7, 40, 3]
     root = _write(tmp_path, lengths, files=1)
