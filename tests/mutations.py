@@ -1860,6 +1860,14 @@ MUTANTS = [
         "        return counts",
         ("tests/test_length_index.py::test_an_index_of_token_ids_spares_reading_them_to_weigh_half_row_groups",),
     ),
+    Mutant(
+        "token-id-index-looked-up-with-a-listing",
+        "a pipeline over token ids looks up its length index with a lookup that lists the prefix on object storage",
+        "arrowstream/tokenize/lengths.py",
+        "        if self.spare and not self.explicit:",
+        "        if False:",
+        ("tests/test_storage.py::test_a_manifest_starts_16_consumers_with_no_listing_and_no_footer_read",),
+    ),
 ]
 
 

@@ -111,12 +111,9 @@ class Tokenize(Stage):
         which makes even batches over text exact; ``None`` (default): beside
         the data, in ``<root>/_arrowstream_index``, used when there is one;
         a path: that directory, which must cover the data; ``False``: none.
-        Over token ids (``tokenizer=None``) an index of the ids' lengths
-        (``arrowstream index PATH --column ids``) spares a plan reading the
-        ids of every row group when it must weigh parts of them (with
-        ``.shuffle``); without one they are read.
-        It never changes a consumer's documents, only how an epoch is split
-        between consumers (see ``docs/training.md``).
+        Over token ids, an index of their counts (``arrowstream index PATH
+        --column ids``) spares reading ids to weigh parts of row groups.
+        It never changes a consumer's documents (see ``docs/training.md``).
     loss_mask
         With ``tokenizer=None``: a column of per-token loss masks (a list of
         booleans or integers per row, as long as the row's token ids; true or
@@ -341,7 +338,7 @@ class Tokenize(Stage):
         """
         index = None
         if self.length_index is not False:
-            index = LengthIndex(manifest, self.setting, self.length_index or None)  # type: ignore[arg-type]
+            index = LengthIndex(manifest, self.setting, self.length_index or None, spare=self.encoder is None)  # type: ignore[arg-type]
         return known_tokens(
             manifest, self.column, eos=int(self.add_eos), ids=self.encoder is None, cache=self.cache, index=index
         )

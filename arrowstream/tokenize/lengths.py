@@ -107,6 +107,10 @@ class LengthIndex:
         The index's parent directory (the setting's own directory is made
         inside it); ``None``: ``<root>/_arrowstream_index`` beside the data,
         on the data's filesystem.
+    spare
+        The caller counts exactly without the index (token ids): an index
+        beside the data that cannot be looked for, or an entry that does not
+        match the data, is passed over without a warning.
 
     Examples
     --------
@@ -123,22 +127,35 @@ class LengthIndex:
     """
 
     def __init__(
-        self, manifest: Manifest, setting: dict[str, Any], location: str | os.PathLike[str] | None = None
+        self,
+        manifest: Manifest,
+        setting: dict[str, Any],
+        location: str | os.PathLike[str] | None = None,
+        *,
+        spare: bool = False,
     ) -> None:
         self.manifest = manifest
         self.setting = {"format": INDEX_FORMAT, **setting}
         key = hashlib.sha256(json.dumps(self.setting, sort_keys=True).encode()).hexdigest()[:16]
+        self._fs: pafs.FileSystem | None = None  # None: the data's, asked of the manifest each time (fork-safe)
         if location is None:
-            self.fs: pafs.FileSystem = manifest.filesystem
             parent = f"{manifest.root.rstrip('/')}/{INDEX_DIR}"
         else:
-            self.fs, parent = resolve_filesystem(location)
+            self._fs, parent = resolve_filesystem(location)
         self.dir = f"{parent.rstrip('/')}/{key}"
         self.explicit = location is not None
+        # `spare`: the caller counts exactly without it (token ids), so an index beside the data that
+        # cannot be asked for or does not match is no news worth a warning
+        self.spare = spare
         # per file: (source row groups, ids per row group, documents with ids per row group)
         self._entries: dict[int, tuple[list[int], np.ndarray, np.ndarray]] = {}
         self._open: tuple[int, pq.ParquetFile] | None = None
         self._lock = threading.Lock()
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        """The index's filesystem: the data's beside it (made again in a forked process, as the manifest does)."""
+        return self.manifest.filesystem if self._fs is None else self._fs
 
     def entry_path(self, file: int) -> str:
         """Return the path of source file ``file``'s entry."""
@@ -153,8 +170,17 @@ class LengthIndex:
             The storage cannot be asked (for an index named explicitly;
             beside the data, a warning says so and there is no index).
         """
+        path = f"{self.dir}/index.json"
+        if self.spare and not self.explicit:
+            # opened rather than looked up: on object storage a lookup of a missing key also lists its
+            # prefix, and every process over token ids asks (with a manifest, nothing else lists)
+            try:
+                with self.fs.open_input_stream(path):
+                    return True
+            except OSError:  # missing, or not to be asked: the ids are counted without it
+                return False
         try:
-            return self.fs.get_file_info(f"{self.dir}/index.json").type == pafs.FileType.File
+            return self.fs.get_file_info(path).type == pafs.FileType.File
         except OSError as exc:
             message = f"cannot look for a length index in {self.dir!r}: {exc}"
             if self.explicit:
@@ -204,9 +230,10 @@ class LengthIndex:
         message = f"length index entry {path!r} does not match the data: {why}"
         if self.explicit:
             raise CacheError(f"{message}; rebuild it with `arrowstream index` or delete the entry")
-        warn_user(
-            CacheWarning(f"{message}: even batches are estimated; rebuild it with `arrowstream index`"),
-        )
+        if not self.spare:
+            warn_user(
+                CacheWarning(f"{message}: even batches are estimated; rebuild it with `arrowstream index`"),
+            )
         return None
 
     def totals(self) -> np.ndarray | None:
