@@ -50,7 +50,7 @@ def known_tokens(
     cache, index
         The stage's token cache and the length index to look for (either may
         be ``None``). A complete read-only cache comes first. Over token ids,
-        an index that covers the data gives the rows' counts in place of
+        an index gives the rows' counts, file by file, in place of
         reading the ids (the footers give whole row groups' either way).
 
     Examples
@@ -104,20 +104,24 @@ def known_tokens(
 
 
 def _index_first(index: LengthIndex, read: Callable[[int], np.ndarray], eos: int) -> Callable[[int], np.ndarray]:
-    """Return a shard's tokens per row from ``index`` when it covers the data, else from ``read`` (the ids themselves).
+    """Return a shard's tokens per row from ``index`` where its file has an entry, else from ``read`` (the ids themselves).
 
     The index is looked for at the first call, so a plan that needs no
     row's count (whole row groups come from the footers) asks nothing of
-    the storage.
+    the storage; then only the entries of the files asked for are read,
+    since without a shuffle a plan weighs only the few row groups its cuts
+    fall in.
     """
-    covered: list[bool] = []
+    found: list[bool] = []
+    manifest = index.manifest
 
     def lengths(shard: int) -> np.ndarray:
-        if not covered:
-            covered.append(index.totals() is not None)
-        if not covered[0]:
-            return read(shard)
-        counts = index.lengths(shard)
-        return np.where(counts > 0, counts + eos, 0)
+        if not found:
+            found.append(index.exists())
+        # an explicit index's stale entry is an error, as for text; beside the data it is passed over
+        if found[0] and index.entry(int(manifest.shard_file[shard]), quiet=not index.explicit) is not None:
+            counts = index.lengths(shard)
+            return np.where(counts > 0, counts + eos, 0)
+        return read(shard)
 
     return lengths
