@@ -30,7 +30,10 @@ Also reported at each step time: how long the profiler range that every
 ``DataLoader.__next__`` opens (``torch.autograd.profiler.record_function``,
 a torch operator) takes right after sleeping the step, and back to back,
 with nothing else running: what a CPU that comes back cold from the step
-adds to every ``next()``, whatever the loader.
+adds to every ``next()``, whatever the loader. ``--cpu-latency-us 0`` runs
+with a request held on ``/dev/cpu_dma_latency`` (Linux PM QoS, needs write
+access to it) that keeps idle CPUs from entering any sleep state with an
+exit latency: the same runs on CPUs that do not go cold while the step sleeps.
 
 Usage::
 
@@ -38,6 +41,7 @@ Usage::
     python benchmarks/bench_stall.py --strategy best_fit --prefetch 0   # best_fit, batches made when asked for
     python benchmarks/bench_stall.py --step-ms 5,20,100   # your own step times instead of the headroom
     python benchmarks/bench_stall.py --thread-nice 0,5 --workers 0   # producer threads as nice as the step, and 5 nicer
+    python benchmarks/bench_stall.py --cpu-latency-us default,0   # idle CPUs as the machine has them, and kept awake
     python benchmarks/bench_stall.py --smoke           # seconds: runs once, checks only
 """
 
@@ -47,6 +51,7 @@ import argparse
 import contextlib
 import json
 import os
+import struct
 import sys
 import time
 from pathlib import Path
@@ -138,6 +143,42 @@ def _thread_nice(value: str) -> Iterator[None]:
             os.environ.pop(THREAD_NICE_ENV, None)
         else:
             os.environ[THREAD_NICE_ENV] = before
+
+
+CPU_LATENCY = "/dev/cpu_dma_latency"
+
+
+@contextlib.contextmanager
+def _cpu_latency(value: str) -> Iterator[int | None]:
+    """Hold a Linux PM QoS request of ``value`` microseconds on ``/dev/cpu_dma_latency`` (``""``: none).
+
+    While the file stays open no CPU of the machine enters an idle state
+    whose exit latency exceeds ``value`` (0: idle CPUs poll instead of
+    halting). Whole-machine, so DataLoader workers run under it too. Yields
+    the latency in force (the device read back), ``None`` where unreadable.
+    """
+    if not value:
+        yield _latency_in_force()
+        return
+    try:
+        fd = os.open(CPU_LATENCY, os.O_WRONLY)
+    except OSError as exc:
+        raise SystemExit(f"--cpu-latency-us {value} needs write access to {CPU_LATENCY} ({exc}); "
+                         "run as root, or leave the option out") from exc
+    try:
+        os.write(fd, struct.pack("i", int(value)))
+        yield _latency_in_force()
+    finally:
+        os.close(fd)
+
+
+def _latency_in_force() -> int | None:
+    """The machine's PM QoS CPU latency target now, in microseconds (``None``: no such device, or not readable)."""
+    try:
+        with open(CPU_LATENCY, "rb") as f:
+            return int(struct.unpack("i", f.read(4))[0])
+    except (OSError, struct.error):
+        return None
 
 
 def _rate(args: argparse.Namespace, workers: int) -> float:
@@ -276,6 +317,16 @@ def _consume_once(args: argparse.Namespace, workers: int, step_s: float, *, read
     }
 
 
+def _latency_value(text: str) -> str:
+    """``--cpu-latency-us``'s ``text`` as held (``""``: the machine's default); a clear exit if not an integer."""
+    text = text.strip()
+    if text in ("", "default"):
+        return ""
+    if not text.isdigit():
+        raise SystemExit(f"--cpu-latency-us takes 'default' or microseconds (an integer >= 0), got {text!r}")
+    return text
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_corpus_options(p)
@@ -300,6 +351,11 @@ def main() -> int:
              "(e.g. 0,5: producer threads at the consumer's priority, and 5 steps nicer) [the library's default]",
     )
     p.add_argument(
+        "--cpu-latency-us", default=None,
+        help="comma-separated: 'default' (idle CPUs as the machine has them) or microseconds held on "
+             "/dev/cpu_dma_latency during the runs (0: idle CPUs never halt; needs write access), each run in turn",
+    )
+    p.add_argument(
         "--switch-interval", type=float, default=None,
         help="sys.setswitchinterval(seconds) before the runs (default: Python's, 0.005)",
     )
@@ -318,6 +374,8 @@ def main() -> int:
     args.corpus, args.tokenizer = corpus_and_tokenizer(args)
     workers = [int(w) for w in args.workers.split(",")]
     nices = [n.strip() for n in args.thread_nice.split(",")] if args.thread_nice else [""]
+    latencies = [_latency_value(v) for v in args.cpu_latency_us.split(",")] if args.cpu_latency_us else [""]
+    variants = [(n, lat) for lat in latencies for n in nices]
     headrooms = [float(h) for h in args.headroom.split(",")]
     fixed = [float(ms) for ms in args.step_ms.split(",")] if args.step_ms else []
     # each setting's name and its step time from the loader's rate
@@ -333,41 +391,51 @@ def main() -> int:
         for setting, step_of in plan:
             step = step_of(rate)
             h = step * rate
-            runs: dict[str, list[dict[str, Any]]] = {n: [] for n in nices}
-            floors, besides = [], []
+            runs: dict[tuple[str, str], list[dict[str, Any]]] = {v: [] for v in variants}
+            floors: dict[str, list[dict[str, Any]]] = {lat: [] for lat in latencies}
+            besides: dict[str, list[dict[str, Any]]] = {lat: [] for lat in latencies}
             for _ in range(args.repeats):  # alternated, so all see the same machine
-                for n in nices:
-                    with _thread_nice(n):
-                        runs[n].append(_consume(args, k, step))
-                floors.append(_consume(args, k, step, ready=True))
-                if args.beside:
-                    besides.append(_consume(args, k, step, ready=True, beside=True))
-            floor = {key: median([r[key] for r in floors]) for key in floors[0]}
-            cold_us, warm_us = _cold_range_us(step)
-            for n in nices:
-                summary = {key: median([r[key] for r in runs[n]]) for key in runs[n][0]}
-                name = f"workers={k}, {setting}" + (f", nice={n}" if n else "")
+                for lat in latencies:
+                    with _cpu_latency(lat):
+                        for n in nices:
+                            with _thread_nice(n):
+                                runs[n, lat].append(_consume(args, k, step))
+                        floors[lat].append(_consume(args, k, step, ready=True))
+                        if args.beside:
+                            besides[lat].append(_consume(args, k, step, ready=True, beside=True))
+            colds, in_force = {}, {}
+            for lat in latencies:
+                with _cpu_latency(lat) as in_force[lat]:
+                    colds[lat] = _cold_range_us(step)
+            for n, lat in variants:
+                floor = {key: median([r[key] for r in floors[lat]]) for key in floors[lat][0]}
+                cold_us, warm_us = colds[lat]
+                summary = {key: median([r[key] for r in runs[n, lat]]) for key in runs[n, lat][0]}
+                name = (f"workers={k}, {setting}" + (f", nice={n}" if n else "")
+                        + (f", cpu latency={lat} us" if lat else ""))
                 results["runs"][name] = {
-                    "rate": rate, "rates": rates, "runs": runs[n], **summary, "ready": {"runs": floors, **floor},
+                    "rate": rate, "rates": rates, "runs": runs[n, lat], **summary,
+                    "ready": {"runs": floors[lat], **floor},
                     "profiler_range_us": {"after_step": cold_us, "back_to_back": warm_us},
+                    "cpu_latency_in_force_us": in_force[lat],
                 }
-                row = [k, n or "default", f"{rate:.0f}", f"{h:.3g}", f"{step * 1e3:.2f}",
+                row = [k, n or "default", f"{lat} us" if lat else "default", f"{rate:.0f}", f"{h:.3g}", f"{step * 1e3:.2f}",
                        f"{100 * summary['wait_share']:.1f}", f"{100 * summary['cpu_wait_share']:.1f}",
                        f"{summary['p50_ms']:.2f}", f"{summary['p99_ms']:.2f}", f"{summary['first_batch_s']:.2f}",
                        f"{100 * floor['wait_share']:.1f}", f"{floor['p50_ms']:.2f}", f"{cold_us:.0f} ({warm_us:.0f})"]
                 if args.beside:
-                    near = {key: median([r[key] for r in besides]) for key in besides[0]}
-                    results["runs"][name]["ready_beside"] = {"runs": besides, **near}
+                    near = {key: median([r[key] for r in besides[lat]]) for key in besides[lat][0]}
+                    results["runs"][name]["ready_beside"] = {"runs": besides[lat], **near}
                     row += [f"{100 * near['wait_share']:.1f}", f"{near['p50_ms']:.2f}"]
                 rows.append(row)
-                log(f"  headroom {h:.3g}{f', nice {n}' if n else ''}: step {step * 1e3:.2f} ms, waited "
+                log(f"  headroom {h:.3g}{f', nice {n}' if n else ''}{f', cpu latency {lat} us' if lat else ''}: step {step * 1e3:.2f} ms, waited "
                     f"{100 * summary['wait_share']:.1f} % of wall time "
                     f"({100 * summary['cpu_wait_share']:.1f} points of it runnable without a CPU), "
                     f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms; batches ready: waited "
                     f"{100 * floor['wait_share']:.1f} %, p50 {floor['p50_ms']:.2f} ms; the DataLoader's profiler range "
                     f"after a step {cold_us:.0f} us, back to back {warm_us:.0f} us")
     log()
-    header = ["workers", "thread nice", "loader batches/s", "headroom", "step ms", "wait % of wall", "of it off a CPU %", "p50 wait ms",
+    header = ["workers", "thread nice", "cpu latency", "loader batches/s", "headroom", "step ms", "wait % of wall", "of it off a CPU %", "p50 wait ms",
               "p99 wait ms", "first batch s", "ready: wait %", "ready: p50 ms", "profiler range after a step us (back to back)"]
     if args.beside:
         header += ["ready beside the work: wait %", "p50 ms"]

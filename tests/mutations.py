@@ -1868,6 +1868,14 @@ MUTANTS = [
         "        if False:",
         ("tests/test_storage.py::test_a_manifest_starts_16_consumers_with_no_listing_and_no_footer_read",),
     ),
+    Mutant(
+        "prefetch-wakes-its-producer-at-every-get",
+        "a full prefetch queue wakes its producer each time the consumer takes a batch, in the middle of its next()",
+        "arrowstream/io/prefetch.py",
+        "if self.resting and self._qsize() <= self.maxsize // 2:",
+        "if self.resting:",
+        ("tests/test_prefetch.py",),
+    ),
 ]
 
 

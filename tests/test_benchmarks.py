@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -197,6 +198,21 @@ def test_stall_benchmark_compares_thread_niceness_side_by_side(tmp_path: Path) -
         a, b = (result["runs"][f"workers={k}, headroom=2.0, nice={n}"] for n in (0, 7))
         assert a["step_ms"] == b["step_ms"] and a["ready"]["runs"] == b["ready"]["runs"]  # the same step and floor
     assert result["best"]["2.0"]["run"] in result["runs"]
+
+
+def test_stall_benchmark_holds_idle_cpus_awake_side_by_side(tmp_path: Path) -> None:
+    device = Path("/dev/cpu_dma_latency")
+    if not os.access(device, os.W_OK):  # the option says what it needs instead of a traceback
+        command = [sys.executable, str(ROOT / "benchmarks" / "bench_stall.py"), "--smoke", "--cpu-latency-us", "0",
+                   "--workers", "0", "--workdir", str(tmp_path / "work")]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert proc.returncode != 0 and "needs write access to /dev/cpu_dma_latency" in proc.stderr
+        return
+    result, stdout = _bench(tmp_path, "bench_stall.py", "--smoke", "--cpu-latency-us", "default,0", "--workers", "0")
+    held, free = result["runs"]["workers=0, headroom=2.0, cpu latency=0 us"], result["runs"]["workers=0, headroom=2.0"]
+    assert held["cpu_latency_in_force_us"] == 0 and free["cpu_latency_in_force_us"] > 0  # the request was in force
+    assert held["step_ms"] == free["step_ms"] and held["ready"]["runs"] != free["ready"]["runs"]  # each its own floor
+    assert "0 us" in stdout
 
 
 def test_long_documents_benchmark_smoke_run_keeps_states_small(tmp_path: Path) -> None:

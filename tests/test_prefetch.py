@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import queue
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 
 from arrowstream import ConfigError
 from arrowstream.io.niceness import DEFAULT_THREAD_NICE, THREAD_NICE_ENV
-from arrowstream.io.prefetch import Prefetcher
+from arrowstream.io.prefetch import Prefetcher, RefillQueue
 
 from .conftest import write_parts
 
@@ -52,6 +54,55 @@ def test_items_keep_their_order_and_errors_reach_the_consumer() -> None:
     assert next(p) == 1
     with pytest.raises(ValueError, match="broken shard"):
         next(p)
+
+
+class _CountingQueue(RefillQueue):
+    """Counts the gets that woke a resting producer."""
+
+    wakes = 0
+
+    def get(self, block: bool = True, timeout: float | None = None) -> object:
+        resting = self.resting
+        item = super().get(block, timeout)
+        self.wakes += resting and not self.resting
+        return item
+
+
+def test_a_full_prefetch_queue_wakes_its_producer_once_per_half_queue_taken() -> None:
+    q, n = _CountingQueue(8), 200
+    seen: list[int] = []
+
+    def produce() -> None:
+        for i in range(n):
+            q.put(i)
+            seen.append(q.qsize())
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    time.sleep(0.05)  # the producer fills the queue and rests
+    got = []
+    for _ in range(n):
+        got.append(q.get())
+        time.sleep(0.0005)  # a slower consumer: the producer keeps the queue full
+    thread.join()
+    assert got == list(range(n)) and max(seen) <= 8
+    # each wake lets the producer put 4 items (8 // 2 were left): not one wake per item taken
+    assert q.wakes <= n // 4 + 1 and q.wakes >= n // 8
+
+
+def test_a_resting_producer_goes_on_when_the_queue_grows_or_is_emptied() -> None:
+    q = RefillQueue(2)
+    q.put(0)
+    q.put(1)
+    with pytest.raises(queue.Full):
+        q.put(2, timeout=0.01)
+    q.resize(4)  # as Prefetcher.resize: room now, at once
+    q.put(2, timeout=0.01)
+    assert [q.get_nowait() for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(queue.Empty):
+        q.get_nowait()
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.01)
 
 
 def test_close_before_use_starts_no_thread() -> None:
