@@ -115,13 +115,15 @@ def file_info(
 def entity_tag(handle: Any, fs: pafs.FileSystem | None = None, path: str | None = None) -> str | None:
     """Return the ETag an open object-store file states (``None`` for a local file or a store without one).
 
-    pyarrow's own clients give it in the file's metadata. An fsspec
-    filesystem (``fs``, wrapped in pyarrow's ``PyFileSystem``) does not: it
-    is taken from its ``info(path)`` (s3fs ``ETag``, gcsfs and adlfs
-    ``etag``; s3fs answers from the listing it keeps, with no request).
+    pyarrow's own clients give it in the file's metadata (S3 as ``ETag``,
+    GCS as ``etag``). An fsspec filesystem (``fs``, wrapped in pyarrow's
+    ``PyFileSystem``) does not: it is taken from its ``info(path)`` (s3fs
+    ``ETag``, gcsfs and adlfs ``etag``; s3fs answers from the listing it
+    keeps, with no request).
     """
     try:
-        value = (handle.metadata() or {}).get("ETag")
+        meta = handle.metadata() or {}
+        value = meta.get("ETag") or meta.get("etag")
     except (AttributeError, NotImplementedError, OSError):
         value = None
     inner = getattr(getattr(fs, "handler", None), "fs", None)  # the fsspec filesystem, if any
