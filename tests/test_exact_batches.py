@@ -184,8 +184,11 @@ def test_the_dataset_says_how_batch_counts_are_made_equal(tmp_path: Path, tokeni
     assert ids.pack(seq_len=16, batch_size=2).balance.startswith("counted: token ids")
     assert ids.pack(seq_len=16, batch_size=2, even_batches=False).balance == "off: even_batches=False"
     assert ids.bucket(batch_size=2).balance == (
-        "counted: token ids (whole row groups from the footers; batches by running bucket on the lengths)"
+        "counted: token ids (whole row groups from the footers; batches by running bucket on the lengths, "
+        "from a length index where there is one, else read)"
     )
+    no_index = read_parquet(_ids(tmp_path / "ids")).tokenize(None, column="input_ids", eos_id=0, length_index=False)
+    assert no_index.bucket(batch_size=2).balance.endswith("batches by running bucket on the lengths)")
     root, cache = _texts(tmp_path), tmp_path / "cache"
     text = read_parquet(root).tokenize(tokenizer, cache=cache)
     assert "arrowstream cache" in text.pack(seq_len=16, batch_size=2).balance

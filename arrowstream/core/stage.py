@@ -44,11 +44,15 @@ class KnownTokens:
         Tokens per shard as footers tell them (no read), or ``None``.
     source
         Where the counts come from, for people (``"token ids"``).
+    rows_from
+        Where rows' lengths come from when they differ from ``source``, for
+        people (``", from a length index where there is one, else read"``).
     """
 
     lengths: Callable[[int], np.ndarray]
     per_shard: np.ndarray | None = None
     source: str = "token ids"
+    rows_from: str = ""
 
     def skipping_unreadable(self, manifest: Manifest) -> KnownTokens:
         """These counts, with no token for each row of a row group whose bytes do not decode (``on_error="skip"``).

@@ -362,7 +362,7 @@ class Plan:
         >>> Plan.of(ds.pack(seq_len=4, batch_size=2)).balance
         'counted: token ids (whole row groups from the footers)'
         >>> Plan.of(ds.pack(seq_len=4, batch_size=2, strategy="best_fit")).balance
-        'counted: token ids (whole row groups from the footers; batches by running best_fit on the lengths)'
+        'counted: token ids (whole row groups from the footers; batches by running best_fit on the lengths, from a length index where there is one, else read)'
         >>> Plan.of(read_parquet(example_dir()).filter(pc.field("n") > 0).tokenize(None, column="ids", eos_id=0)
         ...         .pack(seq_len=4, batch_size=2)).balance
         'estimated: filter may drop rows before they are read'
@@ -378,7 +378,7 @@ class Plan:
             known = self.token_counts.known
             how = "whole row groups from the footers" if known.per_shard is not None else "read per row group"
             if packer.exact_batches(0) is None:
-                how += f"; batches by running {packer.name} on the lengths"
+                how += f"; batches by running {packer.name} on the lengths{known.rows_from}"
             return f"counted: {known.source} ({how})"
         known = self._stage_tokens()
         droppers = [s.name for s, k in zip(self.stages, known) if k is None and not s.keeps_rows]

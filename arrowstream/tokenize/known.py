@@ -81,7 +81,9 @@ def known_tokens(
 
         elements, empty = manifest.list_values(column), manifest.list_empty_rows(column)
         per_shard = None if elements is None or empty is None else elements + eos * (manifest.shard_rows - empty)
-        return KnownTokens(from_column if index is None else _index_first(index, from_column, eos), per_shard)
+        if index is None:
+            return KnownTokens(from_column, per_shard)
+        return KnownTokens(_index_first(index, from_column, eos), per_shard, rows_from=INDEX_FIRST)
     counts = None if cache is None or cache.writable else cache.counts(manifest)
     if cache is not None and counts is not None:
 
@@ -101,6 +103,10 @@ def known_tokens(
         return np.where(lengths > 0, lengths + eos, 0)
 
     return KnownTokens(from_index, totals[:, 0] + eos * totals[:, 1], source="a length index")
+
+
+#: How :attr:`KnownTokens.rows_from` says a column of ids's row lengths come from an index when there is one.
+INDEX_FIRST = ", from a length index where there is one, else read"
 
 
 def _index_first(index: LengthIndex, read: Callable[[int], np.ndarray], eos: int) -> Callable[[int], np.ndarray]:
