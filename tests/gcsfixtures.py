@@ -8,44 +8,25 @@ object metadata with ETags, ranged reads.
 
 from __future__ import annotations
 
-import http.client
-import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from .s3fixtures import free_port
+from .childserver import ChildServer
 
 __all__ = ["GcsServer"]
 
 
-class GcsServer:
+class GcsServer(ChildServer):
     """A GCS-compatible server for the tests, started as a child process and stopped with :meth:`stop`."""
 
     def __init__(self, workdir: Path) -> None:
-        port = free_port()
-        self.endpoint = f"127.0.0.1:{port}"
-        self._log = open(workdir / "gcsserver.log", "wb")  # noqa: SIM115 (closed with the process)
-        self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(port),
+        super().__init__(
+            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", "{port}",
              "--in-memory"],
-            stdout=self._log, stderr=subprocess.STDOUT,
+            workdir, name="gcsserver", probe="/storage/v1/b?project=test",
         )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-                conn.request("GET", "/storage/v1/b?project=test")
-                conn.getresponse().read()
-                conn.close()
-                break
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the GCS test server did not start: see {workdir / 'gcsserver.log'}") from None
-                time.sleep(0.1)
 
     def filesystem(self) -> Any:
         """Return a ``pyarrow.fs.GcsFileSystem`` of the server (anonymous, plain HTTP, retries for 5 s at most)."""
@@ -84,14 +65,3 @@ class GcsServer:
         """Return the bytes of the object ``bucket/key``."""
         with self.filesystem().open_input_stream(path) as f:
             return bytes(f.read())
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-            self._log.close()
-            self.process = None

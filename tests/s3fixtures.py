@@ -22,26 +22,20 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.parse
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FaultProxy", "Faults", "Request", "S3Server", "free_port"]
+from .childserver import ChildServer
+
+__all__ = ["FaultProxy", "Faults", "Request", "S3Server"]
 
 _ERROR = (
     '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
     "<RequestId>arrowstream-test</RequestId></Error>"
 )
-
-
-def free_port() -> int:
-    """Return a TCP port of 127.0.0.1 that is free now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class S3Server:
@@ -56,27 +50,9 @@ class S3Server:
             self.secret_key = os.environ.get("ARROWSTREAM_TEST_S3_SECRET_KEY", "")
             return
         self.access_key, self.secret_key = "test", "testtest"
-        port = free_port()
-        self.endpoint = f"127.0.0.1:{port}"
-        log = open(workdir / "s3server.log", "wb")  # noqa: SIM115 (closed with the process)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
-        self._log = log
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-                conn.request("GET", "/moto-api/")
-                conn.getresponse().read()
-                conn.close()
-                break
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the S3 test server did not start: see {workdir / 's3server.log'}") from None
-                time.sleep(0.1)
+        self._child = ChildServer([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "{port}"], workdir,
+                                  name="s3server", probe="/moto-api/")
+        self.endpoint, self.process = self._child.endpoint, self._child.process
 
     def filesystem(self, endpoint: str | None = None, **options: Any) -> Any:
         """Return a ``pyarrow.fs.S3FileSystem`` talking to the server (or to ``endpoint``, a proxy in front of it)."""
@@ -109,13 +85,7 @@ class S3Server:
 
     def stop(self) -> None:
         if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-            self._log.close()
+            self._child.stop()
             self.process = None
 
 
