@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["ChildServer", "free_port"]
+__all__ = ["ChildServer", "free_port", "free_ports_with_grpc"]
 
 
 def free_port() -> int:
@@ -18,15 +18,37 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports_with_grpc(count: int) -> list[int]:
+    """Return ``count`` ports of 127.0.0.1 that are free now, each with its port + 10000 free too (a gRPC port beside)."""
+    out: list[int] = []
+    while len(out) < count:
+        port = free_port()
+        if port + 10000 > 65535 or port in out or port + 10000 in out:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        out.append(port)
+    return out
+
+
 class ChildServer:
     """Run ``command`` (with ``{port}`` in it) until :meth:`stop`; ready once ``GET probe`` gets any HTTP answer.
+
+    ``port``: the one to serve on (default: a free one). ``stop_wait``:
+    seconds :meth:`stop` gives it to exit before killing it.
 
     Its output goes to ``workdir/<name>.log``; a server that exits or does
     not answer within 30 s is a ``RuntimeError`` naming that file.
     """
 
-    def __init__(self, command: list[str], workdir: Path, *, name: str, probe: str) -> None:
-        port = free_port()
+    def __init__(
+        self, command: list[str], workdir: Path, *, name: str, probe: str, port: int | None = None, stop_wait: float = 10
+    ) -> None:
+        self._stop_wait = stop_wait
+        port = port or free_port()
         self.endpoint = f"127.0.0.1:{port}"
         log_path = workdir / f"{name}.log"
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed with the process)
@@ -48,11 +70,11 @@ class ChildServer:
                 time.sleep(0.1)
 
     def stop(self) -> None:
-        """Stop the server (terminate, then kill after 10 s); nothing when stopped already."""
+        """Stop the server (terminate, then kill after ``stop_wait`` seconds); nothing when stopped already."""
         if self.process is not None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=10)
+                self.process.wait(timeout=self._stop_wait)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

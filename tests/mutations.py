@@ -1848,8 +1848,8 @@ MUTANTS = [
         "token-id-index-ignored",
         "a plan over token ids reads every row group's ids to weigh half row groups though an index has their counts",
         "arrowstream/tokenize/known.py",
-        "        return KnownTokens(from_column if index is None else _index_first(index, from_column, eos), per_shard)",
-        "        return KnownTokens(from_column, per_shard)",
+        "        return KnownTokens(_index_first(index, from_column, eos), per_shard, rows_from=INDEX_FIRST)",
+        "        return KnownTokens(from_column, per_shard, rows_from=INDEX_FIRST)",
         ("tests/test_length_index.py::test_an_index_of_token_ids_spares_reading_them_to_weigh_half_row_groups",),
     ),
     Mutant(
@@ -1883,6 +1883,14 @@ MUTANTS = [
         'value = meta.get("ETag") or meta.get("etag")',
         'value = meta.get("ETag")',
         ("tests/test_gcs.py",),
+    ),
+    Mutant(
+        "forked-worker-shares-the-parents-pyarrow-connections",
+        "a forked DataLoader worker reads through the parent's pyarrow S3 filesystem and its open connections",
+        "arrowstream/io/manifest.py",
+        "elif self._filesystem_pid != os.getpid() and inner is None and not isinstance(fs, pafs.LocalFileSystem):",
+        "elif False:",
+        ("tests/test_storage.py",),
     ),
 ]
 

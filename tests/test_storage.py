@@ -26,7 +26,7 @@ from arrowstream.cli import main
 from arrowstream.errors import ShardError
 
 from .conftest import write_named_docs
-from .s3fixtures import FaultProxy, Faults, S3Server
+from .s3fixtures import FaultProxy, Faults, S3Server, seaweedfs_available
 
 BUCKET = "corpus"
 LENGTHS = [int(n) for n in np.random.default_rng(0).integers(20, 400, size=120)]
@@ -37,10 +37,16 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_named_docs(tmp_path_factory.mktemp("data") / "docs", LENGTHS, files=3, rg=10)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, local: Path) -> Iterator[S3Server]:
+# every test against moto's server and SeaweedFS (where its binary is installed), or the server the environment names
+_SERVERS = ["external"] if os.environ.get("ARROWSTREAM_TEST_S3_ENDPOINT") else (
+    ["moto", "seaweedfs"] if seaweedfs_available() else ["moto"]
+)
+
+
+@pytest.fixture(scope="module", params=_SERVERS)
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, local: Path) -> Iterator[S3Server]:
     os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # no 5 s probe of a cloud's metadata service
-    srv = S3Server(tmp_path_factory.mktemp("s3"))
+    srv = S3Server(tmp_path_factory.mktemp("s3"), kind=request.param)
     try:
         srv.upload(BUCKET, "docs", local)
         yield srv
@@ -280,6 +286,34 @@ def test_forked_workers_read_through_a_filesystem_the_parent_created_and_used(se
     assert out.returncode == 0, out.stderr[-2000:]
     count, same = out.stdout.split()
     assert int(count) > 50 and same == "True", "the workers read the whole corpus, as the parent did"
+
+
+def _child_filesystem(manifest: Any, parent_id: int, out: Any) -> None:
+    """In a forked process: is the manifest's filesystem its own (not the parent's object), and does it read?"""
+    fs = manifest.filesystem
+    own = id(fs) != parent_id and manifest.filesystem is fs  # made once, then kept
+    out.send((own, type(fs).__name__, fs.get_file_info(f"{BUCKET}/docs/part-000.parquet").size))
+
+
+def test_a_forked_process_reads_through_a_pyarrow_filesystem_of_its_own(server: S3Server) -> None:
+    # the parent's connections, shared by every forked worker, gave one worker the answer to another's
+    # request (seen against SeaweedFS: a ranged GET's length and another object's ETag for a lookup)
+    import multiprocessing
+
+    from arrowstream.pipeline.plan import Plan
+
+    fs = server.filesystem()
+    manifest = Plan.of(read_parquet(f"{BUCKET}/docs", filesystem=fs)).manifest
+    assert manifest.filesystem is fs
+    ctx = multiprocessing.get_context("fork")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_child_filesystem, args=(manifest, id(fs), there))
+    proc.start()
+    assert here.poll(60), "the forked process answered"
+    own, kind, size = here.recv()
+    proc.join(30)
+    assert own and kind == type(fs).__name__ and size > 0
+    assert manifest.filesystem is fs  # the parent keeps its own
 
 
 # -- the same faults through fsspec (s3fs): its client raises classes of its own -------------------
