@@ -50,11 +50,26 @@ class ChildServer:
         self._stop_wait = stop_wait
         port = port or free_port()
         self.endpoint = f"127.0.0.1:{port}"
-        log_path = workdir / f"{name}.log"
-        self._log = open(log_path, "wb")  # noqa: SIM115 (closed with the process)
-        self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [part.replace("{port}", str(port)) for part in command], stdout=self._log, stderr=subprocess.STDOUT
-        )
+        self._command = [part.replace("{port}", str(port)) for part in command]
+        self._name, self._probe, self._log_path = name, probe, workdir / f"{name}.log"
+        self._log = open(self._log_path, "ab")  # noqa: SIM115 (closed with the process)
+        self.process: subprocess.Popen[bytes] | None = None
+        self._start()
+
+    def kill(self) -> None:
+        """Kill the server at once (SIGKILL): no answer, no flush, its port closed."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def restart(self) -> None:
+        """Start the same command again, on the same port, and wait until it answers."""
+        self._start()
+
+    def _start(self) -> None:
+        name, probe, log_path = self._name, self._probe, self._log_path
+        port = int(self.endpoint.rsplit(":", 1)[1])
+        self.process = subprocess.Popen(self._command, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:
             try:

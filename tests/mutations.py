@@ -1892,6 +1892,14 @@ MUTANTS = [
         "elif False:",
         ("tests/test_storage.py",),
     ),
+    Mutant(
+        "a-refused-connection-is-not-tried-again",
+        "a server down for a moment (connections refused) ends the run at once instead of being waited for",
+        "arrowstream/io/failures.py",
+        '"SLOW_DOWN", "SlowDown", "SERVICE_UNAVAILABLE", "INTERNAL_FAILURE", "NETWORK_CONNECTION",',
+        '"SLOW_DOWN", "SlowDown", "SERVICE_UNAVAILABLE", "INTERNAL_FAILURE",',
+        ("tests/test_storage.py::test_a_server_killed_and_back_within_the_retries_changes_nothing",),
+    ),
 ]
 
 

@@ -95,6 +95,15 @@ class S3Server:
             if path.is_file():
                 s3.put_object(Bucket=bucket, Key=f"{prefix}/{path.relative_to(local).as_posix()}", Body=path.read_bytes())
 
+    def kill(self) -> None:
+        """Kill the server process at once (SIGKILL)."""
+        self._child.kill()
+
+    def restart(self) -> None:
+        """Start it again on the same port (SeaweedFS keeps its objects on disk; moto's are gone)."""
+        self._child.restart()
+        self.process = self._child.process
+
     def stop(self) -> None:
         if self.process is not None:
             self._child.stop()

@@ -288,6 +288,36 @@ def test_forked_workers_read_through_a_filesystem_the_parent_created_and_used(se
     assert int(count) > 50 and same == "True", "the workers read the whole corpus, as the parent did"
 
 
+@pytest.mark.parametrize("kind", [k for k in _SERVERS if k == "seaweedfs"])  # keeps its objects when killed
+def test_a_server_killed_and_back_within_the_retries_changes_nothing(
+    kind: str, local: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    monkeypatch.setenv("ARROWSTREAM_READ_AHEAD", "0")  # row groups read as batches are asked for: during the outage
+    monkeypatch.setenv("ARROWSTREAM_READ_ATTEMPTS", "8")
+    monkeypatch.setenv("ARROWSTREAM_READ_BACKOFF", "0.25")  # tries for about 30 s
+    want = _batches(_pipeline(local))
+    srv = S3Server(tmp_path, kind=kind)
+    back = threading.Timer(1.5, srv.restart)
+    try:
+        srv.upload(BUCKET, "docs", local)
+        fs = srv.filesystem(connect_timeout=0.5, request_timeout=2)
+        it = _pipeline(f"{BUCKET}/docs", filesystem=fs).iter()
+        got = [next(it)["input_ids"].tobytes() for _ in range(5)]
+        srv.kill()
+        back.start()
+        got += [b["input_ids"].tobytes() for b in it]
+        assert got == want, "the same batches, none lost or repeated"
+        assert it.read_retries >= 1, "reads failed while the server was down and were tried again"
+        it.close()
+    finally:
+        back.cancel()
+        if back.is_alive():
+            back.join()
+        srv.stop()
+
+
 def _child_filesystem(manifest: Any, parent_id: int, out: Any) -> None:
     """In a forked process: is the manifest's filesystem its own (not the parent's object), and does it read?"""
     fs = manifest.filesystem
