@@ -1205,7 +1205,7 @@ MUTANTS = [
     Mutant(
         "fsspec-filesystem-kept-after-fork",
         "a forked DataLoader worker reads through the parent's async fsspec filesystem, which refuses it ('not fork-safe')",
-        "arrowstream/io/manifest.py",
+        "arrowstream/io/forksafe.py",
         "        if inner is not None and getattr(inner, \"_pid\", None) not in (None, os.getpid()):",
         "        if False:",
         ("tests/test_storage.py",),
@@ -1887,8 +1887,8 @@ MUTANTS = [
     Mutant(
         "forked-worker-shares-the-parents-pyarrow-connections",
         "a forked DataLoader worker reads through the parent's pyarrow S3 filesystem and its open connections",
-        "arrowstream/io/manifest.py",
-        "elif self._filesystem_pid != os.getpid() and inner is None and not isinstance(fs, pafs.LocalFileSystem):",
+        "arrowstream/io/forksafe.py",
+        "elif self._pid != os.getpid() and inner is None and not isinstance(fs, pafs.LocalFileSystem):",
         "elif False:",
         ("tests/test_storage.py",),
     ),

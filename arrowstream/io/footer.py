@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from arrowstream.errors import ShardError
 from arrowstream.io.discover import relpath
 from arrowstream.io.failures import error_text, refused, retried
+from arrowstream.io.forksafe import fsspec_of
 from arrowstream.io.statistics import FileStatistics
 
 __all__ = ["FileInfo", "entity_tag", "file_info", "read_footer"]
@@ -126,7 +127,7 @@ def entity_tag(handle: Any, fs: pafs.FileSystem | None = None, path: str | None 
         value = meta.get("ETag") or meta.get("etag")
     except (AttributeError, NotImplementedError, OSError):
         value = None
-    inner = getattr(getattr(fs, "handler", None), "fs", None)  # the fsspec filesystem, if any
+    inner = fsspec_of(fs)  # the fsspec filesystem, if any
     if not value and inner is not None and path is not None:
         try:
             info = inner.info(path)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import pyarrow.parquet as pq
 
 from arrowstream.errors import ConfigError, ShardError
 from arrowstream.io.discover import discover, resolve_filesystem
+from arrowstream.io.forksafe import PerProcess
 from arrowstream.io.footer import FileInfo, entity_tag, read_footer
 from arrowstream.io.schema import check_schemas, normalize_type
 from arrowstream.io.statistics import matching_row_groups
@@ -108,8 +108,7 @@ class Manifest:
         num_empty_files: int,
         num_empty_row_groups: int,
     ) -> None:
-        self._filesystem = filesystem
-        self._filesystem_pid = os.getpid()
+        self._filesystem = PerProcess(filesystem)
         self.root = root
         self.schema = schema
         self.drift = dict(drift or {})
@@ -250,28 +249,8 @@ class Manifest:
 
     @property
     def filesystem(self) -> pafs.FileSystem:
-        """The dataset's filesystem; in a process forked since, a remote one is made again, with its own connections.
-
-        An async fsspec filesystem (s3fs, gcsfs, adlfs...) refuses to be used
-        in a forked process ("This class is not fork-safe"), as DataLoader
-        workers are: the worker makes its own from the same arguments
-        (``storage_args``, ``storage_options``). Attributes set on the object
-        after it was made are not carried over. A pyarrow one (S3, GCS...)
-        works after a fork but keeps the connections it had opened, which
-        every forked worker then shares: two workers' requests on one
-        connection get each other's answers (an object's size, ETag or bytes
-        for another read). The worker makes its own from the same options
-        (pyarrow's pickling of it).
-        """
-        fs = self._filesystem
-        inner = getattr(getattr(fs, "handler", None), "fs", None)  # the fsspec filesystem, if any
-        if inner is not None and getattr(inner, "_pid", None) not in (None, os.getpid()):
-            fresh = type(inner)(*inner.storage_args, **inner.storage_options)
-            self._filesystem = fs = pafs.PyFileSystem(pafs.FSSpecHandler(fresh))
-        elif self._filesystem_pid != os.getpid() and inner is None and not isinstance(fs, pafs.LocalFileSystem):
-            self._filesystem = fs = _remade(fs)
-        self._filesystem_pid = os.getpid()
-        return fs
+        """The dataset's filesystem; in a process forked since, a remote one made again (:class:`~arrowstream.io.forksafe.PerProcess`)."""
+        return self._filesystem.get()
 
     def check_pin(self, path: str, handle: Any) -> None:
         """Raise :class:`~arrowstream.errors.ShardError` when the open file ``handle`` is not the one discovered.
@@ -469,10 +448,3 @@ def _fingerprint(files: Sequence[FileInfo]) -> str:
     return digest.hexdigest()[:32]
 
 
-
-def _remade(fs: pafs.FileSystem) -> pafs.FileSystem:
-    """A new ``fs`` from the same options, so a forked process opens connections of its own (``fs`` if it cannot be)."""
-    try:
-        return pickle.loads(pickle.dumps(fs))  # noqa: S301 - our own object, in this process
-    except Exception:  # noqa: BLE001 - a filesystem pyarrow cannot pickle: used as it is, as before
-        return fs

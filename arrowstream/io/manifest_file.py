@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from arrowstream.errors import ConfigError, ShardError
 from arrowstream.io.discover import discover, resolve_filesystem
 from arrowstream.io.footer import FileInfo, file_info, read_footer
+from arrowstream.io.forksafe import fsspec_of
 from arrowstream.io.manifest import _MAX_FOOTER_THREADS
 
 __all__ = ["MANIFEST_FORMAT", "load_manifest_files", "merge_manifests", "write_manifest"]
@@ -204,7 +205,7 @@ def _where(path: str | os.PathLike[str], filesystem: Any, *, writing: bool) -> t
 def _schemes(fs: pafs.FileSystem) -> set[str]:
     """URI schemes that name ``fs``'s store."""
     names = {fs.type_name, {"gcs": "gs"}.get(fs.type_name, fs.type_name)}
-    inner = getattr(getattr(fs, "handler", None), "fs", None)  # an fsspec filesystem
+    inner = fsspec_of(fs)  # the fsspec filesystem, if any
     if inner is not None:
         protocol = inner.protocol
         names |= set(protocol if isinstance(protocol, (tuple, list)) else [protocol])

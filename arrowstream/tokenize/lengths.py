@@ -50,6 +50,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from arrowstream.errors import CacheError, CacheWarning, warn_user
+from arrowstream.io.forksafe import PerProcess
 from arrowstream.io.manifest import Manifest, resolve_filesystem
 from arrowstream.io.reader import ShardReader
 
@@ -137,11 +138,12 @@ class LengthIndex:
         self.manifest = manifest
         self.setting = {"format": INDEX_FORMAT, **setting}
         key = hashlib.sha256(json.dumps(self.setting, sort_keys=True).encode()).hexdigest()[:16]
-        self._fs: pafs.FileSystem | None = None  # None: the data's, asked of the manifest each time (fork-safe)
+        self._fs: PerProcess | None = None  # None: the data's, asked of the manifest each time (fork-safe)
         if location is None:
             parent = f"{manifest.root.rstrip('/')}/{INDEX_DIR}"
         else:
-            self._fs, parent = resolve_filesystem(location)
+            fs, parent = resolve_filesystem(location)
+            self._fs = PerProcess(fs)
         self.dir = f"{parent.rstrip('/')}/{key}"
         self.explicit = location is not None
         # `spare`: the caller counts exactly without it (token ids), so an index beside the data that
@@ -154,8 +156,8 @@ class LengthIndex:
 
     @property
     def fs(self) -> pafs.FileSystem:
-        """The index's filesystem: the data's beside it (made again in a forked process, as the manifest does)."""
-        return self.manifest.filesystem if self._fs is None else self._fs
+        """The index's filesystem: the data's beside it, else its own; either made again in a forked process."""
+        return self.manifest.filesystem if self._fs is None else self._fs.get()
 
     def entry_path(self, file: int) -> str:
         """Return the path of source file ``file``'s entry."""

@@ -1,0 +1,68 @@
+"""A filesystem that each process uses its own of: made again, from the same options, in a process forked since.
+
+DataLoader workers are forked from the training process by default, with
+every object the dataset holds. An async fsspec filesystem (s3fs, gcsfs,
+adlfs...) refuses to be used there ("This class is not fork-safe"). A
+pyarrow one (S3, GCS...) goes on working but keeps the connections it had
+opened, which every forked worker then shares: two workers' requests on one
+connection get each other's answers (an object's size, ETag or bytes for
+another read). :class:`PerProcess` hands out the filesystem it was given in
+the process that gave it, and in any other process one made again from the
+same options, once: an fsspec one from its arguments (``storage_args``,
+``storage_options``; attributes set on the object afterwards are not carried
+over), a pyarrow one by pickling it (its options, not its connections). A
+local filesystem holds no connection and is handed out as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any
+
+import pyarrow.fs as pafs
+
+__all__ = ["PerProcess"]
+
+
+class PerProcess:
+    """Holds a filesystem and hands each process its own (see the module's docstring).
+
+    Examples
+    --------
+    >>> local = pafs.LocalFileSystem()
+    >>> held = PerProcess(local)
+    >>> held.get() is local
+    True
+    """
+
+    __slots__ = ("_fs", "_pid")
+
+    def __init__(self, fs: pafs.FileSystem) -> None:
+        self._fs = fs
+        self._pid = os.getpid()
+
+    def get(self) -> pafs.FileSystem:
+        """Return this process's filesystem, made again once if this process is not the one that was given it."""
+        fs = self._fs
+        inner = fsspec_of(fs)
+        if inner is not None and getattr(inner, "_pid", None) not in (None, os.getpid()):
+            fresh = type(inner)(*inner.storage_args, **inner.storage_options)
+            self._fs = fs = pafs.PyFileSystem(pafs.FSSpecHandler(fresh))
+        elif self._pid != os.getpid() and inner is None and not isinstance(fs, pafs.LocalFileSystem):
+            self._fs = fs = _remade(fs)
+        self._pid = os.getpid()
+        return fs
+
+
+def fsspec_of(fs: pafs.FileSystem) -> Any:
+    """The fsspec filesystem inside ``fs`` (pyarrow's wrapper of one), or ``None``."""
+    return getattr(getattr(fs, "handler", None), "fs", None)
+
+
+def _remade(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """A new ``fs`` from the same options, so this process opens connections of its own (``fs`` if it cannot be)."""
+    try:
+        return pickle.loads(pickle.dumps(fs))  # noqa: S301 - our own object, in this process
+    except Exception:  # noqa: BLE001 - a filesystem pyarrow cannot pickle: used as it is, as before
+        return fs
