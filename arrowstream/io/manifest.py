@@ -446,5 +446,3 @@ def _fingerprint(files: Sequence[FileInfo]) -> str:
     for f in files:
         digest.update(json.dumps([f.relpath, f.size, f.row_counts]).encode())
     return digest.hexdigest()[:32]
-
-
