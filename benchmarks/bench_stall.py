@@ -41,6 +41,7 @@ Usage::
     python benchmarks/bench_stall.py --strategy best_fit --prefetch 0   # best_fit, batches made when asked for
     python benchmarks/bench_stall.py --step-ms 5,20,100   # your own step times instead of the headroom
     python benchmarks/bench_stall.py --thread-nice 0,5 --workers 0   # producer threads as nice as the step, and 5 nicer
+    python benchmarks/bench_stall.py --spare-cpus 0,1 --workers 0   # producer threads on every CPU, and all but one
     python benchmarks/bench_stall.py --cpu-latency-us default,0   # idle CPUs as the machine has them, and kept awake
     python benchmarks/bench_stall.py --smoke           # seconds: runs once, checks only
 """
@@ -59,6 +60,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from arrowstream.io.niceness import SPARE_CPUS_ENV, THREAD_NICE_ENV
 from harness import CheckFailed, Checks, add_corpus_options, corpus_and_tokenizer, fmt_table, log, machine_facts, median
 
 
@@ -129,20 +131,18 @@ def _default_sharing(cls: Any) -> str:
 
 
 @contextlib.contextmanager
-def _thread_nice(value: str) -> Iterator[None]:
-    """Run with ``ARROWSTREAM_THREAD_NICE=value`` (``""``: as the environment has it); workers inherit it."""
-    from arrowstream.io.niceness import THREAD_NICE_ENV
-
-    before = os.environ.get(THREAD_NICE_ENV)
+def _env(name: str, value: str) -> Iterator[None]:
+    """Run with the environment variable ``name=value`` (``""``: as the environment has it); workers inherit it."""
+    before = os.environ.get(name)
     if value:
-        os.environ[THREAD_NICE_ENV] = value
+        os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(THREAD_NICE_ENV, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[THREAD_NICE_ENV] = before
+            os.environ[name] = before
 
 
 CPU_LATENCY = "/dev/cpu_dma_latency"
@@ -327,6 +327,66 @@ def _latency_value(text: str) -> str:
     return text
 
 
+def _measure(
+    args: argparse.Namespace, k: int, spare: str, plan: list[tuple[str, Any]], nices: list[str], latencies: list[str],
+    results: dict[str, Any],
+) -> list[list[Any]]:
+    """Measure ``k`` workers' rate, then the consumer at each setting of ``plan``: the table's rows (runs into ``results``)."""
+    variants = [(n, lat) for lat in latencies for n in nices]
+    rows = []
+    rates = [_rate(args, k) for _ in range(args.repeats)]
+    rate = median(rates)
+    who = f"workers={k}" + (f", spare cpus={spare}" if spare else "")
+    log(f"{who}: {rate:.0f} batches/s ({rate * args.batch_size * args.seq_len / 1e6:.2f} M token slots/s)")
+    for setting, step_of in plan:
+        step = step_of(rate)
+        h = step * rate
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {v: [] for v in variants}
+        floors: dict[str, list[dict[str, Any]]] = {lat: [] for lat in latencies}
+        besides: dict[str, list[dict[str, Any]]] = {lat: [] for lat in latencies}
+        for _ in range(args.repeats):  # alternated, so all see the same machine
+            for lat in latencies:
+                with _cpu_latency(lat):
+                    for n in nices:
+                        with _env(THREAD_NICE_ENV, n):
+                            runs[n, lat].append(_consume(args, k, step))
+                    floors[lat].append(_consume(args, k, step, ready=True))
+                    if args.beside:
+                        besides[lat].append(_consume(args, k, step, ready=True, beside=True))
+        colds, in_force = {}, {}
+        for lat in latencies:
+            with _cpu_latency(lat) as in_force[lat]:
+                colds[lat] = _cold_range_us(step)
+        for n, lat in variants:
+            floor = {key: median([r[key] for r in floors[lat]]) for key in floors[lat][0]}
+            cold_us, warm_us = colds[lat]
+            summary = {key: median([r[key] for r in runs[n, lat]]) for key in runs[n, lat][0]}
+            name = (f"{who}, {setting}" + (f", nice={n}" if n else "")
+                    + (f", cpu latency={lat} us" if lat else ""))
+            results["runs"][name] = {
+                "rate": rate, "rates": rates, "runs": runs[n, lat], **summary,
+                "ready": {"runs": floors[lat], **floor},
+                "profiler_range_us": {"after_step": cold_us, "back_to_back": warm_us},
+                "cpu_latency_in_force_us": in_force[lat],
+            }
+            row = [k, spare or "default", n or "default", f"{lat} us" if lat else "default", f"{rate:.0f}", f"{h:.3g}", f"{step * 1e3:.2f}",
+                   f"{100 * summary['wait_share']:.1f}", f"{100 * summary['cpu_wait_share']:.1f}",
+                   f"{summary['p50_ms']:.2f}", f"{summary['p99_ms']:.2f}", f"{summary['first_batch_s']:.2f}",
+                   f"{100 * floor['wait_share']:.1f}", f"{floor['p50_ms']:.2f}", f"{cold_us:.0f} ({warm_us:.0f})"]
+            if args.beside:
+                near = {key: median([r[key] for r in besides[lat]]) for key in besides[lat][0]}
+                results["runs"][name]["ready_beside"] = {"runs": besides[lat], **near}
+                row += [f"{100 * near['wait_share']:.1f}", f"{near['p50_ms']:.2f}"]
+            rows.append(row)
+            log(f"  headroom {h:.3g}{f', nice {n}' if n else ''}{f', cpu latency {lat} us' if lat else ''}: step {step * 1e3:.2f} ms, waited "
+                f"{100 * summary['wait_share']:.1f} % of wall time "
+                f"({100 * summary['cpu_wait_share']:.1f} points of it runnable without a CPU), "
+                f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms; batches ready: waited "
+                f"{100 * floor['wait_share']:.1f} %, p50 {floor['p50_ms']:.2f} ms; the DataLoader's profiler range "
+                f"after a step {cold_us:.0f} us, back to back {warm_us:.0f} us")
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_corpus_options(p)
@@ -349,6 +409,11 @@ def main() -> int:
         "--thread-nice", default=None,
         help="comma-separated ARROWSTREAM_THREAD_NICE values, each run in turn at the same step "
              "(e.g. 0,5: producer threads at the consumer's priority, and 5 steps nicer) [the library's default]",
+    )
+    p.add_argument(
+        "--spare-cpus", default=None,
+        help="comma-separated ARROWSTREAM_SPARE_CPUS values, each with its own loader rate and step time "
+             "(e.g. 0,1: producer threads on every CPU, and on all but the first) [the library's default: 0]",
     )
     p.add_argument(
         "--cpu-latency-us", default=None,
@@ -374,8 +439,8 @@ def main() -> int:
     args.corpus, args.tokenizer = corpus_and_tokenizer(args)
     workers = [int(w) for w in args.workers.split(",")]
     nices = [n.strip() for n in args.thread_nice.split(",")] if args.thread_nice else [""]
+    spares = [c.strip() for c in args.spare_cpus.split(",")] if args.spare_cpus else [""]
     latencies = [_latency_value(v) for v in args.cpu_latency_us.split(",")] if args.cpu_latency_us else [""]
-    variants = [(n, lat) for lat in latencies for n in nices]
     headrooms = [float(h) for h in args.headroom.split(",")]
     fixed = [float(ms) for ms in args.step_ms.split(",")] if args.step_ms else []
     # each setting's name and its step time from the loader's rate
@@ -384,68 +449,21 @@ def main() -> int:
     ]
     results: dict[str, Any] = {"machine": machine_facts(), "args": vars(args), "runs": {}}
     rows = []
-    for k in workers:
-        rates = [_rate(args, k) for _ in range(args.repeats)]
-        rate = median(rates)
-        log(f"workers={k}: {rate:.0f} batches/s ({rate * args.batch_size * args.seq_len / 1e6:.2f} M token slots/s)")
-        for setting, step_of in plan:
-            step = step_of(rate)
-            h = step * rate
-            runs: dict[tuple[str, str], list[dict[str, Any]]] = {v: [] for v in variants}
-            floors: dict[str, list[dict[str, Any]]] = {lat: [] for lat in latencies}
-            besides: dict[str, list[dict[str, Any]]] = {lat: [] for lat in latencies}
-            for _ in range(args.repeats):  # alternated, so all see the same machine
-                for lat in latencies:
-                    with _cpu_latency(lat):
-                        for n in nices:
-                            with _thread_nice(n):
-                                runs[n, lat].append(_consume(args, k, step))
-                        floors[lat].append(_consume(args, k, step, ready=True))
-                        if args.beside:
-                            besides[lat].append(_consume(args, k, step, ready=True, beside=True))
-            colds, in_force = {}, {}
-            for lat in latencies:
-                with _cpu_latency(lat) as in_force[lat]:
-                    colds[lat] = _cold_range_us(step)
-            for n, lat in variants:
-                floor = {key: median([r[key] for r in floors[lat]]) for key in floors[lat][0]}
-                cold_us, warm_us = colds[lat]
-                summary = {key: median([r[key] for r in runs[n, lat]]) for key in runs[n, lat][0]}
-                name = (f"workers={k}, {setting}" + (f", nice={n}" if n else "")
-                        + (f", cpu latency={lat} us" if lat else ""))
-                results["runs"][name] = {
-                    "rate": rate, "rates": rates, "runs": runs[n, lat], **summary,
-                    "ready": {"runs": floors[lat], **floor},
-                    "profiler_range_us": {"after_step": cold_us, "back_to_back": warm_us},
-                    "cpu_latency_in_force_us": in_force[lat],
-                }
-                row = [k, n or "default", f"{lat} us" if lat else "default", f"{rate:.0f}", f"{h:.3g}", f"{step * 1e3:.2f}",
-                       f"{100 * summary['wait_share']:.1f}", f"{100 * summary['cpu_wait_share']:.1f}",
-                       f"{summary['p50_ms']:.2f}", f"{summary['p99_ms']:.2f}", f"{summary['first_batch_s']:.2f}",
-                       f"{100 * floor['wait_share']:.1f}", f"{floor['p50_ms']:.2f}", f"{cold_us:.0f} ({warm_us:.0f})"]
-                if args.beside:
-                    near = {key: median([r[key] for r in besides[lat]]) for key in besides[lat][0]}
-                    results["runs"][name]["ready_beside"] = {"runs": besides[lat], **near}
-                    row += [f"{100 * near['wait_share']:.1f}", f"{near['p50_ms']:.2f}"]
-                rows.append(row)
-                log(f"  headroom {h:.3g}{f', nice {n}' if n else ''}{f', cpu latency {lat} us' if lat else ''}: step {step * 1e3:.2f} ms, waited "
-                    f"{100 * summary['wait_share']:.1f} % of wall time "
-                    f"({100 * summary['cpu_wait_share']:.1f} points of it runnable without a CPU), "
-                    f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms; batches ready: waited "
-                    f"{100 * floor['wait_share']:.1f} %, p50 {floor['p50_ms']:.2f} ms; the DataLoader's profiler range "
-                    f"after a step {cold_us:.0f} us, back to back {warm_us:.0f} us")
+    for k, spare in [(k, c) for k in workers for c in spares]:
+        with _env(SPARE_CPUS_ENV, spare):  # the producers' CPUs set the loader's rate, so each its own step
+            rows += _measure(args, k, spare, plan, nices, latencies, results)
     log()
-    header = ["workers", "thread nice", "cpu latency", "loader batches/s", "headroom", "step ms", "wait % of wall", "of it off a CPU %", "p50 wait ms",
+    header = ["workers", "spare cpus", "thread nice", "cpu latency", "loader batches/s", "headroom", "step ms", "wait % of wall", "of it off a CPU %", "p50 wait ms",
               "p99 wait ms", "first batch s", "ready: wait %", "ready: p50 ms", "profiler range after a step us (back to back)"]
     if args.beside:
         header += ["ready beside the work: wait %", "p50 ms"]
     log(fmt_table(header, rows))
-    for setting, _ in plan:  # the question asked: with the best worker count, how much does the step wait?
+    for setting, _ in plan:  # the question asked: with the best worker count (and CPUs), how much does the step wait?
         best = min((run["wait_share"], name) for name, run in results["runs"].items() if f", {setting}" in name)
         key = setting.split("=", 1)[1] if not fixed else setting
         results.setdefault("best", {})[key] = {"run": best[1], "wait_share": best[0]}
         at = f"{key}x headroom" if not fixed else f"a {setting.split('=', 1)[1]} step"
-        log(f"best worker count at {at}: {best[1].split(',')[0]}, waited {100 * best[0]:.1f} % of wall time")
+        log(f"best configuration at {at}: {best[1].split(f', {setting}')[0]}, waited {100 * best[0]:.1f} % of wall time")
     from arrowstream.pytorch import TorchDataset
 
     sharing = args.sharing or f"{_default_sharing(TorchDataset)} (the default)"

@@ -1670,8 +1670,16 @@ MUTANTS = [
         "producer-threads-at-the-consumers-priority",
         "the loader's producer threads compete with the training loop's thread for a CPU at the same priority",
         "arrowstream/io/prefetch.py",
-        "    lower_thread_priority(nice)  # the consumer's thread (the training loop) takes a CPU first\n",
+        "    take_placement(placement)  # the consumer's thread (the training loop) takes a CPU first\n",
         "",
+        ("tests/test_prefetch.py",),
+    ),
+    Mutant(
+        "producer-threads-on-every-cpu",
+        "ARROWSTREAM_SPARE_CPUS is read but the producer threads still run on every CPU, the training loop's too",
+        "arrowstream/io/niceness.py",
+        "            os.sched_setaffinity(0, placement.cpus)  # 0: the calling thread\n",
+        "            pass\n",
         ("tests/test_prefetch.py",),
     ),
     Mutant(

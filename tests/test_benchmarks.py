@@ -169,7 +169,7 @@ def test_stall_benchmark_takes_fixed_step_times(tmp_path: Path) -> None:
     assert set(result["runs"]) == {f"workers={k}, step={ms} ms" for k in (0, 1) for ms in (4, 7)}
     for name, run in result["runs"].items():
         assert run["step_ms"] == pytest.approx(float(name.split("=")[-1].split()[0]))
-    assert set(result["best"]) == {"step=4 ms", "step=7 ms"} and "best worker count at a 7 ms step" in stdout
+    assert set(result["best"]) == {"step=4 ms", "step=7 ms"} and "best configuration at a 7 ms step: workers=" in stdout
 
 
 def test_loaders_benchmark_smoke_run_hands_over_the_same_batches_through_every_loader(tmp_path: Path) -> None:
@@ -198,6 +198,17 @@ def test_stall_benchmark_compares_thread_niceness_side_by_side(tmp_path: Path) -
         a, b = (result["runs"][f"workers={k}, headroom=2.0, nice={n}"] for n in (0, 7))
         assert a["step_ms"] == b["step_ms"] and a["ready"]["runs"] == b["ready"]["runs"]  # the same step and floor
     assert result["best"]["2.0"]["run"] in result["runs"]
+
+
+def test_stall_benchmark_measures_each_spare_cpu_count_at_its_own_rate(tmp_path: Path) -> None:
+    result, stdout = _bench(tmp_path, "bench_stall.py", "--smoke", "--spare-cpus", "0,1")
+    assert set(result["runs"]) == {f"workers={k}, spare cpus={c}, headroom=2.0" for k in (0, 1) for c in (0, 1)}
+    for k in (0, 1):
+        every, spared = (result["runs"][f"workers={k}, spare cpus={c}, headroom=2.0"] for c in (0, 1))
+        assert every["rates"] != spared["rates"]  # the producers' CPUs set the rate: each measured its own
+        assert every["step_ms"] == pytest.approx(2e3 / every["rate"])
+        assert spared["step_ms"] == pytest.approx(2e3 / spared["rate"])
+    assert result["best"]["2.0"]["run"] in result["runs"] and "best configuration at 2.0x headroom: workers=" in stdout
 
 
 def test_stall_benchmark_holds_idle_cpus_awake_side_by_side(tmp_path: Path) -> None:

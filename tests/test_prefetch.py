@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from arrowstream import ConfigError
-from arrowstream.io.niceness import DEFAULT_THREAD_NICE, THREAD_NICE_ENV
+from arrowstream.io.niceness import DEFAULT_THREAD_NICE, SPARE_CPUS_ENV, THREAD_NICE_ENV
 from arrowstream.io.prefetch import Prefetcher, RefillQueue
 
 from .conftest import write_parts
@@ -199,6 +199,41 @@ def test_the_producer_thread_runs_nicer_than_the_consumer(
     assert _priority() == mine  # the consumer's own is untouched
 
 
+def _cpus() -> frozenset[int]:
+    return frozenset(os.sched_getaffinity(0))  # 0: the calling thread
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="per-thread CPU sets are Linux's")
+@pytest.mark.parametrize("spare", ["1", "64"])
+def test_the_producer_threads_leave_spare_cpus_to_the_consumer(monkeypatch: pytest.MonkeyPatch, spare: str) -> None:
+    # the training loop's thread should always find a CPU the loader's threads never run on
+    monkeypatch.setenv(SPARE_CPUS_ENV, spare)
+    mine = _cpus()
+    allowed = sorted(mine)
+    expected = frozenset(allowed[min(int(spare), len(allowed) - 1):])  # never none: the last one at least
+
+    def seen() -> Iterator[tuple[frozenset[int], frozenset[int], frozenset[int]]]:
+        pool = ThreadPoolExecutor(1)  # a thread the producer starts inherits its CPUs
+        [inner] = list(Prefetcher(lambda: iter([_cpus()])))  # a producer inside a producer: the same set
+        yield _cpus(), pool.submit(_cpus).result(), inner
+        pool.shutdown()
+
+    [(producer, started, inner)] = list(Prefetcher(seen))
+    assert producer == started == inner == expected
+    assert len(allowed) < 2 or min(allowed) not in producer
+    assert _cpus() == mine  # the consumer's own are untouched
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="per-thread CPU sets are Linux's")
+def test_no_spare_cpus_by_default_and_a_bad_count_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SPARE_CPUS_ENV, raising=False)
+    mine = _cpus()
+    assert list(Prefetcher(lambda: iter([_cpus()]))) == [mine]
+    monkeypatch.setenv(SPARE_CPUS_ENV, "-1")
+    with pytest.raises(ConfigError, match=r"ARROWSTREAM_SPARE_CPUS='-1': expected a whole number of CPUs"):
+        Prefetcher(lambda: iter([1]))
+
+
 def test_a_niceness_outside_0_to_19_is_refused_in_the_consumers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(THREAD_NICE_ENV, "-5")
     with pytest.raises(ConfigError, match=r"ARROWSTREAM_THREAD_NICE='-5': expected an integer from 0"):
@@ -214,10 +249,13 @@ def test_a_text_pipelines_encoder_threads_run_nicer_though_the_consumer_starts_t
     from arrowstream.testing.data import make_texts, sample_tokenizer
 
     monkeypatch.setenv(THREAD_NICE_ENV, "4")
+    monkeypatch.setenv(SPARE_CPUS_ENV, "1")
     write_parts(tmp_path, [{"text": make_texts(20, seed=1)}])
     it = read_parquet(tmp_path).tokenize(sample_tokenizer(), num_inflight=2).pack(seq_len=32, batch_size=2).iter()
     next(it)
     assert it._pool is not None and it._pool.submit(_priority).result() == min(19, _priority() + 4)
+    allowed = sorted(_cpus())
+    assert it._pool.submit(_cpus).result() == frozenset(allowed[min(1, len(allowed) - 1):])
     monkeypatch.setenv(THREAD_NICE_ENV, "x")
     with pytest.raises(ConfigError, match="ARROWSTREAM_THREAD_NICE='x'"):
         read_parquet(tmp_path).tokenize(sample_tokenizer(), num_inflight=2).pack(seq_len=32, batch_size=2).iter()

@@ -21,6 +21,14 @@ the encoder's and read-ahead's pools start nice (:func:`producer_pool`)
 whichever thread starts them. Elsewhere nothing changes. ``ARROWSTREAM_THREAD_NICE`` sets how many
 steps (0 to 19; 0 leaves priorities alone); the default is
 :data:`DEFAULT_THREAD_NICE`.
+
+A lower priority does not keep the producers off a core the training loop
+wakes on: on 2 cores, with the producers 5 steps nicer, the consumer of
+``bench_stall.py`` still spent a third of its wait runnable without a CPU.
+``ARROWSTREAM_SPARE_CPUS=k`` (default 0) keeps the producers off the first
+``k`` of the CPUs the process may run on (:func:`producer_cpus`), so the
+training loop always finds one of them free; they run on the others (at
+least one), set the same way as the priority (:class:`Placement`).
 """
 
 from __future__ import annotations
@@ -29,17 +37,28 @@ import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 from arrowstream.errors import ConfigError
 
 __all__ = [
-    "DEFAULT_THREAD_NICE", "THREAD_NICE_ENV", "lower_thread_priority", "producer_pool", "producer_priority", "thread_nice",
+    "DEFAULT_THREAD_NICE", "SPARE_CPUS_ENV", "THREAD_NICE_ENV", "Placement", "lower_thread_priority", "producer_cpus",
+    "producer_placement", "producer_pool", "producer_priority", "spare_cpus", "take_placement", "thread_nice",
 ]
 
 #: The environment variable setting how much nicer producer threads run (0 to 19; 0: unchanged).
 THREAD_NICE_ENV = "ARROWSTREAM_THREAD_NICE"
 #: Steps of niceness producer threads add to their own by default.
 DEFAULT_THREAD_NICE = 5
+#: The environment variable setting how many of the process's CPUs the producer threads leave free.
+SPARE_CPUS_ENV = "ARROWSTREAM_SPARE_CPUS"
+
+
+class Placement(NamedTuple):
+    """Where a producer thread runs: its niceness (``None``: unchanged) and its CPUs (``None``: unchanged)."""
+
+    nice: int | None
+    cpus: frozenset[int] | None
 
 
 def thread_nice() -> int:
@@ -121,8 +140,101 @@ def lower_thread_priority(to: int | None) -> bool:
     return True
 
 
+def spare_cpus() -> int:
+    """Return how many of the process's CPUs producer threads leave free, from :data:`SPARE_CPUS_ENV` (default 0).
+
+    Raises
+    ------
+    ConfigError
+        The variable is not a non-negative integer.
+
+    Examples
+    --------
+    >>> from unittest import mock
+    >>> with mock.patch.dict(os.environ, {"ARROWSTREAM_SPARE_CPUS": "1"}):
+    ...     spare_cpus()
+    1
+    >>> with mock.patch.dict(os.environ, {"ARROWSTREAM_SPARE_CPUS": "one"}):
+    ...     spare_cpus()
+    Traceback (most recent call last):
+    ...
+    arrowstream.errors.ConfigError: ARROWSTREAM_SPARE_CPUS='one': expected a whole number of CPUs to keep free of the loader's threads (0: none, the default; 1: one for the training loop)
+    """
+    text = os.environ.get(SPARE_CPUS_ENV)
+    if text is None or not text.strip():
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(
+            f"{SPARE_CPUS_ENV}={text!r}: expected a whole number of CPUs to keep free of the loader's threads "
+            "(0: none, the default; 1: one for the training loop)"
+        )
+    return value
+
+
+def producer_cpus(spare: int) -> frozenset[int] | None:
+    """Return the CPUs a producer thread runs on: the process's main thread's, but the first ``spare`` (Linux), or ``None``.
+
+    Counted from the main thread's CPUs, as the priority is, so a producer
+    inside a producer takes the same set. At least one CPU is always left to
+    the producers (the last one), however many are to be spared.
+
+    Examples
+    --------
+    >>> producer_cpus(0) is None
+    True
+    >>> cpus = producer_cpus(1)
+    >>> cpus is None or len(cpus) >= 1
+    True
+    """
+    if spare <= 0 or not hasattr(os, "sched_getaffinity"):
+        return None
+    try:
+        allowed = sorted(os.sched_getaffinity(os.getpid()))  # the main thread's (its id is the process's)
+    except OSError:
+        return None
+    return frozenset(allowed[min(spare, len(allowed) - 1):])
+
+
+def producer_placement() -> Placement:
+    """Return the placement a producer thread takes now, from ``ARROWSTREAM_THREAD_NICE`` and ``ARROWSTREAM_SPARE_CPUS``.
+
+    Read in the thread that sets the producer up, so a bad value is a
+    :class:`~arrowstream.errors.ConfigError` there.
+
+    Examples
+    --------
+    >>> from unittest import mock
+    >>> with mock.patch.dict(os.environ, {"ARROWSTREAM_THREAD_NICE": "0", "ARROWSTREAM_SPARE_CPUS": "0"}):
+    ...     producer_placement()
+    Placement(nice=None, cpus=None)
+    """
+    return Placement(producer_priority(thread_nice()), producer_cpus(spare_cpus()))
+
+
+def take_placement(placement: Placement) -> None:
+    """Move the calling thread to ``placement`` (its niceness, then its CPUs); threads it starts afterwards inherit both.
+
+    Failing (a sandbox that refuses, CPUs taken away since) is not an error:
+    the thread runs as before.
+
+    Examples
+    --------
+    >>> take_placement(Placement(None, None))
+    """
+    lower_thread_priority(placement.nice)
+    if placement.cpus is not None:
+        try:
+            os.sched_setaffinity(0, placement.cpus)  # 0: the calling thread
+        except OSError:
+            pass
+
+
 def producer_pool(workers: int, name: str) -> ThreadPoolExecutor:
-    """Return a thread pool whose threads run as nice as producers (:func:`producer_priority`), whoever starts them.
+    """Return a thread pool whose threads run as producers do (:func:`producer_placement`), whoever starts them.
 
     The encoder's and the read-ahead's pools: started by the thread that
     iterates when no prefetch thread runs (a text pipeline's ``ds.iter()``),
@@ -135,5 +247,5 @@ def producer_pool(workers: int, name: str) -> ThreadPoolExecutor:
     3
     """
     return ThreadPoolExecutor(
-        workers, thread_name_prefix=name, initializer=lower_thread_priority, initargs=(producer_priority(thread_nice()),)
+        workers, thread_name_prefix=name, initializer=take_placement, initargs=(producer_placement(),)
     )

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from arrowstream.errors import forward_warnings, warn_user
-from arrowstream.io.niceness import lower_thread_priority, producer_priority, thread_nice
+from arrowstream.io.niceness import Placement, producer_placement, take_placement
 
 __all__ = ["AHEAD_BYTES", "AHEAD_MOST", "Prefetcher", "RefillQueue", "close_all", "depth_for"]
 
@@ -141,10 +141,10 @@ def _put(q: queue.Queue[object], stop: threading.Event, item: object) -> bool:
 
 def _produce(
     make: Callable[[], Iterator[T]], q: queue.Queue[object], stop: threading.Event, outbox: deque[Any],
-    nice: int | None,
+    placement: Placement,
 ) -> None:
     forward_warnings(outbox.append)  # warned again by the consumer, at the user's line
-    lower_thread_priority(nice)  # the consumer's thread (the training loop) takes a CPU first
+    take_placement(placement)  # the consumer's thread (the training loop) takes a CPU first
     try:
         try:
             for item in make():
@@ -206,7 +206,7 @@ class Prefetcher(Generic[T]):
         # collected, and the finalizer stops its thread.
         self._thread = threading.Thread(
             target=_produce,
-            args=(make, self._queue, self._stop, self._warnings, producer_priority(thread_nice())),
+            args=(make, self._queue, self._stop, self._warnings, producer_placement()),
             name="arrowstream-prefetch",
             daemon=True,
         )
