@@ -81,18 +81,23 @@ def thread_nice() -> int:
     ...
     arrowstream.errors.ConfigError: ARROWSTREAM_THREAD_NICE='high': expected an integer from 0 (leave the loader's threads' priority alone) to 19 (the lowest)
     """
-    text = os.environ.get(THREAD_NICE_ENV)
+    return _whole_number(
+        THREAD_NICE_ENV, DEFAULT_THREAD_NICE, 19,
+        "an integer from 0 (leave the loader's threads' priority alone) to 19 (the lowest)",
+    )
+
+
+def _whole_number(name: str, default: int, most: int | None, expected: str) -> int:
+    """The integer from 0 to ``most`` (``None``: no bound) in environment variable ``name``, or ``default`` when unset."""
+    text = os.environ.get(name)
     if text is None or not text.strip():
-        return DEFAULT_THREAD_NICE
+        return default
     try:
         value = int(text)
     except ValueError:
         value = -1
-    if not 0 <= value <= 19:
-        raise ConfigError(
-            f"{THREAD_NICE_ENV}={text!r}: expected an integer from 0 (leave the loader's threads' priority alone) "
-            "to 19 (the lowest)"
-        )
+    if value < 0 or (most is not None and value > most):
+        raise ConfigError(f"{name}={text!r}: expected {expected}")
     return value
 
 
@@ -160,19 +165,10 @@ def spare_cpus() -> int:
     ...
     arrowstream.errors.ConfigError: ARROWSTREAM_SPARE_CPUS='one': expected a whole number of CPUs to keep free of the loader's threads (0: none, the default; 1: one for the training loop)
     """
-    text = os.environ.get(SPARE_CPUS_ENV)
-    if text is None or not text.strip():
-        return 0
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(
-            f"{SPARE_CPUS_ENV}={text!r}: expected a whole number of CPUs to keep free of the loader's threads "
-            "(0: none, the default; 1: one for the training loop)"
-        )
-    return value
+    return _whole_number(
+        SPARE_CPUS_ENV, 0, None,
+        "a whole number of CPUs to keep free of the loader's threads (0: none, the default; 1: one for the training loop)",
+    )
 
 
 def producer_cpus(spare: int) -> frozenset[int] | None:
