@@ -88,3 +88,16 @@ def test_the_own_tables_allowlist_is_current() -> None:
     assert not stale, (
         f"drop from `OWN_TABLES` these modules that no longer write their own table: {sorted(stale)}"
     )
+
+
+def test_every_environment_variable_the_library_reads_is_in_the_guides_table() -> None:
+    # a setting a user cannot find is a setting they cannot use (or cannot explain when it bites)
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    table = guide.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    read = set()
+    for path in (ROOT / "arrowstream").rglob("*.py"):
+        read |= set(re.findall(r"[\"'](ARROWSTREAM_[A-Z_]+)[\"']", path.read_text()))
+    assert {"ARROWSTREAM_CACHE_DIR", "ARROWSTREAM_SPARE_CPUS"} <= read  # the search finds them
+    rows = {name for name in re.findall(r"^\| `(ARROWSTREAM_[A-Z_]+)`", table, flags=re.M)}
+    assert read == rows, f"in the code, not the table: {sorted(read - rows)}; in the table, not the code: {sorted(rows - read)}"
+
