@@ -234,6 +234,29 @@ def test_no_spare_cpus_by_default_and_a_bad_count_is_refused(monkeypatch: pytest
         Prefetcher(lambda: iter([1]))
 
 
+class _Placements:
+    """A torch dataset whose worker reports its main thread's and its producer thread's niceness and CPUs."""
+
+    def __iter__(self) -> Iterator[tuple[int, list[int], int, list[int]]]:
+        [(nice, cpus)] = list(Prefetcher(lambda: iter([(_priority(), sorted(_cpus()))])))
+        yield _priority(), sorted(_cpus()), nice, cpus
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="per-thread CPU sets are Linux's")
+def test_a_dataloader_workers_producer_takes_its_placement_from_the_inherited_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # workers inherit the variables and place their producers against their own main thread
+    torch_data = pytest.importorskip("torch.utils.data")
+    monkeypatch.setenv(THREAD_NICE_ENV, "3")
+    monkeypatch.setenv(SPARE_CPUS_ENV, "1")
+    dataset = type("Placements", (_Placements, torch_data.IterableDataset), {})()
+    loader = torch_data.DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="fork")
+    [(main_nice, main_cpus, nice, cpus)] = list(loader)
+    assert nice == min(19, int(main_nice) + 3)
+    assert cpus == main_cpus[min(1, len(main_cpus) - 1):]
+
+
 def test_a_niceness_outside_0_to_19_is_refused_in_the_consumers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(THREAD_NICE_ENV, "-5")
     with pytest.raises(ConfigError, match=r"ARROWSTREAM_THREAD_NICE='-5': expected an integer from 0"):
