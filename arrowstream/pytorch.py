@@ -43,13 +43,13 @@ try:
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-    from torch.utils.data._utils.collate import default_collate_fn_map
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError(
         "the PyTorch adapter needs torch: pip install 'arrowstream[torch]'"
     ) from exc
 
 from arrowstream.checks import check_int
+from arrowstream.collation import COLLATING, Batch, no_collate
 from arrowstream.distributed.topology import WHOLE_RUN_COUNTERS
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.handover import AUTO, ByValue, by_value_limit, check_sharing, handed, one_storage, state_tag, use_sharing
@@ -64,40 +64,16 @@ if TYPE_CHECKING:
     from arrowstream.pipeline.dataset import Dataset
     from arrowstream.pipeline.iterator import DatasetIterator
 
-__all__ = ["DEFAULT_PREFETCH", "STATE_KEY", "Batch", "StatefulLoader", "TorchDataset", "one_storage"]
+__all__ = ["DEFAULT_PREFETCH", "STATE_KEY", "Batch", "StatefulLoader", "TorchDataset", "no_collate", "one_storage"]
 
 #: Key under which a batch carries a snapshot of its worker's state (``attach_state=True``; see :func:`~arrowstream.handover.state_tag`).
 STATE_KEY = "arrowstream_state"
-
-
-class Batch(dict):  # type: ignore[type-arg]
-    """One packed batch as tensors: a ``dict``, which a DataLoader must not batch again.
-
-    ``torch``'s default collation refuses it (a ``DataLoader`` left at its
-    default ``batch_size=1`` would stack batches into a new leading
-    dimension, and its state would no longer match what was trained on).
-    """
-
-
-_COLLATING = (
-    "a DataLoader with a batch size would stack arrowstream batches into one: they are already "
-    "batches (`.pack` formed them). Pass `batch_size=None` to the DataLoader (or torchdata's "
-    "`StatefulDataLoader`), or use `arrowstream.pytorch.StatefulLoader`, which sets it; with the "
-    "Hugging Face Trainer, return such a loader from `get_train_dataloader` (docs/training.md)"
-)
-
-
-def _refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
-    raise ConfigError(_COLLATING)
 
 
 class _HandedBatch(ByValue, Batch):
     """A :class:`Batch` a worker sends by value: in a slot or through the pipe (:class:`~arrowstream.handover.ByValue`)."""
 
     received_as = Batch
-
-
-default_collate_fn_map[Batch] = _refuse_collate
 
 
 #: Batches ``to_torch()`` makes ahead at most unless told (``prefetch=None``; fewer past 64 MiB).
@@ -249,7 +225,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         # a DataLoader with a batch size would stack our batches, whatever its collate_fn (HF Trainer's too)
         fetcher = sys._getframe(1).f_locals.get("self")
         if getattr(fetcher, "auto_collation", False) is True and hasattr(fetcher, "dataset_iter"):
-            raise ConfigError(_COLLATING)
+            raise ConfigError(COLLATING)
         if get_worker_info() is not None:
             if self._worker_ran is not None:
                 self._worker_ran.value = 1
@@ -333,7 +309,9 @@ class StatefulLoader:
     Each batch carries its worker's state; the loader records it when it hands
     the batch over, so :meth:`state_dict` covers exactly the batches the
     trainer received, whatever the workers prefetched. Extra keyword arguments
-    go to ``torch.utils.data.DataLoader`` (``batch_size`` is always ``None``).
+    go to ``torch.utils.data.DataLoader`` (``batch_size`` is always ``None``;
+    ``collate_fn`` is :func:`~arrowstream.collation.no_collate` unless given:
+    batches are handed over as they are).
 
     Examples
     --------
@@ -353,6 +331,7 @@ class StatefulLoader:
         if "batch_size" in dataloader_kwargs and dataloader_kwargs["batch_size"] is not None:
             raise ConfigError("batches are already formed by `.pack`: leave `batch_size` unset")
         dataloader_kwargs["batch_size"] = None
+        dataloader_kwargs.setdefault("collate_fn", no_collate)  # the batches are tensors already
         self.dataset = dataset
         self.kwargs = dataloader_kwargs
         self._latest: dict[int, Snapshot] = {}  # the snapshot of each worker's last batch handed over

@@ -42,6 +42,7 @@ Usage::
     python benchmarks/bench_stall.py --step-ms 5,20,100   # your own step times instead of the headroom
     python benchmarks/bench_stall.py --thread-nice 0,5 --workers 0   # producer threads as nice as the step, and 5 nicer
     python benchmarks/bench_stall.py --spare-cpus 0,1 --workers 0   # producer threads on every CPU, and all but one
+    python benchmarks/bench_stall.py --collate none   # batches handed over as they are (StatefulLoader's way)
     python benchmarks/bench_stall.py --cpu-latency-us default,0   # idle CPUs as the machine has them, and kept awake
     python benchmarks/bench_stall.py --smoke           # seconds: runs once, checks only
 """
@@ -79,12 +80,21 @@ def _loader(args: argparse.Namespace, workers: int) -> Any:
 
     ds = _packed(read_parquet(args.corpus).tokenize(args.tokenizer), args)
     pin = torch.cuda.is_available()
-    options: dict[str, Any] = {"batch_size": None, "num_workers": workers, "pin_memory": pin}
+    options: dict[str, Any] = {"batch_size": None, "num_workers": workers, "pin_memory": pin, **_collate(args)}
     if workers:
         options["prefetch_factor"] = args.prefetch_factor
         options["persistent_workers"] = False
     sharing = {} if args.sharing is None else {"sharing": args.sharing}
     return DataLoader(ds.to_torch(prefetch=args.prefetch, **sharing), **options)
+
+
+def _collate(args: argparse.Namespace) -> dict[str, Any]:
+    """The DataLoader's ``collate_fn`` as ``--collate`` says: torch's default (``default_convert``) or none."""
+    if args.collate == "none":
+        from arrowstream.pytorch import no_collate
+
+        return {"collate_fn": no_collate}
+    return {}
 
 
 def _ready_loader(args: argparse.Namespace, workers: int) -> Any:
@@ -117,7 +127,7 @@ def _ready_loader(args: argparse.Namespace, workers: int) -> Any:
                 else:
                     yield {**counts, **{k: torch.from_numpy(v) for k, v in arrays.items()}}
 
-    options: dict[str, Any] = {"batch_size": None, "num_workers": workers}
+    options: dict[str, Any] = {"batch_size": None, "num_workers": workers, **_collate(args)}
     if workers:
         options["prefetch_factor"] = args.prefetch_factor
     return DataLoader(Ready(), **options)
@@ -406,6 +416,11 @@ def main() -> int:
                    help="to_torch(sharing=...): how workers hand batches over [the library's default: in slots]")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
+        "--collate", default="default", choices=["default", "none"],
+        help="the DataLoaders' collate_fn: torch's default_convert, or arrowstream.pytorch.no_collate "
+             "(batches handed over as they are, as StatefulLoader does) [default]",
+    )
+    p.add_argument(
         "--thread-nice", default=None,
         help="comma-separated ARROWSTREAM_THREAD_NICE values, each run in turn at the same step "
              "(e.g. 0,5: producer threads at the consumer's priority, and 5 steps nicer) [the library's default]",
@@ -467,7 +482,7 @@ def main() -> int:
     from arrowstream.pytorch import TorchDataset
 
     sharing = args.sharing or f"{_default_sharing(TorchDataset)} (the default)"
-    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, sharing {sharing}, medians of {args.repeats}; waits over "
+    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, sharing {sharing}, collate {args.collate}, medians of {args.repeats}; waits over "
         f"{args.batches} steps after {args.warmup} warm-up batches)")
     checks = Checks()
     try:

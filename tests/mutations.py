@@ -498,7 +498,7 @@ MUTANTS = [
     Mutant(
         "batches-collated-again",
         "a DataLoader at its default batch_size stacks packed batches into a new leading dimension",
-        "arrowstream/pytorch.py",
+        "arrowstream/collation.py",
         "default_collate_fn_map[Batch] = _refuse_collate\n",
         "",
         ("tests/test_pytorch.py::test_default_collation_of_arrowstream_batches_is_refused",),
@@ -547,7 +547,7 @@ MUTANTS = [
         "collating-loader-not-noticed",
         "a DataLoader with a batch size and its own collator (the Trainer's) stacks packed batches unnoticed",
         "arrowstream/pytorch.py",
-        "            raise ConfigError(_COLLATING)\n        if get_worker_info() is not None",
+        "            raise ConfigError(COLLATING)\n        if get_worker_info() is not None",
         "            pass\n        if get_worker_info() is not None",
         ("tests/test_pytorch.py::test_a_trainer_style_loader_that_would_stack_batches_is_refused",),
     ),
@@ -1681,6 +1681,14 @@ MUTANTS = [
         "            os.sched_setaffinity(0, placement.cpus)  # 0: the calling thread\n",
         "            pass\n",
         ("tests/test_prefetch.py",),
+    ),
+    Mutant(
+        "loader-converts-every-batch",
+        "StatefulLoader leaves torch's default_convert to walk every batch, which holds tensors already",
+        "arrowstream/pytorch.py",
+        '        dataloader_kwargs.setdefault("collate_fn", no_collate)  # the batches are tensors already\n',
+        "",
+        ("tests/test_pytorch.py",),
     ),
     Mutant(
         "merged-epoch-stats-keep-let-go-epochs",

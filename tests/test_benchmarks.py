@@ -165,11 +165,12 @@ def test_stall_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
 
 
 def test_stall_benchmark_takes_fixed_step_times(tmp_path: Path) -> None:
-    result, stdout = _bench(tmp_path, "bench_stall.py", "--smoke", "--step-ms", "4,7")
+    result, stdout = _bench(tmp_path, "bench_stall.py", "--smoke", "--step-ms", "4,7", "--collate", "none")
     assert set(result["runs"]) == {f"workers={k}, step={ms} ms" for k in (0, 1) for ms in (4, 7)}
     for name, run in result["runs"].items():
         assert run["step_ms"] == pytest.approx(float(name.split("=")[-1].split()[0]))
     assert set(result["best"]) == {"step=4 ms", "step=7 ms"} and "best configuration at a 7 ms step: workers=" in stdout
+    assert result["args"]["collate"] == "none" and "collate none" in stdout  # batches handed over as they are
 
 
 def test_loaders_benchmark_smoke_run_hands_over_the_same_batches_through_every_loader(tmp_path: Path) -> None:

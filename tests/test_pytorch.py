@@ -283,6 +283,46 @@ def test_a_trainer_style_loader_that_would_stack_batches_is_refused(tmp_path: Pa
         next(iter(loader))
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_loader_hands_batches_over_unconverted_unless_given_a_collate_fn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, num_workers: int
+) -> None:
+    from torch.utils.data._utils import collate
+
+    from arrowstream.pytorch import Batch, no_collate
+
+    log = tmp_path / "converted"  # a file: forked workers count into it too
+
+    def counting(batch):  # torch's own walk over each batch, counted once a batch
+        if type(batch) is not dict and isinstance(batch, Batch):
+            with open(log, "a") as f:
+                f.write("x")
+        return default_convert(batch)
+
+    def count() -> int:
+        n = len(log.read_text()) if log.exists() else 0
+        log.unlink(missing_ok=True)
+        return n
+
+    default_convert = collate.default_convert
+    monkeypatch.setattr(collate, "default_convert", counting)
+    ds = _ds(tmp_path / "data")[0]
+    plain = [dict(b) for b in torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=num_workers)]
+    assert count() == len(plain) > 0  # a plain DataLoader walks every batch
+    ours = list(StatefulLoader(ds.to_torch(), num_workers=num_workers))
+    assert count() == 0  # the loader hands them over as they are ...
+    assert [sorted(b) for b in ours] == [sorted(b) for b in plain]  # ... the same batches
+    assert all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for a, b in zip(ours, plain) for k in a)
+
+    def given(batch):
+        with open(log, "a") as f:
+            f.write("x")
+        return no_collate(batch)
+
+    assert len(list(StatefulLoader(ds.to_torch(), num_workers=num_workers, collate_fn=given))) == len(plain)
+    assert count() >= len(plain)  # a collate_fn given is kept (workers also collate their end-state items)
+
+
 def test_the_loader_counts_what_its_workers_did_drops_included(tmp_path: Path) -> None:
     import warnings
 
