@@ -10,7 +10,7 @@ unchanged copy, so a test that fails anyway is not taken for a kill.
 
 Run it by hand after changing the tests or the code they guard::
 
-    python tests/mutations.py             # every mutant, about 2-3 minutes
+    python tests/mutations.py             # every mutant: about an hour on 2 cores
     python tests/mutations.py --list      # names and what each one breaks
     python tests/mutations.py shard-order-ignores-epoch --show   # one, with its diff
 
