@@ -881,6 +881,22 @@ MUTANTS = [
         ("tests/test_allocator.py",),
     ),
     Mutant(
+        "kept-pages-never-released",
+        "release_freed_memory reports success without trimming: the checks' arenas keep their 16 MiB pads",
+        "arrowstream/core/allocator.py",
+        "    trim(0)\n",
+        "    pass\n",
+        ("tests/test_allocator.py",),
+    ),
+    Mutant(
+        "checks-keep-their-memory",
+        "the encoder's built-in checks no longer hand back what they and the document sample left in malloc",
+        "arrowstream/tokenize/encoders.py",
+        "        finally:\n            release_freed_memory()",
+        "        finally:\n            pass",
+        ("tests/test_encoders.py",),
+    ),
+    Mutant(
         "tokie-lock-held-in-forked-child",
         "a DataLoader worker forked while an encode thread is inside tokie inherits tokie mid-call (it can hang)",
         "arrowstream/tokenize/tokie_backend.py",

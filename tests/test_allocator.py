@@ -57,3 +57,42 @@ def test_the_setting_applies_once_per_process(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(allocator, "_apply", lambda: calls.append(1) or True)
     assert allocator.keep_freed_memory() and allocator.keep_freed_memory()
     assert calls == [1]
+
+
+_TRIM_CHILD = """
+import ctypes, sys
+import numpy as np
+from arrowstream import read_parquet
+from arrowstream.core import allocator
+
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+print(allocator.release_freed_memory())  # before any iterator: settings not applied, nothing done
+it = read_parquet(sys.argv[1]).tokenize(None, column="ids", eos_id=0).pack(seq_len=8, batch_size=2).iter()
+next(it)
+a = np.ones(8 << 20, np.uint8)  # from the heap's top once the settings apply
+del a
+kept = libc.mallinfo2().keepcost  # the free memory at the top that malloc keeps
+print(allocator.release_freed_memory(), kept, libc.mallinfo2().keepcost)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not allocator._glibc(), reason="glibc only")
+@pytest.mark.parametrize("setting", ["", "default"])
+def test_release_hands_the_kept_pages_back_only_where_the_settings_apply(tmp_path: Path, setting: str) -> None:
+    write_parts(tmp_path / "data", [{"ids": [[1, 2, 3]] * 20}], row_group_size=5)
+    env = {**__import__("os").environ, allocator.ENV: setting}
+    out = subprocess.run([sys.executable, "-c", _TRIM_CHILD, str(tmp_path / "data")], capture_output=True, text=True,
+                         env=env, check=True, timeout=120).stdout.split()
+    assert out[0] == "False"  # it never applies the settings itself
+    released, kept, left = out[1] == "True", int(out[2]), int(out[3])
+    if setting == "default":
+        assert not released and kept < 1 << 20  # glibc's own trimming, nothing to hand back
+    else:
+        assert released
+        assert kept >= 8 << 20  # the freed array stayed at the top of the heap, under the 16 MiB pad
+        assert left < 1 << 20  # handed back

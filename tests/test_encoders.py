@@ -275,6 +275,22 @@ def test_other_kinds_of_tokenizer_keep_tokenizers_quietly() -> None:
             Encoder(tok, backend="tiktoken")
 
 
+def test_the_checks_hand_back_the_memory_they_and_the_sample_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The checks' threads allocate once and stop: malloc's kept pad is trimmed before and after them.
+    from arrowstream.tokenize import encoders as encoders_module
+
+    events: list[str] = []
+    checks = encoders_module.check_backends
+    monkeypatch.setattr(encoders_module, "release_freed_memory", lambda: events.append("release") or True)
+    monkeypatch.setattr(encoders_module, "check_backends", lambda *a, **k: events.append("checks") or checks(*a, **k))
+    tok = hand_made([("h", "e"), ("t", "h"), ("th", "e")], ignore_merges=False)
+    tok.add_special_tokens(["<|trim|>"])  # a tokenizer no other test checked
+    enc = Encoder(tok, cache_dir=None)
+    assert events == []  # deferred: nothing yet
+    enc.verify()
+    assert events == ["release", "checks", "release"]
+
+
 def test_a_mismatch_on_the_probes_keeps_tokenizers_with_a_warning() -> None:
     # With `ignore_merges`, tiktoken builds "the" from "t" + "he" inside " there";
     # tokenizers has no such merge. The probe set holds " there".

@@ -65,6 +65,7 @@ import tokenizers
 from tokenizers import Tokenizer
 
 from arrowstream.checks import check_int
+from arrowstream.core.allocator import release_freed_memory
 from arrowstream.errors import ConfigError, EncoderFallbackWarning, warn_user
 from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible
 from arrowstream.tokenize.fast import (
@@ -312,8 +313,12 @@ class Encoder(DocumentSample):
         # The batch encoder is twice as fast, but starts the tokenizer's thread pool: only where the
         # pipeline already started it (checks at the end of the document sample), never before a fork.
         ref = self._reference_checks if self._pool_started else self._reference_serial
-        return check_backends(spec, encoding, ref, tokie=self._tokie, tiktoken_too=tiktoken_too,
-                              tokie_failed=self._tokie_failed)
+        release_freed_memory()  # what the document sample's calls left (core/allocator.py)
+        try:
+            return check_backends(spec, encoding, ref, tokie=self._tokie, tiktoken_too=tiktoken_too,
+                                  tokie_failed=self._tokie_failed)
+        finally:
+            release_freed_memory()  # the checks' threads allocate no more
 
     # -- encoding -----------------------------------------------------------------
 
