@@ -5,7 +5,9 @@ One corpus, one byte-level BPE tokenizer, one packing shape. Every run is a
 fresh child process (``peers_child.py``: its own peak RSS, its own empty
 in-memory caches; arrowstream's encoder verdict is on disk, in a directory
 made for this benchmark run, so the first child pays the encoder's proof and
-the others find it, as on any machine after its first run), runs alternate
+the others find it, as on any machine after its first run; arrowstream's
+modules are compiled to bytecode first, as the peers' wheels were when
+installed: ``harness.ensure_bytecode``), runs alternate
 across contestants, and figures are medians
 of ``--repeats``. Each pipeline is compared with the raw speed of the *same*
 encoder, and with ``datasets`` using the same encoder:
@@ -109,6 +111,7 @@ import numpy as np
 from harness import (
     Checks,
     corpus_dir,
+    ensure_bytecode,
     fmt_table,
     loadavg,
     log,
@@ -563,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     shared = {"corpus": str(corpus), "tokenizer": str(tok_path), "tiktoken": str(tiktoken_file(args.workdir, tok_path)),
               "seq_len": L, "batch_size": B, "eos_id": tinfo["eos_id"], "vocab_size": tinfo["vocab_size"]}
     configs = contestants(args.strategies, args.peers, args.peer_encoders)
+    facts["bytecode"] = ensure_bytecode()  # the peers come from wheels, with their bytecode: so does arrowstream
     runs = run_rounds(configs, shared, args.repeats)
     ref = check_streams(checks, runs, configs, L)
     expected = ref["tokens"]

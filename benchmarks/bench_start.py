@@ -9,6 +9,9 @@ tokenizer, converting it and proving the encoder are all inside it) and the
 child reports, on the same system-wide monotonic clock, when its first batch
 came and when it had emitted ``--tokens`` real tokens; it then goes on for
 ``--steady-tokens`` more and reports that stretch's rate (the steady state).
+arrowstream's modules are compiled to bytecode before the first child, as a
+wheel install leaves them (``harness.ensure_bytecode``), so no child times
+Python compiling them.
 
 Two kinds of process, alternating, medians of ``--repeats``:
 
@@ -107,6 +110,7 @@ def main() -> int:
         Checks,
         add_corpus_options,
         corpus_and_tokenizer,
+        ensure_bytecode,
         fmt_table,
         log,
         machine_facts,
@@ -134,6 +138,7 @@ def main() -> int:
     if args.smoke:
         args.mb, args.tokens, args.steady_tokens, args.repeats, args.vocab = 3, 200_000, 200_000, 1, 2000
     args.corpus, args.tokenizer = corpus_and_tokenizer(args)
+    bytecode = ensure_bytecode()  # as a wheel install leaves it: the children do not compile arrowstream
     runs: dict[str, list[dict[str, Any]]] = {"first": [], "second": []}
     for r in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="arrowstream-verdicts-") as cache_dir:
@@ -143,7 +148,7 @@ def main() -> int:
                 log(f"  run {r + 1} {kind}: first batch {res['first_batch_s']:.2f} s, first {res['tokens'] / 1e6:.1f} M "
                     f"tokens {res['start_tok_s'] / 1e6:.2f} M tok/s, then {res['steady_tok_s'] / 1e6:.2f} M tok/s")
     steady = median([r["steady_tok_s"] for kind in runs for r in runs[kind]])
-    rows, results = [], {"machine": machine_facts(), "args": vars(args), "steady_tok_s": steady}
+    rows, results = [], {"machine": machine_facts(), "args": vars(args), "steady_tok_s": steady, "bytecode": bytecode}
     for kind, items in runs.items():
         start = median([r["start_tok_s"] for r in items])
         first = median([r["first_batch_s"] for r in items])

@@ -11,6 +11,8 @@ check and describe the machine the same way and share one cache of inputs:
 - correctness: :class:`Checks`, whose failed check raises :class:`CheckFailed`
   (exit status 1 in every script);
 - provenance: :func:`machine_facts` (versions, CPUs, memory, git commit);
+- fair process starts: :func:`ensure_bytecode` (arrowstream's modules
+  compiled, as an install from a wheel leaves them);
 - inputs cached in a ``--workdir`` and keyed by everything that shapes them:
   :func:`corpus_dir` (a seeded Parquet corpus), :func:`tokenizer_file` (a
   trained BPE tokenizer) and :func:`tiktoken_file` (its tiktoken conversion).
@@ -297,6 +299,32 @@ def machine_facts() -> dict[str, Any]:
         "env": {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS", "OMP_NUM_THREADS")},
         "loadavg_start": loadavg(),
     }
+
+
+def ensure_bytecode() -> dict[str, Any]:
+    """Compile arrowstream's modules to bytecode where it is imported from, as ``pip install`` of a wheel does.
+
+    A benchmark that times fresh processes from their start must not time
+    Python compiling arrowstream's source: the peers, installed from wheels,
+    have their bytecode, while an editable install (or an exported commit on
+    ``PYTHONPATH``) under ``PYTHONDONTWRITEBYTECODE=1``, as on the machine of
+    these figures, compiles about 90 modules in every process (0.09 s of the
+    0.27 s ``import arrowstream`` took after ``import torch``). Called once by
+    ``bench_start.py`` and ``bench_peers.py`` before their first child.
+
+    Returns
+    -------
+    dict
+        ``compiled`` (whether every module compiled or was up to date),
+        ``package`` (the directory) and ``dont_write_bytecode`` (the
+        environment's setting), for the JSON report.
+    """
+    import compileall
+
+    package = Path(arrowstream.__file__).parent
+    compiled = bool(compileall.compile_dir(str(package), quiet=1))
+    return {"compiled": compiled, "package": str(package),
+            "dont_write_bytecode": os.environ.get("PYTHONDONTWRITEBYTECODE")}
 
 
 # -- corpora and tokenizer (cached in workdir) --------------------------------------

@@ -67,6 +67,7 @@ def test_peers_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     assert table["arrowstream concat, tokenizers, workers=0"]["raw_reference"] == "raw tokenizers"
     assert table["arrowstream concat, tiktoken, workers=0"]["tokens"] == result["expected_tokens"]
     assert result["resume"]["50%"]["arrowstream"] > 0
+    assert result["machine"]["bytecode"]["compiled"]  # no child timed Python compiling arrowstream
     assert all(t["tree_pss_mb"] > 0 for t in table.values())
     assert table["arrowstream concat, tiktoken, workers=2"]["working_mb"] is not None
     assert any("exactly the raw encoders' stream" in c["name"] for c in result["checks"])
@@ -150,6 +151,8 @@ def test_start_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     result, _ = _bench(tmp_path, "bench_start.py", "--smoke")
     for kind in ("first", "second"):
         assert result[kind]["start_tok_s"] > 0 and result[kind]["first_batch_s"] > 0
+    bytecode = result["bytecode"]  # compiled before the first child, where arrowstream is imported from
+    assert bytecode["compiled"] and list(Path(bytecode["package"], "pipeline", "__pycache__").glob("iterator.*.pyc"))
     assert result["checks"] and all(check["passed"] for check in result["checks"])
 
 
