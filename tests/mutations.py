@@ -897,6 +897,14 @@ MUTANTS = [
         ("tests/test_encoders.py",),
     ),
     Mutant(
+        "close-waits-inside-a-collection",
+        "a garbage collection in the training thread, inside a lock the producer needs, joins the producer: a hang",
+        "arrowstream/io/prefetch.py",
+        "    if _finalizing() or (wait and not _collecting()):",
+        "    if _finalizing() or wait:",
+        ("tests/test_prefetch.py",),
+    ),
+    Mutant(
         "tokie-lock-held-in-forked-child",
         "a DataLoader worker forked while an encode thread is inside tokie inherits tokie mid-call (it can hang)",
         "arrowstream/tokenize/tokie_backend.py",

@@ -136,6 +136,51 @@ def test_close_from_the_producer_thread_stops_it_without_joining_itself() -> Non
     assert list(p) == []  # closed: nothing more
 
 
+_GC_CHILD = """
+import gc, threading, time
+from arrowstream.io.prefetch import Prefetcher, close_all
+
+lock = threading.Lock()
+
+def make():
+    yield 1
+    with lock:  # the producer's next item needs what the consumer holds
+        yield 2
+
+def consume():  # what TorchDataset.__iter__ does around its prefetcher
+    ahead = Prefetcher(make, depth=4)
+    me = threading.get_ident()
+    try:
+        for x in ahead:
+            yield x
+    finally:
+        close_all(ahead.close, wait=threading.get_ident() == me)
+
+g = consume()
+with lock:
+    assert next(g) == 1
+    time.sleep(0.2)  # the producer now waits for the lock
+    cycle = [g]
+    cycle.append(cycle)
+    del g, cycle
+    gc.collect()  # finalizes the generator here, in the consumer's thread, inside the lock
+print("collected")
+deadline = time.monotonic() + 20
+while any(t.name == "arrowstream-prefetch" for t in threading.enumerate()) and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("producers left:", sum(t.name == "arrowstream-prefetch" for t in threading.enumerate()))
+"""
+
+
+def test_a_collection_in_the_consumers_thread_inside_a_lock_the_producer_needs_does_not_hang() -> None:
+    """Regression: a collection that finalized an abandoned ``to_torch`` iterator while the training thread
+    held ``concurrent.futures``' lock (starting a pool's thread) joined the producer, which waited for that
+    lock to submit an encoder call: the process hung for good."""
+    out = subprocess.run([sys.executable, "-c", _GC_CHILD], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["collected", "producers left: 0"]  # closed after all, in a thread
+
+
 def test_warnings_of_the_producer_and_pool_threads_name_the_consumers_line() -> None:
     """A warning raised in a library thread is warned again in the consumer's, at the user's line, in order."""
     import sys

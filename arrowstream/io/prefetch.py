@@ -24,10 +24,11 @@ Parquet file drops and retakes the GIL) during finalization aborts the process.
 from __future__ import annotations
 
 import atexit
+import gc
 import queue
-from collections import deque
 import sys
 import threading
+from collections import deque
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -36,7 +37,7 @@ from typing import Any, Generic, TypeVar
 from arrowstream.errors import forward_warnings, warn_user
 from arrowstream.io.niceness import Placement, producer_placement, take_placement
 
-__all__ = ["AHEAD_BYTES", "AHEAD_MOST", "Prefetcher", "RefillQueue", "close_all", "depth_for"]
+__all__ = ["AHEAD_BYTES", "AHEAD_MOST", "Prefetcher", "RefillQueue", "close_all", "collecting_here", "depth_for"]
 
 T = TypeVar("T")
 
@@ -163,6 +164,24 @@ def _produce(
 _RUNNING: weakref.WeakKeyDictionary[threading.Thread, threading.Event] = weakref.WeakKeyDictionary()
 _RUNNING_LOCK = threading.Lock()
 _EXIT_HOOK: list[bool] = []
+#: The thread running a garbage collection now, if any (one at a time in a process).
+_COLLECTOR: list[int | None] = [None]
+
+
+def _track_collections(phase: str, info: dict[str, Any]) -> None:
+    """A ``gc.callbacks`` hook: note which thread collects, from start to stop."""
+    _COLLECTOR[0] = threading.get_ident() if phase == "start" else None
+
+
+def collecting_here() -> bool:
+    """Return whether a garbage collection runs in this thread now (finalizers run inside it).
+
+    Examples
+    --------
+    >>> collecting_here()
+    False
+    """
+    return _COLLECTOR[0] == threading.get_ident()
 _EXIT_JOIN_SECONDS = 30.0
 
 
@@ -224,6 +243,7 @@ class Prefetcher(Generic[T]):
             with _RUNNING_LOCK:
                 if not _EXIT_HOOK:  # once, on first use rather than at import
                     atexit.register(_stop_all)
+                    gc.callbacks.append(_track_collections)
                     _EXIT_HOOK.append(True)
                 _RUNNING[self._thread] = self._stop
             self._started = True
@@ -274,6 +294,7 @@ def close_all(
     wait: bool,
     _finalizing: Callable[[], bool] = sys.is_finalizing,  # bound now: module globals are gone at exit
     _thread: type[threading.Thread] = threading.Thread,
+    _collecting: Callable[[], bool] = collecting_here,
 ) -> None:
     """Call ``closers`` in order: here when ``wait``, else in a thread of their own.
 
@@ -281,8 +302,13 @@ def close_all(
     garbage collection in an encoder thread for one. Closing a prefetcher
     there waits for its producer, which may be waiting for that very thread:
     pass ``wait=False`` from any thread but the consumer's, so the thread that
-    finalizes never blocks. While the interpreter exits the closers run here
-    (the exit hook has already stopped every producer).
+    finalizes never blocks. In the consumer's thread too, a garbage
+    collection can finalize an abandoned generator at any allocation, inside
+    a lock the producer needs (``concurrent.futures`` holds one while it
+    starts a pool's thread, and the producer submits encoder calls): inside
+    a collection the closers always run in a thread of their own. While the
+    interpreter exits the closers run here (the exit hook has already
+    stopped every producer).
 
     Examples
     --------
@@ -291,7 +317,7 @@ def close_all(
     >>> closed
     ['producer', 'files']
     """
-    if wait or _finalizing():
+    if _finalizing() or (wait and not _collecting()):
         for close in closers:
             close()
         return
