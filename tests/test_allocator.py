@@ -12,8 +12,10 @@ from arrowstream.core import allocator
 
 from .conftest import write_parts
 
-_CHILD = """
+#: A child's set-up: the library, and glibc's ``mallinfo2`` to read what malloc holds.
+_MALLINFO = """
 import ctypes, sys
+import numpy as np
 from arrowstream import read_parquet
 from arrowstream.core import allocator
 
@@ -23,11 +25,13 @@ class Info(ctypes.Structure):  # glibc's struct mallinfo2, the fields up to keep
 
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = Info
+"""
+
+_CHILD = _MALLINFO + """
 before = allocator._applied
 it = read_parquet(sys.argv[1]).tokenize(None, column="ids", eos_id=0).pack(seq_len=8, batch_size=2).iter()
 next(it)
 # an 8 MiB array: from a mapping of its own by default (above the 128 KiB threshold), from the heap when set
-import numpy as np
 base = libc.mallinfo2().hblkhd
 a = np.ones(8 << 20, np.uint8)
 print(before, allocator._applied, libc.mallinfo2().hblkhd - base)
@@ -59,18 +63,7 @@ def test_the_setting_applies_once_per_process(monkeypatch: pytest.MonkeyPatch) -
     assert calls == [1]
 
 
-_TRIM_CHILD = """
-import ctypes, sys
-import numpy as np
-from arrowstream import read_parquet
-from arrowstream.core import allocator
-
-class Info(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = Info
+_TRIM_CHILD = _MALLINFO + """
 print(allocator.release_freed_memory())  # before any iterator: settings not applied, nothing done
 it = read_parquet(sys.argv[1]).tokenize(None, column="ids", eos_id=0).pack(seq_len=8, batch_size=2).iter()
 next(it)
