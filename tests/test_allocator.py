@@ -38,13 +38,21 @@ print(before, allocator._applied, libc.mallinfo2().hblkhd - base)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or not allocator._glibc(), reason="glibc only")
-@pytest.mark.parametrize("setting", ["", "default"])
-def test_an_iterator_start_keeps_freed_memory_unless_told_not_to(tmp_path: Path, setting: str) -> None:
+glibc_only = pytest.mark.skipif(not sys.platform.startswith("linux") or not allocator._glibc(), reason="glibc only")
+
+
+def run_child(code: str, tmp_path: Path, setting: str) -> list[str]:
+    """Run ``code`` over a small id dataset in a fresh process with ``ARROWSTREAM_MALLOC=setting``; return its words."""
     write_parts(tmp_path / "data", [{"ids": [[1, 2, 3]] * 20}], row_group_size=5)
     env = {**__import__("os").environ, allocator.ENV: setting}
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "data")], capture_output=True, text=True,
-                         env=env, check=True, timeout=120).stdout.split()
+    return subprocess.run([sys.executable, "-c", code, str(tmp_path / "data")], capture_output=True, text=True,
+                          env=env, check=True, timeout=120).stdout.split()
+
+
+@glibc_only
+@pytest.mark.parametrize("setting", ["", "default"])
+def test_an_iterator_start_keeps_freed_memory_unless_told_not_to(tmp_path: Path, setting: str) -> None:
+    out = run_child(_CHILD, tmp_path, setting)
     before, after, mapped = out[0], out[1], int(out[2])
     assert before == "None"  # nothing at import: only an iterator's start applies it
     if setting == "default":
@@ -74,13 +82,10 @@ print(allocator.release_freed_memory(), kept, libc.mallinfo2().keepcost)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or not allocator._glibc(), reason="glibc only")
+@glibc_only
 @pytest.mark.parametrize("setting", ["", "default"])
 def test_release_hands_the_kept_pages_back_only_where_the_settings_apply(tmp_path: Path, setting: str) -> None:
-    write_parts(tmp_path / "data", [{"ids": [[1, 2, 3]] * 20}], row_group_size=5)
-    env = {**__import__("os").environ, allocator.ENV: setting}
-    out = subprocess.run([sys.executable, "-c", _TRIM_CHILD, str(tmp_path / "data")], capture_output=True, text=True,
-                         env=env, check=True, timeout=120).stdout.split()
+    out = run_child(_TRIM_CHILD, tmp_path, setting)
     assert out[0] == "False"  # it never applies the settings itself
     released, kept, left = out[1] == "True", int(out[2]), int(out[3])
     if setting == "default":

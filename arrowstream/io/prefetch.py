@@ -28,9 +28,9 @@ import gc
 import queue
 import sys
 import threading
-from collections import deque
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -164,6 +164,7 @@ def _produce(
 _RUNNING: weakref.WeakKeyDictionary[threading.Thread, threading.Event] = weakref.WeakKeyDictionary()
 _RUNNING_LOCK = threading.Lock()
 _EXIT_HOOK: list[bool] = []
+_EXIT_JOIN_SECONDS = 30.0
 #: The thread running a garbage collection now, if any (one at a time in a process).
 _COLLECTOR: list[int | None] = [None]
 
@@ -182,7 +183,6 @@ def collecting_here() -> bool:
     False
     """
     return _COLLECTOR[0] == threading.get_ident()
-_EXIT_JOIN_SECONDS = 30.0
 
 
 def _stop_all() -> None:
