@@ -897,6 +897,22 @@ MUTANTS = [
         ("tests/test_encoders.py",),
     ),
     Mutant(
+        "arrow-keeps-mimalloc",
+        "an iterator's start leaves pyarrow's mimalloc pool in place, which holds 30-40 MB more than malloc",
+        "arrowstream/core/allocator.py",
+        "    _arrow_pool_to_malloc()\n",
+        "    pass\n",
+        ("tests/test_allocator.py",),
+    ),
+    Mutant(
+        "arrow-pool-choice-overridden",
+        "a pool named by ARROW_DEFAULT_MEMORY_POOL is replaced with malloc anyway",
+        "arrowstream/core/allocator.py",
+        "        return False  # the user's or the environment's choice",
+        "        pass  # the user's or the environment's choice",
+        ("tests/test_allocator.py",),
+    ),
+    Mutant(
         "close-waits-inside-a-collection",
         "a garbage collection in the training thread, inside a lock the producer needs, joins the producer: a hang",
         "arrowstream/io/prefetch.py",

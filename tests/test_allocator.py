@@ -41,10 +41,17 @@ print(before, allocator._applied, libc.mallinfo2().hblkhd - base)
 glibc_only = pytest.mark.skipif(not sys.platform.startswith("linux") or not allocator._glibc(), reason="glibc only")
 
 
-def run_child(code: str, tmp_path: Path, setting: str) -> list[str]:
-    """Run ``code`` over a small id dataset in a fresh process with ``ARROWSTREAM_MALLOC=setting``; return its words."""
+def run_child(code: str, tmp_path: Path, setting: str, arrow_pool: str = "") -> list[str]:
+    """Run ``code`` over a small id dataset in a fresh process with ``ARROWSTREAM_MALLOC=setting``; return its words.
+
+    ``arrow_pool``, when given, is the child's ``ARROW_DEFAULT_MEMORY_POOL``;
+    otherwise the child has none.
+    """
     write_parts(tmp_path / "data", [{"ids": [[1, 2, 3]] * 20}], row_group_size=5)
-    env = {**__import__("os").environ, allocator.ENV: setting}
+    env = {k: v for k, v in __import__("os").environ.items() if k != allocator.ARROW_POOL_ENV}
+    env[allocator.ENV] = setting
+    if arrow_pool:
+        env[allocator.ARROW_POOL_ENV] = arrow_pool
     return subprocess.run([sys.executable, "-c", code, str(tmp_path / "data")], capture_output=True, text=True,
                           env=env, check=True, timeout=120).stdout.split()
 
@@ -94,3 +101,29 @@ def test_release_hands_the_kept_pages_back_only_where_the_settings_apply(tmp_pat
         assert released
         assert kept >= 8 << 20  # the freed array stayed at the top of the heap, under the 16 MiB pad
         assert left < 1 << 20  # handed back
+
+
+_POOL_CHILD = """
+import sys
+import pyarrow as pa
+from arrowstream import read_parquet
+before = pa.default_memory_pool().backend_name
+it = read_parquet(sys.argv[1]).tokenize(None, column="ids", eos_id=0).pack(seq_len=8, batch_size=2).iter()
+batch = next(it)
+print(before, pa.default_memory_pool().backend_name, pa.table({"x": [1, 2]}).column("x").chunk(0).buffers()[1].size)
+"""
+
+
+@glibc_only
+@pytest.mark.parametrize(
+    ("setting", "arrow_pool", "after"),
+    [("", "", "system"), ("default", "", "mimalloc"), ("", "mimalloc", "mimalloc"), ("", "jemalloc", "jemalloc")],
+)
+def test_an_iterator_start_makes_malloc_arrows_pool_unless_a_pool_was_chosen(
+    tmp_path: Path, setting: str, arrow_pool: str, after: str
+) -> None:
+    out = run_child(_POOL_CHILD, tmp_path, setting, arrow_pool)
+    # pyarrow's Linux wheels default to mimalloc, which held 30-40 MB more than malloc (core/allocator.py)
+    assert out[0] == (arrow_pool or "mimalloc")
+    assert out[1] == after
+    assert int(out[2]) == 16  # Arrow allocates as before, from whichever pool
