@@ -20,6 +20,11 @@ Two kinds of process, alternating, medians of ``--repeats``:
 - ``second``: the same directory again, as every later process, DataLoader
   worker or restart.
 
+``--encoder`` picks what encodes: ``tokie`` (the default, ``backend="auto"``
+with the ``fast`` extra installed), ``tiktoken`` (``backend="auto"`` with tokie
+hidden, as where the extra is not installed; the encoder the issue's figures
+were taken with) or ``tokenizers`` (forced, nothing to prove).
+
 The bar (issue 18): over the first 4 M tokens, at least 0.8x the steady speed
 on a second process and 0.5x on the first; first batch within 0.5 s.
 ``padding %`` is the share of padding in every batch the child emitted
@@ -29,6 +34,7 @@ look-ahead windows from the start, for comparison).
 Usage::
 
     python benchmarks/bench_start.py                  # 85 MB corpus, 4 M tokens
+    python benchmarks/bench_start.py --encoder tiktoken   # the default without the fast extra
     python benchmarks/bench_start.py --smoke          # seconds: checks only
 """
 
@@ -50,13 +56,19 @@ from typing import Any
 def child(args: argparse.Namespace) -> None:
     from arrowstream import read_parquet
 
+    backend = "tokenizers" if args.encoder == "tokenizers" else "auto"
+    if args.encoder == "tiktoken":  # auto where the fast extra is not installed, as in bench_peers.py
+        from arrowstream.tokenize import tokie_backend
+
+        tokie_backend.tokie = None
     ramp = {} if args.strategy == "concat" else {"ramp": not args.no_ramp}
+    tokens_ds = read_parquet(args.corpus).tokenize(args.tokenizer, backend=backend)
     if args.strategy == "bucket":
-        ds = read_parquet(args.corpus).tokenize(args.tokenizer).bucket(
+        ds = tokens_ds.bucket(
             max_tokens=args.seq_len * args.batch_size, max_len=args.seq_len, long_docs="truncate", **ramp
         )
     else:
-        ds = read_parquet(args.corpus).tokenize(args.tokenizer).pack(
+        ds = tokens_ds.pack(
             seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy, **ramp
         )
     it = ds.iter()
@@ -76,6 +88,7 @@ def child(args: argparse.Namespace) -> None:
     done = time.monotonic()
     stats = it.stats
     print(json.dumps({
+        "backend": next(s.backend for s in ds.stages if hasattr(s, "backend")),
         "first_batch": first, "reached": reached, "tokens": start_tokens, "done": done,
         "steady_tokens": tokens - start_tokens,
         "padding": stats["padding_tokens"] / max(1, stats["padding_tokens"] + stats["tokens"]),
@@ -86,7 +99,8 @@ def run_child(args: argparse.Namespace, cache_dir: str) -> dict[str, Any]:
     cmd = [
         sys.executable, __file__, "--child", "--corpus", args.corpus, "--tokenizer", args.tokenizer,
         "--tokens", str(args.tokens), "--steady-tokens", str(args.steady_tokens), "--strategy", args.strategy,
-        "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), *(["--no-ramp"] if args.no_ramp else []),
+        "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--encoder", args.encoder,
+        *(["--no-ramp"] if args.no_ramp else []),
     ]
     env = dict(os.environ, ARROWSTREAM_CACHE_DIR=cache_dir)
     start = time.monotonic()
@@ -100,6 +114,7 @@ def run_child(args: argparse.Namespace, cache_dir: str) -> dict[str, Any]:
         "steady_tok_s": res["steady_tokens"] / (res["done"] - res["reached"]),
         "tokens": res["tokens"],
         "padding": res["padding"],
+        "backend": res["backend"],
     }
 
 
@@ -127,6 +142,8 @@ def main() -> int:
     p.add_argument("--strategy", default="concat", choices=["concat", "best_fit", "bucket"])
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--encoder", default="tokie", choices=["tokie", "tiktoken", "tokenizers"],
+                   help="tokie: the default with the fast extra; tiktoken: the default without it; tokenizers: forced")
     p.add_argument("--no-ramp", action="store_true", help="best_fit and bucket: full windows from the start (ramp=False)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--smoke", action="store_true", help="tiny sizes: run the checks in seconds")
@@ -160,7 +177,7 @@ def main() -> int:
     log()
     log(fmt_table(["process", "first batch s", f"first {args.tokens / 1e6:g} M tokens (M tok/s)",
                    "steady (M tok/s)", "start / steady", "padding %"], rows))
-    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, no workers; steady = median of every run's rate "
+    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, {args.encoder}, no workers; steady = median of every run's rate "
         f"after its first {args.tokens / 1e6:g} M tokens; medians of {args.repeats})")
     checks = Checks()
     try:
@@ -168,6 +185,8 @@ def main() -> int:
             least = min(r["tokens"] for r in runs[kind])
             checks(least >= args.tokens, f"{kind}: every run reached {args.tokens:,} tokens (a larger --mb if not)",
                    f"fewest {least:,}")
+            used = sorted({r["backend"] for r in runs[kind]})
+            checks(used == [args.encoder], f"{kind}: every run encoded with {args.encoder}", f"used {used}")
     except CheckFailed:
         return 1
     finally:

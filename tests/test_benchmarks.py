@@ -147,10 +147,12 @@ def test_storage_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     assert all(c["passed"] for c in results["checks"]) and len(results["checks"]) == 6
 
 
-def test_start_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
-    result, _ = _bench(tmp_path, "bench_start.py", "--smoke")
+@pytest.mark.parametrize("encoder", ["tokie", "tiktoken"])
+def test_start_benchmark_smoke_run_passes_its_checks(tmp_path: Path, encoder: str) -> None:
+    result, _ = _bench(tmp_path, "bench_start.py", "--smoke", "--encoder", encoder)
     for kind in ("first", "second"):
         assert result[kind]["start_tok_s"] > 0 and result[kind]["first_batch_s"] > 0
+        assert [run["backend"] for run in result[kind]["runs"]] == [encoder]
     bytecode = result["bytecode"]  # compiled before the first child, where arrowstream is imported from
     assert bytecode["compiled"] and list(Path(bytecode["package"], "pipeline", "__pycache__").glob("iterator.*.pyc"))
     assert result["checks"] and all(check["passed"] for check in result["checks"])
