@@ -55,12 +55,9 @@ from typing import Any
 
 def child(args: argparse.Namespace) -> None:
     from arrowstream import read_parquet
+    from contestants import arrowstream_backend
 
-    backend = "tokenizers" if args.encoder == "tokenizers" else "auto"
-    if args.encoder == "tiktoken":  # auto where the fast extra is not installed, as in bench_peers.py
-        from arrowstream.tokenize import tokie_backend
-
-        tokie_backend.tokie = None
+    backend = arrowstream_backend(args.encoder)  # as bench_peers.py's rows of the same name
     ramp = {} if args.strategy == "concat" else {"ramp": not args.no_ramp}
     tokens_ds = read_parquet(args.corpus).tokenize(args.tokenizer, backend=backend)
     if args.strategy == "bucket":

@@ -223,6 +223,24 @@ def raw_digest(
 # -- pipelines ----------------------------------------------------------------------------
 
 
+def arrowstream_backend(encoder: str) -> str:
+    """Make ``encoder`` what arrowstream's default encodes with; return the ``backend`` to pass to ``tokenize``.
+
+    ``"tokie"``: ``"auto"``, the default where the ``fast`` extra is
+    installed. ``"tiktoken"``: ``"auto"`` with tokie hidden in this process
+    (and the workers it forks), the default where the extra is not installed:
+    ``auto`` proves tiktoken off the path to the first batch, while a forced
+    ``backend="tiktoken"`` runs its checks before it. ``"tokenizers"``: forced.
+    """
+    if encoder not in ("tokie", "tiktoken", "tokenizers"):
+        raise ValueError(f"unknown encoder {encoder!r}; expected 'tokie', 'tiktoken' or 'tokenizers'")
+    if encoder == "tiktoken":
+        from arrowstream.tokenize import tokie_backend
+
+        tokie_backend.tokie = None
+    return "tokenizers" if encoder == "tokenizers" else "auto"
+
+
 def arrowstream_dataset(
     corpus: Path, tok_path: Path, *, seq_len: int, batch_size: int, strategy: str, backend: str,
     even_batches: bool | None,

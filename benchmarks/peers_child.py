@@ -29,6 +29,7 @@ from typing import Any
 
 from contestants import (
     StreamDigest,
+    arrowstream_backend,
     arrowstream_dataset,
     datasets_pipeline,
     grain_pipeline,
@@ -89,15 +90,7 @@ def build_loader(spec: dict[str, Any], torch: Any) -> tuple[Any, Any]:
         ds = grain_pipeline(corpus, tok, Path(spec["tiktoken"]), seq_len=L, batch_size=B, encoder=spec["encoder"],
                             workers=workers)
         return ds, iter_grain(ds, torch)
-    backend = spec["backend"]
-    if backend == "tiktoken":
-        # What the default gives where tokie is not installed: `auto` proves tiktoken off the path to the
-        # first batch, while a forced backend="tiktoken" runs its checks before it (about 1.6 s here).
-        from arrowstream.tokenize import tokie_backend
-
-        tokie_backend.tokie, backend = None, "auto"
-    elif backend == "tokie":  # the default where the fast extra is installed
-        backend = "auto"
+    backend = arrowstream_backend(spec["backend"])  # the default with the fast extra (tokie) or without (tiktoken)
     ds = arrowstream_dataset(corpus, tok, seq_len=L, batch_size=B, strategy=spec["strategy"],
                              backend=backend, even_batches=spec["even_batches"])
     if workers:
