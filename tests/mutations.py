@@ -905,6 +905,14 @@ MUTANTS = [
         ("tests/test_allocator.py",),
     ),
     Mutant(
+        "plot-sets-global-backend",
+        "Analysis.plot switches the process's matplotlib backend to Agg and draws through pyplot",
+        "arrowstream/analysis/report.py",
+        "        from matplotlib.figure import Figure\n",
+        "        import matplotlib\n        import matplotlib.pyplot\n        from matplotlib.figure import Figure\n\n        matplotlib.use(\"Agg\")\n",
+        ("tests/test_analysis.py",),
+    ),
+    Mutant(
         "arrow-pool-choice-overridden",
         "a pool named by ARROW_DEFAULT_MEMORY_POOL is replaced with malloc anyway",
         "arrowstream/core/allocator.py",

@@ -259,6 +259,24 @@ def test_an_output_that_cannot_be_written_is_a_config_error_naming_it(tmp_path: 
         result.plot(tmp_path / "missing" / "a.png")
 
 
+def test_plotting_leaves_the_processs_matplotlib_backend_and_pyplot_alone(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    root, _, _ = _corpus(tmp_path / "data")
+    png = tmp_path / "a.png"
+    code = (
+        "import sys, matplotlib\n"
+        "matplotlib.use('svg')  # a notebook's inline backend, say\n"
+        "from arrowstream import analyze\n"
+        f"analyze({str(root)!r}, sample=50).plot({str(png)!r})\n"
+        "print(matplotlib.get_backend(), 'matplotlib.pyplot' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["svg", "False"]
+    import matplotlib.image
+
+    assert matplotlib.image.imread(png).shape[:2] == (450, 1200)  # 12 x 4.5 inches at 100 dpi
+
+
 @pytest.mark.parametrize("sample", [None, 20])
 def test_documents_whose_group_is_null_are_a_group_of_their_own(
     tmp_path: Path, tokenizer: Tokenizer, sample: int | None

@@ -134,7 +134,9 @@ class Analysis:
     def plot(self, path: str | os.PathLike[str]) -> Path:
         """Write a PNG: the length histogram with ``seq_len`` marked, and the strategies compared.
 
-        Needs matplotlib (``pip install 'arrowstream[plot]'``).
+        Needs matplotlib (``pip install 'arrowstream[plot]'``). It draws on a
+        figure of its own and leaves ``pyplot`` and the process's backend (a
+        notebook's, say) as they were.
         """
         return plot_analysis(self, Path(path))
 

@@ -158,17 +158,20 @@ def _largest(by: Any, n: int) -> list[Any]:
 
 
 def plot_analysis(a: Analysis, path: Path) -> Path:
-    """Draw the length histogram (``seq_len`` marked) and the strategies side by side as a PNG."""
-    try:
-        import matplotlib
+    """Draw the length histogram (``seq_len`` marked) and the strategies side by side as a PNG.
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    The figure is a :class:`matplotlib.figure.Figure` of its own, outside
+    ``pyplot``: the process's backend (a notebook's inline one, say) and
+    ``pyplot``'s figures are left as they were.
+    """
+    try:
+        from matplotlib.figure import Figure
     except ImportError as exc:
         raise ImportError("the figure needs matplotlib: pip install 'arrowstream[plot]'") from exc
     measure = "tokens" if "tokens" in a.summary["measure"].to_list() else "chars"
     hist = a.histogram.filter(a.histogram["measure"] == measure)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig = Figure(figsize=(12, 4.5))
+    axes = fig.subplots(1, 2)
     ax = axes[0]
     ax.bar(hist["lower"].to_list(), hist["count"].to_list(), width=hist["lower"].to_list(), align="edge")
     ax.set_xscale("log", base=2)
@@ -204,6 +207,4 @@ def plot_analysis(a: Analysis, path: Path) -> Path:
             f"cannot write the figure to {str(path)!r}: {exc.strerror or exc}; pass a path in a "
             "writable directory"
         ) from exc
-    finally:
-        plt.close(fig)
     return path
