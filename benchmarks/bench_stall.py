@@ -13,7 +13,9 @@ step time giving the loader ``--headroom`` times that rate (1.25: the loader
 is 25 % faster than the step). Reported per run, after the warm-up batches:
 the share of wall time spent waiting, the part of it the consumer's thread
 spent runnable but without a CPU (where Linux reports it: other threads held
-every core), and the p50/p99 wait per step. The
+every core), the p50/p99 wait per step, the longest wait (its step in each
+run's JSON) and the part of the share waited in the longest 1 % of steps
+(a few long waits, or many short ones). The
 first batch is start-up, not a stall, and is reported apart. Medians of
 ``--repeats`` runs; every run is a fresh loader.
 
@@ -317,12 +319,16 @@ def _consume_once(args: argparse.Namespace, workers: int, step_s: float, *, read
         time.sleep(step_s)  # the step: the GIL is released, as while a GPU computes
     wall = time.perf_counter() - start
     del it
+    longest = np.sort(waits)[-max(1, -(-args.batches // 100)) :]  # the longest 1 % of the steps' waits
     return {
         "first_batch_s": first,
         "wait_share": float(waits.sum() / wall),
         "cpu_wait_share": float(off_cpu.sum() / wall) if cpu_wait else float("nan"),
         "p50_ms": float(np.percentile(waits, 50) * 1e3),
         "p99_ms": float(np.percentile(waits, 99) * 1e3),
+        "max_ms": float(waits.max() * 1e3),
+        "longest_share": float(longest.sum() / wall),
+        "longest_step": int(waits.argmax()),
         "step_ms": step_s * 1e3,
     }
 
@@ -370,7 +376,7 @@ def _measure(
         for n, lat in variants:
             floor = {key: median([r[key] for r in floors[lat]]) for key in floors[lat][0]}
             cold_us, warm_us = colds[lat]
-            summary = {key: median([r[key] for r in runs[n, lat]]) for key in runs[n, lat][0]}
+            summary = {key: median([r[key] for r in runs[n, lat]]) for key in runs[n, lat][0] if key != "longest_step"}
             name = (f"{who}, {setting}" + (f", nice={n}" if n else "")
                     + (f", cpu latency={lat} us" if lat else ""))
             results["runs"][name] = {
@@ -391,7 +397,8 @@ def _measure(
             log(f"  headroom {h:.3g}{f', nice {n}' if n else ''}{f', cpu latency {lat} us' if lat else ''}: step {step * 1e3:.2f} ms, waited "
                 f"{100 * summary['wait_share']:.1f} % of wall time "
                 f"({100 * summary['cpu_wait_share']:.1f} points of it runnable without a CPU), "
-                f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms; batches ready: waited "
+                f"p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms, longest {summary['max_ms']:.1f} ms "
+                f"({100 * summary['longest_share']:.1f} points in the longest 1 % of steps); batches ready: waited "
                 f"{100 * floor['wait_share']:.1f} %, p50 {floor['p50_ms']:.2f} ms; the DataLoader's profiler range "
                 f"after a step {cold_us:.0f} us, back to back {warm_us:.0f} us")
     return rows

@@ -162,6 +162,10 @@ def test_stall_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     result, _ = _bench(tmp_path, "bench_stall.py", "--smoke", "--beside")
     assert set(result["runs"]) == {"workers=0, headroom=2.0", "workers=1, headroom=2.0"}
     assert all(0 <= run["wait_share"] < 1 and run["rate"] > 0 for run in result["runs"].values())
+    for run in result["runs"].values():  # the longest waits: within the whole, and the longest is one of them
+        assert 0 < run["longest_share"] <= run["wait_share"] and run["max_ms"] >= run["p99_ms"] >= run["p50_ms"]
+        assert run["longest_share"] * 20 >= run["wait_share"]  # one run of 20 steps: the longest holds 1/20 or more
+        assert all(0 <= each["longest_step"] < 20 for each in run["runs"])  # the smoke run's 20 steps
     assert all(0 <= run["ready_beside"]["wait_share"] < 1 for run in result["runs"].values())
     best = result["best"]["2.0"]
     assert best["wait_share"] == min(run["wait_share"] for run in result["runs"].values())
