@@ -55,7 +55,7 @@ from typing import Any
 
 def child(args: argparse.Namespace) -> None:
     from arrowstream import read_parquet
-    from contestants import arrowstream_backend
+    from contestants import arrowstream_backend, encoded_with
 
     backend = arrowstream_backend(args.encoder)  # as bench_peers.py's rows of the same name
     ramp = {} if args.strategy == "concat" else {"ramp": not args.no_ramp}
@@ -85,7 +85,7 @@ def child(args: argparse.Namespace) -> None:
     done = time.monotonic()
     stats = it.stats
     print(json.dumps({
-        "backend": next(s.backend for s in ds.stages if hasattr(s, "backend")),
+        "backend": encoded_with(ds),
         "first_batch": first, "reached": reached, "tokens": start_tokens, "done": done,
         "steady_tokens": tokens - start_tokens,
         "padding": stats["padding_tokens"] / max(1, stats["padding_tokens"] + stats["tokens"]),

@@ -241,6 +241,11 @@ def arrowstream_backend(encoder: str) -> str:
     return "tokenizers" if encoder == "tokenizers" else "auto"
 
 
+def encoded_with(ds: Any) -> str:
+    """The backend an arrowstream dataset's tokenize stage encodes with now (after its first batch: the one it chose)."""
+    return str(next(stage.backend for stage in ds.stages if hasattr(stage, "backend")))
+
+
 def arrowstream_dataset(
     corpus: Path, tok_path: Path, *, seq_len: int, batch_size: int, strategy: str, backend: str,
     even_batches: bool | None,

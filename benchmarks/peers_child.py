@@ -32,6 +32,7 @@ from contestants import (
     arrowstream_backend,
     arrowstream_dataset,
     datasets_pipeline,
+    encoded_with,
     grain_pipeline,
     raw_count,
     raw_digest,
@@ -135,7 +136,7 @@ def run_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
            "tok_per_s": digest.tokens / wall, "peak_mb": peak_mb(), "digest": digest.result()}
     if spec["kind"] == "arrowstream" and not spec["workers"]:
         out["stats"] = loader.state_dict()["stats"]
-        out["backend"] = next(s.backend for s in ds.stages if hasattr(s, "backend"))
+        out["backend"] = encoded_with(ds)
     return out
 
 
