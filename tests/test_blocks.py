@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from arrowstream.io.chunk import Chunk
 from arrowstream.pack.assemble import assemble_batch
 from arrowstream.pack.blocks import assemble_full_batches
-from arrowstream.pack import concat
+from arrowstream.pack import blocks, concat
 from arrowstream.pack.concat import ConcatPacker
 from arrowstream.testing import assert_items_equal
 
@@ -101,6 +101,19 @@ def test_a_chunk_of_many_batches_is_made_in_blocks(cut: int) -> None:
     assert sizes == [1, 2, 4] + [8] * 10 + [1]  # the last, partial batch: one layout
     for (fb, _), (sb, _) in zip(fast, slow):
         assert_items_equal(fb, sb)
+
+
+@pytest.mark.parametrize(("cap", "sizes"), [(64, [1, 2, 4] + [4] * 20 + [1]), (32, [1, 2] + [2] * 42 + [1]), (8, [1] * 88)])
+def test_blocks_hold_no_more_tokens_than_the_cap(cap: int, sizes: list[int]) -> None:
+    """Large batches come in smaller blocks (16 tokens a batch here: 4, 2, then 1 a block), the same batches."""
+    chunks = _chunks([7] * 200, pieces=1, head_skip=0, tail_take=0, masked=False, seed=0)
+    with mock.patch.object(blocks, "BLOCK_TOKENS", cap):
+        fast, slow = _run_both(chunks, seq_len=8, batch_size=2, drop_last=False, pad_id=0)
+    bases = [b["input_ids"].base for b, _ in fast]
+    assert [len(list(group)) for _, group in itertools.groupby(map(id, bases))] == sizes
+    for (fb, fs), (sb, ss) in zip(fast, slow):
+        assert_items_equal(fb, sb)
+        assert fs == ss
 
 
 def test_full_batches_match_assemble_batch_on_one_layout() -> None:

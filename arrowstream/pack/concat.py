@@ -21,7 +21,7 @@ import numpy as np
 
 from arrowstream.io.chunk import Chunk, Ledger
 from arrowstream.pack.base import Packer, PackRun, drop_at_target
-from arrowstream.pack.blocks import assemble_full_batches, in_sorted, segment_starts
+from arrowstream.pack.blocks import assemble_full_batches, block_batches, in_sorted, segment_starts
 from arrowstream.pack.layout import Layout
 from arrowstream.state import Position, Progress, State
 
@@ -134,7 +134,8 @@ class _ConcatRun(PackRun):
         """Compute the next full batches together, where the chunks of this epoch hold them.
 
         The batches :meth:`next_layout` would lay out one at a time, computed
-        in one pass over up to ``_BLOCK_BATCHES`` of them (the first blocks
+        in one pass over up to ``_BLOCK_BATCHES`` of them, and no more tokens
+        than :data:`~arrowstream.pack.blocks.BLOCK_TOKENS` (the first blocks
         of a run are smaller: 1, 2, 4... batches, so the first batch waits for
         no more data than before). Nothing of the run's state moves here but
         the chunks pulled ahead into the queue; :meth:`_take_ahead` does the
@@ -145,7 +146,7 @@ class _ConcatRun(PackRun):
         emitted, so a resume loses nothing.
         """
         need = self.p.seq_len * self.p.batch_size
-        want = min(_BLOCK_BATCHES, 1 << min(self.blocks, 8))
+        want = min(block_batches(_BLOCK_BATCHES, need), 1 << min(self.blocks, 8))
         if self.target is not None:
             want = min(want, self.target - self.emitted)
         pieces, have = self._pieces_ahead(chunks, want * need)
