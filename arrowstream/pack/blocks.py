@@ -31,10 +31,12 @@ from arrowstream.pack.assemble import IGNORE_INDEX
 __all__ = ["BLOCK_TOKENS", "assemble_full_batches", "block_batches", "in_sorted", "segment_starts"]
 
 #: The most tokens one block holds. Larger blocks leave the CPU's caches: ``concat`` streamed
-#: 40-44 M tokens/s at 32 x 8,192 in blocks of 8 batches (2 M tokens) against 50-51 in blocks of
-#: 1, and 45-46 at 64 x 2,048 in blocks of 8 against 49-50 in blocks of 4 or 1; at 16 x 2,048
-#: blocks of up to 262,144 tokens were as fast as any (tokie, 340 MB corpus, 2026-11-29).
-BLOCK_TOKENS = 1 << 18
+#: 38-44 M tokens/s at 32 x 8,192 in blocks of 8 batches (2 M tokens) against 47-48 in blocks of
+#: 2 and 48-51 in blocks of 1, and 45-46 at 64 x 2,048 in blocks of 8 against 49-50 in blocks of
+#: 4 or 1; at 8 and 16 x 2,048 blocks of up to 262,144 tokens were as fast as any (tokie, 340 MB
+#: corpus, 2026-11-29). Blocks of 2 rather than 1 at 32 x 8,192: a step of 7.8 ms waited 2.1-2.5 %
+#: of the time for them, 2.3-2.9 % for blocks of 1 (1.7-3.3 % for blocks of 8).
+BLOCK_TOKENS = 1 << 19
 
 
 def block_batches(most: int, batch_tokens: int) -> int:
@@ -43,7 +45,9 @@ def block_batches(most: int, batch_tokens: int) -> int:
     Examples
     --------
     >>> block_batches(8, 8 * 2048), block_batches(8, 64 * 2048), block_batches(8, 32 * 8192)
-    (8, 2, 1)
+    (8, 4, 2)
+    >>> block_batches(8, 128 * 8192)
+    1
     """
     return max(1, min(most, BLOCK_TOKENS // max(1, batch_tokens)))
 
