@@ -47,6 +47,13 @@ def _run_both(chunks: list[Chunk], block: int = 8, **pack) -> tuple[list, list]:
         return _run_pair(chunks, **pack)
 
 
+def _block_sizes(batches: list) -> list[int]:
+    """How many batches each block gave, in order (a block's batches share their ``input_ids`` array)."""
+    bases = [b["input_ids"].base for b, _ in batches]
+    assert all(base is not None for base in bases)
+    return [len(list(group)) for _, group in itertools.groupby(map(id, bases))]
+
+
 def _run_pair(chunks: list[Chunk], **pack) -> tuple[list, list]:
     packer = ConcatPacker(**pack)
     fast, slow = packer.start(None), packer.start(None)
@@ -95,10 +102,7 @@ def test_a_chunk_of_many_batches_is_made_in_blocks(cut: int) -> None:
     """Batches come in blocks that share arrays, of 1, 2, 4, then 8 batches (87 full batches here)."""
     chunks = _chunks([7] * 200, pieces=1, head_skip=cut, tail_take=cut, masked=bool(cut), seed=0)
     fast, slow = _run_both(chunks, seq_len=8, batch_size=2, drop_last=False, pad_id=0)
-    bases = [b["input_ids"].base for b, _ in fast]
-    assert all(base is not None for base in bases)
-    sizes = [len(list(group)) for _, group in itertools.groupby(map(id, bases))]
-    assert sizes == [1, 2, 4] + [8] * 10 + [1]  # the last, partial batch: one layout
+    assert _block_sizes(fast) == [1, 2, 4] + [8] * 10 + [1]  # the last, partial batch: one layout
     for (fb, _), (sb, _) in zip(fast, slow):
         assert_items_equal(fb, sb)
 
@@ -109,8 +113,7 @@ def test_blocks_hold_no_more_tokens_than_the_cap(cap: int, sizes: list[int]) -> 
     chunks = _chunks([7] * 200, pieces=1, head_skip=0, tail_take=0, masked=False, seed=0)
     with mock.patch.object(blocks, "BLOCK_TOKENS", cap):
         fast, slow = _run_both(chunks, seq_len=8, batch_size=2, drop_last=False, pad_id=0)
-    bases = [b["input_ids"].base for b, _ in fast]
-    assert [len(list(group)) for _, group in itertools.groupby(map(id, bases))] == sizes
+    assert _block_sizes(fast) == sizes
     for (fb, fs), (sb, ss) in zip(fast, slow):
         assert_items_equal(fb, sb)
         assert fs == ss

@@ -6,10 +6,10 @@ batches are consecutive slices of the chunks it holds, full to the last token.
 Their arrays follow from the tokens and the document starts and ends alone,
 so :func:`assemble_full_batches` computes them for several batches at once
 (:func:`block_batches` says how many: no more than :data:`BLOCK_TOKENS`
-tokens) and hands out one ``[batch_size, seq_len]`` slice per batch. Each per-batch
-numpy call costs tens of microseconds whatever its size, so this divides the
-packer's per-batch cost by the number of batches done together, which
-matters once the encoder runs at tens of millions of tokens a second.
+tokens) and hands out one ``[batch_size, seq_len]`` slice per batch. Each
+per-batch numpy call costs tens of microseconds whatever its size, so this
+divides the packer's per-batch cost by the number of batches done together,
+which matters once the encoder runs at tens of millions of tokens a second.
 
 The batches are exactly those :func:`~arrowstream.pack.assemble.assemble_batch`
 makes from :class:`~arrowstream.pack.concat.ConcatPacker`'s layouts, byte for
