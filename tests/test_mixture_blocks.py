@@ -13,6 +13,7 @@ import pytest
 from arrowstream.mixture import iterator as mixture_iterator
 from arrowstream.mixture.blocks import assemble_mixture_block
 from arrowstream.mixture.rows import place_rows
+from arrowstream.pack import blocks
 from arrowstream.pack.layout import Layout
 from arrowstream.testing import assert_items_equal, assert_resumes_identically
 
@@ -86,6 +87,29 @@ def test_blocks_are_made_where_sources_have_full_rows(sources: dict[str, Path]) 
         for _ in range(30):
             next(it)
     assert made[:4] == [1, 2, 4, 8], made
+
+
+@pytest.mark.parametrize(("cap", "sizes"), [(64, [1, 2, 4, 8, 8]), (16, [1, 2, 2, 2]), (5, [1, 1, 1, 1])])
+def test_blocks_hold_no_more_tokens_than_the_cap(sources: dict[str, Path], cap: int, sizes: list[int]) -> None:
+    """Large batches come in smaller blocks (8 tokens a batch here), the same batches, states and counts."""
+    made: list[int] = []
+    real = mixture_iterator.assemble_mixture_block
+
+    def spy(steps, rows, *, seq_len):
+        made.append(len(steps))
+        return real(steps, rows, seq_len=seq_len)
+
+    def build() -> Any:
+        return _mixture(sources, {"web": 0.5, "code": 0.3, "books": 0.2}, seq_len=4, batch_size=2, seed=1)
+
+    with mock.patch.object(blocks, "BLOCK_TOKENS", cap), mock.patch.object(mixture_iterator, "assemble_mixture_block", spy):
+        (fast,) = _consumer_runs(build, 32, 1, 1, 40)
+    (slow,) = _consumer_runs(build, 0, 1, 1, 40)
+    assert made[:len(sizes)] == sizes and max(made) == sizes[-1], made
+    assert len(fast) == len(slow) == 40
+    for k, ((batch_a, state_a, stats_a), (batch_b, state_b, stats_b)) in enumerate(zip(fast, slow)):
+        assert_items_equal(batch_a, batch_b, where=f"batch {k}")
+        assert (state_a, stats_a) == (state_b, stats_b), f"state after batch {k}"
 
 
 def test_states_and_source_counters_asked_now_and_then_equal_one_batch_at_a_time(sources: dict[str, Path]) -> None:

@@ -28,6 +28,7 @@ from arrowstream.mixture.reweight import fixed_changes, reweighted, row_reached
 from arrowstream.mixture.rows import Taken, place_rows
 from arrowstream.mixture.schedule import Schedule, Stage, step_rows, steps_rows
 from arrowstream.mixture.snapshot import MixturePlans, MixtureSnapshot
+from arrowstream.pack.blocks import block_batches
 from arrowstream.pipeline.iterator import DatasetIterator
 from arrowstream.state import STATE_FORMAT
 from arrowstream.state.checksum import verify_checksum
@@ -369,17 +370,17 @@ class MixtureIterator:
     def _make_ahead(self) -> None:
         """Lay out the next batches together where every source has their rows in full in its epoch.
 
-        Blocks grow 1, 2, 4, ... up to ``_BLOCK_BATCHES`` batches (the first
-        batch waits for no more data than before). Where a source cannot give
-        its rows in full (near its epoch's end, a loss mask), the block holds
-        the first batches whose rows every source has; where not even one
-        batch's, nothing is made and the batch goes the one-at-a-time way. A
-        read error in data a source pulled ahead is raised up to a block's
-        batches early; the state still names the last batch emitted, so a
-        resume loses nothing.
+        Blocks grow 1, 2, 4, ... up to ``_BLOCK_BATCHES`` batches within
+        :data:`~arrowstream.pack.blocks.BLOCK_TOKENS` (the first batch waits
+        no longer). Where a source cannot give its rows in full (its epoch's
+        end, a loss mask), the block holds the first batches whose rows every
+        source has; where not even one batch's, nothing is made and the batch
+        goes the one-at-a-time way. A read error in data a source pulled ahead
+        is raised up to a block's batches early; the state still names the
+        last batch emitted, so a resume loses nothing.
         """
         self._settle()
-        want = min(_BLOCK_BATCHES, 1 << min(self._blocks, 8))
+        want = min(block_batches(_BLOCK_BATCHES, self.mixture.slots * self.mixture.unit), 1 << min(self._blocks, 8))
         step0, stride = self._step(), self.num_workers
         count = sum(1 for k in range(want) if self._in_run(step0 + k * stride))
         if not count:
