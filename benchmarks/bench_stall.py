@@ -430,7 +430,8 @@ def main() -> int:
     p.add_argument(
         "--thread-nice", default=None,
         help="comma-separated ARROWSTREAM_THREAD_NICE values, each run in turn at the same step "
-             "(e.g. 0,5: producer threads at the consumer's priority, and 5 steps nicer) [the library's default]",
+             "(e.g. 0,5,idle: producer threads at the consumer's priority, 5 steps nicer, and in Linux's "
+             "SCHED_IDLE policy) [the library's default]",
     )
     p.add_argument(
         "--spare-cpus", default=None,

@@ -913,6 +913,14 @@ MUTANTS = [
         ("tests/test_blocks.py",),
     ),
     Mutant(
+        "idle-placement-ignored",
+        "ARROWSTREAM_THREAD_NICE=idle leaves the producer threads in the ordinary policy",
+        "arrowstream/io/niceness.py",
+        "    if placement.idle:",
+        "    if False:",
+        ("tests/test_prefetch.py",),
+    ),
+    Mutant(
         "mixture-block-token-cap-ignored",
         "a concat mixture's blocks hold 32 batches whatever their size (8 M tokens at 32 x 8,192: a third slower)",
         "arrowstream/mixture/iterator.py",

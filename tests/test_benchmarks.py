@@ -202,10 +202,10 @@ def test_loaders_benchmark_smoke_run_mixes_two_sources(tmp_path: Path) -> None:
 
 
 def test_stall_benchmark_compares_thread_niceness_side_by_side(tmp_path: Path) -> None:
-    result, stdout = _bench(tmp_path, "bench_stall.py", "--smoke", "--thread-nice", "0,7")
-    assert set(result["runs"]) == {f"workers={k}, headroom=2.0, nice={n}" for k in (0, 1) for n in (0, 7)}
+    result, stdout = _bench(tmp_path, "bench_stall.py", "--smoke", "--thread-nice", "7,idle")
+    assert set(result["runs"]) == {f"workers={k}, headroom=2.0, nice={n}" for k in (0, 1) for n in (7, "idle")}
     for k in (0, 1):
-        a, b = (result["runs"][f"workers={k}, headroom=2.0, nice={n}"] for n in (0, 7))
+        a, b = (result["runs"][f"workers={k}, headroom=2.0, nice={n}"] for n in (7, "idle"))
         assert a["step_ms"] == b["step_ms"] and a["ready"]["runs"] == b["ready"]["runs"]  # the same step and floor
     assert result["best"]["2.0"]["run"] in result["runs"]
 

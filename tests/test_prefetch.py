@@ -244,6 +244,39 @@ def test_the_producer_thread_runs_nicer_than_the_consumer(
     assert _priority() == mine  # the consumer's own is untouched
 
 
+def _policy() -> int:
+    return os.sched_getscheduler(0)  # 0: the calling thread
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_idle_producer_threads_take_sched_idle_and_leave_the_consumer_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ARROWSTREAM_THREAD_NICE=idle: the loader's threads run only where no ordinary thread wants the CPU
+    monkeypatch.setenv(THREAD_NICE_ENV, "idle")
+    mine, nice = _policy(), _priority()
+
+    def seen() -> Iterator[tuple[int, int, int]]:
+        pool = ThreadPoolExecutor(1)  # a thread the producer starts inherits the policy
+        [inner] = list(Prefetcher(lambda: iter([_policy()])))
+        yield _policy(), pool.submit(_policy).result(), inner
+        pool.shutdown()
+
+    assert mine != os.SCHED_IDLE
+    assert list(Prefetcher(seen)) == [(os.SCHED_IDLE,) * 3]
+    assert (_policy(), _priority()) == (mine, nice)  # the consumer's own are untouched
+    # a text pipeline's encoder pool, started by the consumer's own thread (no prefetch thread)
+    from arrowstream import read_parquet
+    from arrowstream.testing.data import make_texts, sample_tokenizer
+
+    write_parts(tmp_path, [{"text": make_texts(20, seed=1)}])
+    it = read_parquet(tmp_path).tokenize(sample_tokenizer(), num_inflight=2).pack(seq_len=32, batch_size=2).iter()
+    next(it)
+    assert it._pool is not None and it._pool.submit(_policy).result() == os.SCHED_IDLE
+    assert _policy() == mine
+    it.close()
+
+
 def _cpus() -> frozenset[int]:
     return frozenset(os.sched_getaffinity(0))  # 0: the calling thread
 
