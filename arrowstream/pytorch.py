@@ -54,6 +54,7 @@ from arrowstream.distributed.topology import WHOLE_RUN_COUNTERS
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.handover import AUTO, ByValue, by_value_limit, check_sharing, handed, one_storage, state_tag, use_sharing
 from arrowstream.io.prefetch import AHEAD_MOST, Prefetcher, close_all, depth_for
+from arrowstream.single_process import single_process_batches
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
 from arrowstream.state.checksum import verify_checksum, with_checksum
 from arrowstream.state.ranks import next_worker, pick_consumer, whole_rank
@@ -311,7 +312,10 @@ class StatefulLoader:
     trainer received, whatever the workers prefetched. Extra keyword arguments
     go to ``torch.utils.data.DataLoader`` (``batch_size`` is always ``None``;
     ``collate_fn`` is :func:`~arrowstream.collation.no_collate` unless given:
-    batches are handed over as they are).
+    batches are handed over as they are). Without workers it takes each batch
+    as the ``DataLoader`` would, but opens its profiler range only while a
+    profiler records (:mod:`arrowstream.single_process`): the training loop
+    then waits less for the thread that makes batches ahead.
 
     Examples
     --------
@@ -355,7 +359,8 @@ class StatefulLoader:
         n = len(consumers)
         waiting: list[deque[tuple[dict[str, Any], dict[str, Any]]]] = [deque() for _ in range(n)]
         done = [False] * n
-        batches = iter(DataLoader(self.dataset, **self.kwargs))
+        loader = DataLoader(self.dataset, **self.kwargs)
+        batches = iter(loader) if loader.num_workers else single_process_batches(loader)
         while True:
             try:
                 batch = next(batches)

@@ -3,7 +3,9 @@
 
 The consumer pulls batches from ``ds.to_torch()`` through a ``DataLoader``
 (``batch_size=None``, ``num_workers`` 0, 1 and 2, ``pin_memory`` when an
-accelerator is present) and holds each batch for a fixed step time while
+accelerator is present; ``--loader stateful``: through
+``arrowstream.pytorch.StatefulLoader``, which without workers opens the
+``DataLoader``'s profiler range only while a profiler records) and holds each batch for a fixed step time while
 releasing the GIL (``time.sleep``), as a step that runs on a GPU does. It
 records the time spent inside ``next()``: the time the GPU would have waited.
 
@@ -45,6 +47,7 @@ Usage::
     python benchmarks/bench_stall.py --thread-nice 0,5 --workers 0   # producer threads as nice as the step, and 5 nicer
     python benchmarks/bench_stall.py --spare-cpus 0,1 --workers 0   # producer threads on every CPU, and all but one
     python benchmarks/bench_stall.py --collate none   # batches handed over as they are (StatefulLoader's way)
+    python benchmarks/bench_stall.py --loader stateful   # through StatefulLoader (no profiler range without workers)
     python benchmarks/bench_stall.py --cpu-latency-us default,0   # idle CPUs as the machine has them, and kept awake
     python benchmarks/bench_stall.py --smoke           # seconds: runs once, checks only
 """
@@ -87,6 +90,11 @@ def _loader(args: argparse.Namespace, workers: int) -> Any:
         options["prefetch_factor"] = args.prefetch_factor
         options["persistent_workers"] = False
     sharing = {} if args.sharing is None else {"sharing": args.sharing}
+    if args.loader == "stateful":
+        from arrowstream.pytorch import StatefulLoader
+
+        options.pop("batch_size")
+        return StatefulLoader(ds.to_torch(prefetch=args.prefetch, **sharing), **options)
     return DataLoader(ds.to_torch(prefetch=args.prefetch, **sharing), **options)
 
 
@@ -132,6 +140,10 @@ def _ready_loader(args: argparse.Namespace, workers: int) -> Any:
     options: dict[str, Any] = {"batch_size": None, "num_workers": workers, **_collate(args)}
     if workers:
         options["prefetch_factor"] = args.prefetch_factor
+    if args.loader == "stateful" and not workers:  # as StatefulLoader takes batches without workers
+        from arrowstream.single_process import single_process_batches
+
+        return single_process_batches(DataLoader(Ready(), **options))
     return DataLoader(Ready(), **options)
 
 
@@ -423,6 +435,11 @@ def main() -> int:
                    help="to_torch(sharing=...): how workers hand batches over [the library's default: in slots]")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
+        "--loader", default="dataloader", choices=["dataloader", "stateful"],
+        help="what the consumer iterates: a torch DataLoader over ds.to_torch() [default], or "
+             "arrowstream.pytorch.StatefulLoader (batches handed over as they are, so --collate none)",
+    )
+    p.add_argument(
         "--collate", default="default", choices=["default", "none"],
         help="the DataLoaders' collate_fn: torch's default_convert, or arrowstream.pytorch.no_collate "
              "(batches handed over as they are, as StatefulLoader does) [default]",
@@ -454,6 +471,8 @@ def main() -> int:
     p.add_argument("--smoke", action="store_true", help="tiny sizes: run the checks in seconds")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
+    if args.loader == "stateful":
+        args.collate = "none"  # StatefulLoader's own
     if args.smoke:
         args.mb, args.vocab, args.batches, args.warmup, args.repeats = 2, 2000, 20, 3, 1
         args.seq_len, args.workers, args.headroom = 256, "0,1", "2"
@@ -490,7 +509,7 @@ def main() -> int:
     from arrowstream.pytorch import TorchDataset
 
     sharing = args.sharing or f"{_default_sharing(TorchDataset)} (the default)"
-    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, sharing {sharing}, collate {args.collate}, medians of {args.repeats}; waits over "
+    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, {args.loader}, sharing {sharing}, collate {args.collate}, medians of {args.repeats}; waits over "
         f"{args.batches} steps after {args.warmup} warm-up batches)")
     checks = Checks()
     try:

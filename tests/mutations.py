@@ -921,6 +921,22 @@ MUTANTS = [
         ("tests/test_prefetch.py",),
     ),
     Mutant(
+        "single-process-range-always",
+        "without workers, every batch opens the DataLoader's profiler range, profiling or not",
+        "arrowstream/single_process.py",
+        "            if _profiler_enabled():",
+        "            if True:",
+        ("tests/test_single_process.py",),
+    ),
+    Mutant(
+        "stateful-loader-through-dataloader-next",
+        "StatefulLoader without workers takes each batch through DataLoader.__next__ (its profiler range)",
+        "arrowstream/pytorch.py",
+        "        batches = iter(loader) if loader.num_workers else single_process_batches(loader)",
+        "        batches = iter(loader)",
+        ("tests/test_single_process.py",),
+    ),
+    Mutant(
         "mixture-block-token-cap-ignored",
         "a concat mixture's blocks hold 32 batches whatever their size (8 M tokens at 32 x 8,192: a third slower)",
         "arrowstream/mixture/iterator.py",

@@ -210,6 +210,12 @@ def test_stall_benchmark_compares_thread_niceness_side_by_side(tmp_path: Path) -
     assert result["best"]["2.0"]["run"] in result["runs"]
 
 
+def test_stall_benchmark_runs_through_the_stateful_loader(tmp_path: Path) -> None:
+    result, stdout = _bench(tmp_path, "bench_stall.py", "--smoke", "--loader", "stateful")
+    assert result["args"]["loader"] == "stateful" and result["args"]["collate"] == "none"
+    assert set(result["runs"]) == {f"workers={k}, headroom=2.0" for k in (0, 1)} and "8 x 256, stateful," in stdout
+
+
 def test_stall_benchmark_measures_each_spare_cpu_count_at_its_own_rate(tmp_path: Path) -> None:
     result, stdout = _bench(tmp_path, "bench_stall.py", "--smoke", "--spare-cpus", "0,1")
     assert set(result["runs"]) == {f"workers={k}, spare cpus={c}, headroom=2.0" for k in (0, 1) for c in (0, 1)}

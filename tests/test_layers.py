@@ -9,8 +9,9 @@ Layers, lowest first (a module may import its own layer and the ones below):
 4. ``distributed``: consumers, work, merged states, even-batches targets;
 5. ``pipeline``: the description, its plan, its iterator;
 6. what users reach first: ``pytorch`` (with ``collation``, what a
-   DataLoader does with its batches, and ``handover`` and ``slots``, how its
-   workers hand batches over), ``huggingface``, ``analysis``,
+   DataLoader does with its batches, ``handover`` and ``slots``, how its
+   workers hand batches over, and ``single_process``, how it is iterated
+   without workers), ``huggingface``, ``analysis``,
    ``testing``, ``cli`` and the package itself.
 """
 
@@ -28,7 +29,7 @@ LAYERS = {
     "filter": 3, "tokenize": 3, "pack": 3,
     "distributed": 4,
     "pipeline": 5,
-    "pytorch": 6, "collation": 6, "handover": 6, "slots": 6, "mixture": 6, "huggingface": 6, "checkpoint": 6, "analysis": 6, "testing": 6, "cli": 6, "__init__": 6, "__main__": 6,
+    "pytorch": 6, "collation": 6, "handover": 6, "slots": 6, "single_process": 6, "mixture": 6, "huggingface": 6, "checkpoint": 6, "analysis": 6, "testing": 6, "cli": 6, "__init__": 6, "__main__": 6,
 }
 
 #: Imports allowed upward, each with its reason.
