@@ -937,6 +937,22 @@ MUTANTS = [
         ("tests/test_single_process.py",),
     ),
     Mutant(
+        "assemble-contiguous-path-always",
+        "assemble_batch copies the source in row order even when the segments point elsewhere in it",
+        "arrowstream/pack/assemble.py",
+        "        if np.array_equal(seg_src, excl):  # from a contiguous source: tokens in the order the rows take them",
+        "        if True:",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
+        "assemble-segment-ids-run-on",
+        "segment ids count on across rows instead of from 1 in each row",
+        "arrowstream/pack/assemble.py",
+        "    segment_ids[real] = np.repeat((np.arange(seg_len.size) - first + 1).astype(np.int32), seg_len)",
+        "    segment_ids[real] = np.repeat((np.arange(seg_len.size) + 1).astype(np.int32), seg_len)",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
         "mixture-block-token-cap-ignored",
         "a concat mixture's blocks hold 32 batches whatever their size (8 M tokens at 32 x 8,192: a third slower)",
         "arrowstream/mixture/iterator.py",

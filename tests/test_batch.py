@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from arrowstream.pack.assemble import assemble_batch
 
 
-def _reference(src, segs, batch_size, seq_len, pad_id):
+def _reference(src, segs, batch_size, seq_len, pad_id, mask=None):
     ids = [[pad_id] * seq_len for _ in range(batch_size)]
     pos = [list(range(seq_len)) for _ in range(batch_size)]
     seg = [[0] * seq_len for _ in range(batch_size)]
@@ -24,7 +24,7 @@ def _reference(src, segs, batch_size, seq_len, pad_id):
             ids[row][fill[row] + j] = int(src[start + j])
             pos[row][fill[row] + j] = j
             seg[row][fill[row] + j] = count[row]
-            if j:  # a segment's first token has no in-segment predecessor to predict it from
+            if j and (mask is None or mask[start + j]):  # a segment's first token has no predecessor in it
                 labels[row][fill[row] + j] = int(src[start + j])
         fill[row] += length
     for row in range(batch_size):  # padding keeps counting from the row's last segment
@@ -39,24 +39,28 @@ def layouts(draw):
     batch_size = draw(st.integers(1, 4))
     seq_len = draw(st.integers(1, 12))
     src = np.arange(100, 160, dtype=np.int32)
-    segs = []
+    contiguous = draw(st.booleans())  # segments back to back in the source, as packers gather them
+    segs, at = [], 0
     for row in range(batch_size):
         room = seq_len
         while room and draw(st.booleans()):
             length = draw(st.integers(1, room))
-            start = draw(st.integers(0, src.size - length))
+            start = at if contiguous else draw(st.integers(0, src.size - length))
             segs.append((start, length, row))
             room -= length
-    return src, segs, batch_size, seq_len
+            at += length
+    mask = np.array(draw(st.lists(st.booleans(), min_size=src.size, max_size=src.size))) if draw(st.booleans()) else None
+    return src, segs, batch_size, seq_len, mask
 
 
 @settings(max_examples=200, deadline=None)
 @given(layouts())
 def test_gathered_layouts_match_the_reference(layout) -> None:
-    src, segs, batch_size, seq_len = layout
+    src, segs, batch_size, seq_len, mask = layout
     arr = np.array(segs, dtype=np.int64).reshape(-1, 3)
-    out = assemble_batch(src, arr[:, 0], arr[:, 1], arr[:, 2], batch_size=batch_size, seq_len=seq_len, pad_id=7)
-    ids, pos, seg, labels = _reference(src, segs, batch_size, seq_len, 7)
+    out = assemble_batch(src, arr[:, 0], arr[:, 1], arr[:, 2], batch_size=batch_size, seq_len=seq_len, pad_id=7,
+                         mask=mask)
+    ids, pos, seg, labels = _reference(src, segs, batch_size, seq_len, 7, mask)
     assert out["input_ids"].tolist() == ids
     assert out["position_ids"].tolist() == pos
     assert out["segment_ids"].tolist() == seg

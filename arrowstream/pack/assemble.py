@@ -139,32 +139,34 @@ def assemble_batch(
     seg_row = np.asarray(seg_row, dtype=np.int64)
     size = batch_size * seq_len
     row_fill = np.zeros(batch_size, dtype=np.int64)
-    starts = np.zeros(size, dtype=bool)
     input_ids = np.full(size, pad_id, dtype=np.int32)
     keep = None if mask is None else np.ones(size, dtype=bool)
     dst = np.zeros(0, dtype=np.int64)
+    excl = dst
+    first = dst  # per segment: the index of its row's first segment
     if seg_len.size:
         excl = np.cumsum(seg_len) - seg_len
-        seg_off = excl - excl[np.searchsorted(seg_row, seg_row, side="left")]
+        first = np.searchsorted(seg_row, seg_row, side="left")
+        seg_off = excl - excl[first]
         dst = seg_row * seq_len + seg_off
         last = np.r_[seg_row[1:] != seg_row[:-1], True]
         row_fill[seg_row[last]] = seg_off[last] + seg_len[last]
-        starts[dst] = True
-        if np.array_equal(dst, excl) and np.array_equal(seg_src, excl):
-            # rows filled back to back from a contiguous source: the gather is a copy
-            total = int(seg_len.sum())
-            input_ids[:total] = src[:total]
-            if keep is not None and mask is not None:
-                keep[:total] = mask[:total]
-        else:
-            real = np.flatnonzero(np.arange(seq_len) < row_fill[:, None])
-            seg = (np.cumsum(starts) - 1)[real]
-            index = seg_src[seg] + real - dst[seg]
-            input_ids[real] = src[index]
-            if keep is not None and mask is not None:
-                keep[real] = mask[index]
     col = np.arange(seq_len, dtype=np.int32)
     padding = col >= row_fill[:, None]
+    real = ~padding  # the segments' tokens, row by row: the segments in order
+    total = int(seg_len.sum())
+    if seg_len.size:
+        if np.array_equal(seg_src, excl):  # from a contiguous source: tokens in the order the rows take them
+            input_ids.reshape(batch_size, seq_len)[real] = src[:total]
+            if keep is not None and mask is not None:
+                keep.reshape(batch_size, seq_len)[real] = mask[:total]
+        else:
+            at = np.flatnonzero(real)
+            seg = np.repeat(np.arange(seg_len.size), seg_len)
+            index = seg_src[seg] + at - dst[seg]
+            input_ids[at] = src[index]
+            if keep is not None and mask is not None:
+                keep[at] = mask[index]
     rows = np.arange(batch_size, dtype=np.int64) * seq_len
     # Positions count from the last segment start, or from the row start in a row of padding
     # only (a row with segments starts with one): one repeat over those starts.
@@ -173,8 +175,8 @@ def assemble_batch(
     position_ids = np.arange(size, dtype=np.int32) - np.repeat(
         begin.astype(np.int32), np.diff(begin, append=size)
     )
-    segment_ids = np.cumsum(starts.reshape(batch_size, seq_len), axis=1, dtype=np.int32)
-    segment_ids[padding] = 0
+    segment_ids = np.zeros((batch_size, seq_len), dtype=np.int32)
+    segment_ids[real] = np.repeat((np.arange(seg_len.size) - first + 1).astype(np.int32), seg_len)
     ids2d = input_ids.reshape(batch_size, seq_len)
     labels = ids2d.astype(np.int64)
     labels[padding] = IGNORE_INDEX
@@ -183,7 +185,7 @@ def assemble_batch(
         labels[~keep.reshape(batch_size, seq_len)] = IGNORE_INDEX
     tails = (rows + row_fill)[row_fill < seq_len]  # padding tails, and rows of padding only
     cu = np.unique(np.concatenate([dst, rows, tails, [size]])).astype(np.int32)
-    num_tokens = int(seg_len.sum())
+    num_tokens = total
     return {
         "input_ids": ids2d,
         "labels": labels,
