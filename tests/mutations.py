@@ -953,6 +953,14 @@ MUTANTS = [
         ("tests/test_batch.py",),
     ),
     Mutant(
+        "window-docs-lose-head-skip",
+        "a window's first document of a re-dealt chunk forgets the tokens removed from its front",
+        "arrowstream/pack/windows.py",
+        "    if docs and chunk.head_skip:",
+        "    if False:",
+        ("tests/test_bestfit.py", "tests/test_pack.py", "tests/test_resume_contract.py", "tests/test_ramp.py"),
+    ),
+    Mutant(
         "mixture-block-token-cap-ignored",
         "a concat mixture's blocks hold 32 batches whatever their size (8 M tokens at 32 x 8,192: a third slower)",
         "arrowstream/mixture/iterator.py",

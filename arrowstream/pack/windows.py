@@ -189,9 +189,8 @@ class DocumentSource:
             if exact and len(keys) < size < len(keys) + chunk.num_docs:
                 chunk, self._pending = chunk.split(np.array([size - len(keys)]))
             taken.append(chunk)
-            for i, key in enumerate(_keys(chunk)):
-                keys.append(key)
-                docs.append(_doc(chunk, i))
+            keys += _keys(chunk)
+            docs += _docs(chunk)
             if len(keys) >= size and (exact or chunk.source_end):
                 break
         self._commit(taken)
@@ -256,7 +255,22 @@ def _cut_at(chunk: Chunk, mark: tuple[int, int, int]) -> tuple[Chunk | None, Chu
 
 
 def _keys(chunk: Chunk) -> list[Key]:
-    return [(chunk.segment, int(s)) for s in chunk.seq]
+    segment = chunk.segment
+    return [(segment, s) for s in chunk.seq.tolist()]
+
+
+def _docs(chunk: Chunk) -> list[Doc]:
+    """Every document of ``chunk``, as :func:`_doc` gives them one by one."""
+    assert chunk.tokens is not None and chunk.offsets is not None
+    tokens, mask, offsets = chunk.tokens, chunk.mask, chunk.offsets.tolist()
+    ends = offsets[1:]
+    if mask is None:
+        docs = [Doc(tokens[a:b], None, 0) for a, b in zip(offsets, ends)]
+    else:
+        docs = [Doc(tokens[a:b], mask[a:b], 0) for a, b in zip(offsets, ends)]
+    if docs and chunk.head_skip:
+        docs[0] = Doc(docs[0].tokens, docs[0].mask, chunk.head_skip)
+    return docs
 
 
 def _doc(chunk: Chunk, i: int) -> Doc:
