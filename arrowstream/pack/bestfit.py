@@ -44,6 +44,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -371,7 +372,7 @@ class _BestFitRun(LookaheadRun):
                 pieces.append((key, full * L, rest, False))
         # best-fit decreasing: longest first; each into the open row with the least room left
         free = sorted((L - row.fill, i) for i, row in enumerate(self.open) if row.fill < L)
-        for piece in sorted(pieces, key=lambda p: -p[2]):
+        for piece in sorted(pieces, key=itemgetter(2), reverse=True):  # stable: ties keep their order
             n = piece[2]
             at = bisect_left(free, (n, -1))
             if at < len(free):
@@ -428,32 +429,37 @@ class _BestFitRun(LookaheadRun):
 
     def _layout(self, rows: list[list[DocSegment]], B: int) -> Layout:
         L = self.p.seq_len
-        flat = [(r, piece) for r, row in enumerate(rows) for piece in row]
-        parts, masks = [], []
-        for _, (key, start, n, _) in flat:
-            doc = self.store[key]
-            parts.append(doc.tokens[start : start + n])
-            if doc.mask is not None:
-                masks.append(doc.mask[start : start + n])
+        store = self.store
+        flat: list[DocSegment] = []
+        parts, masks, lengths, row_of, wholes = [], [], [], [], []
+        for r, row in enumerate(rows):
+            for piece in row:
+                key, start, n, whole_doc = piece
+                doc = store[key]
+                parts.append(doc.tokens[start : start + n])
+                if doc.mask is not None:
+                    masks.append(doc.mask[start : start + n])
+                flat.append(piece)
+                lengths.append(n)
+                row_of.append(r)
+                wholes.append(whole_doc)
         src = np.concatenate(parts) if parts else np.empty(0, np.int32)
-        seg_len = np.fromiter((p[2] for _, p in flat), dtype=np.int64, count=len(flat))
-        seg_row = np.fromiter((r for r, _ in flat), dtype=np.int64, count=len(flat))
-        whole = np.fromiter((p[3] for _, p in flat), dtype=bool, count=len(flat))
+        seg_len = np.array(lengths, dtype=np.int64)
         layout = Layout(
             src,
             np.cumsum(seg_len) - seg_len,
             seg_len,
-            seg_row,
-            whole,
+            np.array(row_of, dtype=np.int64),
+            np.array(wholes, dtype=bool),
             np.concatenate(masks) if masks and len(masks) == len(parts) else None,
             B,
         )
         tokens = layout.num_tokens
         if self.carrying:  # read in an earlier epoch, counted in this one
             self.ledger.add("carried_tokens", tokens)
-            heads = sum(1 for _, (key, start, _, _) in flat if start == 0 and self.store[key].skip == 0)
+            heads = sum(1 for key, start, _, _ in flat if start == 0 and store[key].skip == 0)
             self.ledger.add("carried_docs", heads)
-        self._release(piece for _, piece in flat)
+        self._release(iter(flat))
         self.ledger.add("tokens", tokens)
         self.ledger.add("padding_tokens", B * L - tokens)
         self.ledger.add("batches", 1)
