@@ -152,9 +152,9 @@ class DocumentSource:
                 f"the state's read mark {self.mark} falls inside a chunk of rows "
                 f"{chunk.seq_start}..{chunk.seq_end}: the state was edited or the data changed"
             )
-        for i, key in enumerate(_keys(chunk)):
+        for key, doc in zip(_keys(chunk), _docs(chunk)):
             if key in self.wanted:
-                self.recovered[key] = _doc(chunk, i)
+                self.recovered[key] = doc
 
     def _check_recovered(self) -> None:
         if self.mark is None:
@@ -260,7 +260,7 @@ def _keys(chunk: Chunk) -> list[Key]:
 
 
 def _docs(chunk: Chunk) -> list[Doc]:
-    """Every document of ``chunk``, as :func:`_doc` gives them one by one."""
+    """Every document of ``chunk``: its tokens (and mask) as views, the chunk's ``head_skip`` on the first."""
     assert chunk.tokens is not None and chunk.offsets is not None
     tokens, mask, offsets = chunk.tokens, chunk.mask, chunk.offsets.tolist()
     ends = offsets[1:]
@@ -271,10 +271,3 @@ def _docs(chunk: Chunk) -> list[Doc]:
     if docs and chunk.head_skip:
         docs[0] = Doc(docs[0].tokens, docs[0].mask, chunk.head_skip)
     return docs
-
-
-def _doc(chunk: Chunk, i: int) -> Doc:
-    assert chunk.tokens is not None and chunk.offsets is not None
-    a, b = int(chunk.offsets[i]), int(chunk.offsets[i + 1])
-    mask = None if chunk.mask is None else chunk.mask[a:b]
-    return Doc(chunk.tokens[a:b], mask, chunk.head_skip if i == 0 else 0)
