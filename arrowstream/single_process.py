@@ -9,7 +9,7 @@ takes it back. When nothing else runs that costs microseconds; while the
 dataset's own thread makes batches ahead (``to_torch()`` without workers)
 and wants the lock too, each of those hand-backs can wait for that thread's
 next pause. On this project's 2-core machine (``bench_stall.py``, 32 x
-8,192, 1.25x headroom, no workers) the training loop waited 2.4-2.8 % of
+8,192, 1.25x headroom, no workers) the training loop waited 2.1-2.8 % of
 wall time through a ``DataLoader``, 1.2-1.3 % with the range made a no-op,
 and 0.6-0.7 % iterating ``ds.to_torch()`` directly (median waits 0.14-0.17,
 0.07-0.08 and 0.03 ms).
