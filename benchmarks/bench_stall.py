@@ -5,9 +5,10 @@ The consumer pulls batches from ``ds.to_torch()`` through a ``DataLoader``
 (``batch_size=None``, ``num_workers`` 0, 1 and 2, ``pin_memory`` when an
 accelerator is present; ``--loader stateful``: through
 ``arrowstream.pytorch.StatefulLoader``, which without workers opens the
-``DataLoader``'s profiler range only while a profiler records) and holds each batch for a fixed step time while
-releasing the GIL (``time.sleep``), as a step that runs on a GPU does. It
-records the time spent inside ``next()``: the time the GPU would have waited.
+``DataLoader``'s profiler range only while a profiler records) and holds
+each batch for a fixed step time while releasing the GIL (``time.sleep``),
+as a step that runs on a GPU does. It records the time spent inside
+``next()``: the time the GPU would have waited.
 
 For each worker count, the loader's own rate is measured first (batches/s
 with no step time, after ``--warmup`` batches), then the consumer runs with a
