@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -91,6 +92,12 @@ def write_named_docs(root: Path, lengths: Sequence[int], *, files: int = 2, rg: 
     ]
     write_parts(root, parts, row_group_size=rg)
     return root
+
+
+def block_sizes(batches: Sequence[dict[str, Any]]) -> list[int]:
+    """How many batches each block gave, in order: a block's batches are views of one ``input_ids`` array."""
+    owners = [b["input_ids"] if b["input_ids"].base is None else b["input_ids"].base for b in batches]
+    return [len(list(group)) for _, group in itertools.groupby(map(id, owners))]
 
 
 def heavy_tail(n: int, seed: int = 0, cap: int = 90) -> list[int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from unittest import mock
 
@@ -17,6 +16,8 @@ from arrowstream.pack.blocks import assemble_full_batches
 from arrowstream.pack import blocks, concat
 from arrowstream.pack.concat import ConcatPacker
 from arrowstream.testing import assert_items_equal
+
+from .conftest import block_sizes
 
 
 def _chunks(lengths: list[int], *, pieces: int, head_skip: int, tail_take: int, masked: bool, seed: int) -> list[Chunk]:
@@ -49,9 +50,7 @@ def _run_both(chunks: list[Chunk], block: int = 8, **pack) -> tuple[list, list]:
 
 def _block_sizes(batches: list) -> list[int]:
     """How many batches each block gave, in order (a block's batches share their ``input_ids`` array)."""
-    bases = [b["input_ids"].base for b, _ in batches]
-    assert all(base is not None for base in bases)
-    return [len(list(group)) for _, group in itertools.groupby(map(id, bases))]
+    return block_sizes([b for b, _ in batches])
 
 
 def _run_pair(chunks: list[Chunk], **pack) -> tuple[list, list]:

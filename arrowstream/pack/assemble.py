@@ -29,6 +29,7 @@ longest and adds an ``attention_mask`` (see :data:`PADDED_KEYS`).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -90,7 +91,8 @@ def assemble_batch(
     src
         Flat ``int32`` tokens the segments point into.
     seg_src, seg_len, seg_row
-        Per segment: start in ``src``, length, destination row (non-decreasing).
+        Per segment: start in ``src``, length (at least 1), destination row
+        (non-decreasing).
     batch_size, seq_len
         Output shape.
     pad_id
@@ -112,6 +114,11 @@ def assemble_batch(
         longest of those spans), ``num_tokens``, ``num_padding_tokens``,
         ``num_docs`` (segments) and ``num_cut_docs`` (segments that are a
         piece of a longer document).
+
+    Raises
+    ------
+    ValueError
+        A segment has no token.
 
     Examples
     --------
@@ -138,66 +145,86 @@ def assemble_batch(
     seg_len = np.asarray(seg_len, dtype=np.int64)
     seg_row = np.asarray(seg_row, dtype=np.int64)
     size = batch_size * seq_len
-    row_fill = np.zeros(batch_size, dtype=np.int64)
-    input_ids = np.full(size, pad_id, dtype=np.int32)
-    keep = None if mask is None else np.ones(size, dtype=bool)
-    dst = np.zeros(0, dtype=np.int64)
-    excl = dst
-    first = dst  # per segment: the index of its row's first segment
-    if seg_len.size:
-        excl = np.cumsum(seg_len) - seg_len
-        first = np.searchsorted(seg_row, seg_row, side="left")
-        seg_off = excl - excl[first]
-        dst = seg_row * seq_len + seg_off
-        last = np.r_[seg_row[1:] != seg_row[:-1], True]
-        row_fill[seg_row[last]] = seg_off[last] + seg_len[last]
-    col = np.arange(seq_len, dtype=np.int32)
-    padding = col >= row_fill[:, None]
-    real = ~padding  # the segments' tokens, row by row: the segments in order
-    total = int(seg_len.sum())
-    if seg_len.size:
-        if np.array_equal(seg_src, excl):  # from a contiguous source: tokens in the order the rows take them
-            input_ids.reshape(batch_size, seq_len)[real] = src[:total]
-            if keep is not None and mask is not None:
-                keep.reshape(batch_size, seq_len)[real] = mask[:total]
-        else:
-            at = np.flatnonzero(real)
-            seg = np.repeat(np.arange(seg_len.size), seg_len)
-            index = seg_src[seg] + at - dst[seg]
-            input_ids[at] = src[index]
-            if keep is not None and mask is not None:
-                keep[at] = mask[index]
+    S = seg_len.size
+    if S and seg_len.min() < 1:
+        raise ValueError(f"every segment must hold a token, got a length of {int(seg_len.min())}")
+    # Per row: its segments, the first of them, and the tokens they fill.
+    counts = np.bincount(seg_row, minlength=batch_size)
+    ends = np.cumsum(counts)
+    row_first = ends - counts
+    cum = np.zeros(S + 1, dtype=np.int64)
+    np.cumsum(seg_len, out=cum[1:])
+    row_fill = cum[ends] - cum[row_first]
+    excl = cum[:-1]
+    first = row_first[seg_row]  # per segment: the index of its row's first segment
+    dst = seg_row * seq_len + (excl - excl[first])
     rows = np.arange(batch_size, dtype=np.int64) * seq_len
-    # Positions count from the last segment start, or from the row start in a row of padding
-    # only (a row with segments starts with one): one repeat over those starts.
-    empty = row_fill == 0
-    begin = np.sort(np.concatenate([dst, rows[empty]])) if empty.any() else dst
-    position_ids = np.arange(size, dtype=np.int32) - np.repeat(
-        begin.astype(np.int32), np.diff(begin, append=size)
-    )
-    segment_ids = np.zeros((batch_size, seq_len), dtype=np.int32)
-    segment_ids[real] = np.repeat((np.arange(seg_len.size) - first + 1).astype(np.int32), seg_len)
-    ids2d = input_ids.reshape(batch_size, seq_len)
-    labels = ids2d.astype(np.int64)
-    labels[padding] = IGNORE_INDEX
+    # The batch as spans, in order: each row's segments, then its padding tail if it has one (a row
+    # of padding only is one tail). Their starts are cu_seqlens; each array is one repeat over them.
+    tailed = row_fill < seq_len
+    tails_before = np.cumsum(tailed) - tailed
+    at_seg = np.arange(S) + tails_before[seg_row]
+    at_tail = (ends + tails_before)[tailed]
+    span = np.empty(S + at_tail.size + 1, dtype=np.int64)
+    span[at_seg] = dst
+    span[at_tail] = (rows + row_fill)[tailed]
+    span[-1] = size
+    span_len = span[1:] - span[:-1]
+    seg_value = np.zeros(span.size - 1, dtype=np.int32)  # segment 1..k within its row, 0 on padding
+    seg_value[at_seg] = np.arange(S) - first + 1
+    base = np.empty(span.size - 1, dtype=np.int64)  # padding keeps counting from its row's last segment
+    base[at_seg] = dst
+    last = np.maximum(ends - 1, 0)[tailed]
+    base[at_tail] = np.where(counts[tailed] > 0, dst[last] if S else 0, rows[tailed])
+    segment_ids = np.repeat(seg_value, span_len).reshape(batch_size, seq_len)
+    position_ids = np.repeat(base.astype(np.int32), span_len)
+    np.subtract(_counting(size), position_ids, out=position_ids)
+    total = int(cum[-1])
+    fills, padded = row_fill.tolist(), np.flatnonzero(tailed).tolist()
+    input_ids = np.empty((batch_size, seq_len), dtype=np.int32)  # every token is written below
+    keep = None if mask is None else np.ones((batch_size, seq_len), dtype=bool)
+    if S and np.array_equal(seg_src, excl):  # from a contiguous source: each row one slice of it
+        froms = cum[row_first].tolist()
+        for r in range(batch_size):
+            a, n = froms[r], fills[r]
+            input_ids[r, :n] = src[a : a + n]
+            if keep is not None and mask is not None:
+                keep[r, :n] = mask[a : a + n]
+    elif S:
+        real = np.flatnonzero(segment_ids.reshape(-1))
+        seg = np.repeat(np.arange(S), seg_len)
+        index = seg_src[seg] + real - dst[seg]
+        input_ids.reshape(-1)[real] = src[index]
+        if keep is not None and mask is not None:
+            keep.reshape(-1)[real] = mask[index]
+    for r in padded:  # row by row: a packed batch has few rows, and little padding
+        input_ids[r, fills[r] :] = pad_id
+    labels = input_ids.astype(np.int64)
+    for r in padded:
+        labels[r, fills[r] :] = IGNORE_INDEX
     labels.reshape(-1)[dst] = IGNORE_INDEX
     if keep is not None:
-        labels[~keep.reshape(batch_size, seq_len)] = IGNORE_INDEX
-    tails = (rows + row_fill)[row_fill < seq_len]  # padding tails, and rows of padding only
-    cu = np.unique(np.concatenate([dst, rows, tails, [size]])).astype(np.int32)
-    num_tokens = total
+        labels[~keep] = IGNORE_INDEX
     return {
-        "input_ids": ids2d,
+        "input_ids": input_ids,
         "labels": labels,
         "position_ids": position_ids.reshape(batch_size, seq_len),
         "segment_ids": segment_ids,
-        "cu_seqlens": cu,
-        "max_seqlen": int(np.diff(cu).max()) if cu.size > 1 else 0,
-        "num_tokens": num_tokens,
-        "num_padding_tokens": size - num_tokens,
-        "num_docs": int(seg_len.size),
-        "num_cut_docs": 0 if seg_whole is None else int(seg_len.size - np.count_nonzero(seg_whole)),
+        "cu_seqlens": span.astype(np.int32),
+        "max_seqlen": int(span_len.max()),
+        "num_tokens": total,
+        "num_padding_tokens": size - total,
+        "num_docs": int(S),
+        "num_cut_docs": 0 if seg_whole is None else int(S - np.count_nonzero(seg_whole)),
     }
+
+
+@functools.lru_cache(maxsize=8)
+def _counting(size: int) -> np.ndarray:
+    """``0..size-1`` as ``int32``, read-only: made once per batch size."""
+    out = np.arange(size, dtype=np.int32)
+    out.flags.writeable = False
+    return out
 
 
 def assemble_padded_batch(

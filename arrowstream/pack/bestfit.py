@@ -42,6 +42,7 @@ resumed.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -53,10 +54,12 @@ from arrowstream.checks import check_int
 from arrowstream.errors import ConfigError
 from arrowstream.io.chunk import Chunk
 from arrowstream.pack import Packer, PackRun
-from arrowstream.pack.layout import Layout
+from arrowstream.pack.blocks import block_batches
+from arrowstream.pack.layout import Layout, layout_of_rows
 from arrowstream.pack.lookahead import LookaheadRun, fresh_origin
 from arrowstream.pack.queued import Entry, FullRows, count_rows, entry_from_refs, iter_rows, pieces_from_refs
-from arrowstream.pack.queued import push_rows, row_refs, take_rows
+from arrowstream.pack.queued import push_rows, row_refs, shuffled_rows, take_rows
+from arrowstream.pack.split import assemble_split
 from arrowstream.pack.store import HeldStore
 from arrowstream.pack.windows import Doc, DocumentSource, Key, window_size
 from arrowstream.state import BestFitState, Position, Progress, State
@@ -65,6 +68,9 @@ __all__ = ["LONG_DOCS", "BestFitPacker"]
 
 #: What to do with documents longer than ``seq_len``.
 LONG_DOCS = ("split", "truncate", "drop")
+
+#: The most batches assembled in one pass (:meth:`_BestFitRun._batch`).
+_AHEAD_BATCHES = 8
 
 #: ``(key, start, length, whole)``: tokens ``start..start+length`` of a document.
 DocSegment = tuple[Key, int, int, bool]
@@ -195,12 +201,7 @@ class _Row:
 
 
 class _BestFitRun(LookaheadRun):
-    def __init__(
-        self,
-        packer: BestFitPacker,
-        state: State | None,
-        targets: Callable[[int], int | None],
-    ) -> None:
+    def __init__(self, packer: BestFitPacker, state: State | None, targets: Callable[[int], int | None]) -> None:
         self.p = packer
         self.targets = targets
         self.store = HeldStore(cap=packer.seq_len if packer.long_docs == "truncate" else None)
@@ -213,6 +214,7 @@ class _BestFitRun(LookaheadRun):
         self.out: list[Entry] = []
         self.n_ready = self.n_out = 0
         self.ramp, self.block = packer.ramp, 0
+        self.ahead: deque[tuple[list[list[DocSegment]], dict[str, Any]]] = deque()  # rows at the front of out, assembled
         if self._start(state, packer.window):
             return
         assert state is not None
@@ -266,15 +268,8 @@ class _BestFitRun(LookaheadRun):
 
     def _packer_state(self, progress: Progress, read: tuple[int, int, int]) -> BestFitState:
         return BestFitState(
-            progress,
-            read,
-            self.block,
-            self.flushed,
-            tuple((row.age, row_refs(row.pieces)) for row in self.open),
-            tuple(row_refs(p) for p in self.ready),
-            tuple(row_refs(p) for p in self.out),
-            self.windows,
-            self.ramp,
+            progress, read, self.block, self.flushed, tuple((row.age, row_refs(row.pieces)) for row in self.open),
+            tuple(row_refs(p) for p in self.ready), tuple(row_refs(p) for p in self.out), self.windows, self.ramp,
         )
 
     def _new_epoch(self) -> None:
@@ -283,10 +278,14 @@ class _BestFitRun(LookaheadRun):
     # -- batches --------------------------------------------------------------------
 
     def next_batch(self, chunks: Iterator[Chunk]) -> dict[str, Any]:
-        return self.next_layout(chunks).assemble(seq_len=self.p.seq_len, pad_id=self.p.pad_id)
+        return self._batch(*self._take(chunks, None))
 
     def next_layout(self, chunks: Iterator[Chunk], rows: int | None = None) -> Layout:
         """Return the next batch's layout: ``batch_size`` rows, or ``rows`` (a mixture asks for its rows of a source)."""
+        return self._layout(*self._take(chunks, rows))
+
+    def _take(self, chunks: Iterator[Chunk], rows: int | None) -> tuple[list[list[DocSegment]], int]:
+        """Return the next batch's rows (none for a batch of padding) and its size, counted as emitted."""
         if self.loaded is not None:
             self._recover(chunks)
         B = self.p.batch_size if rows is None else rows
@@ -304,12 +303,12 @@ class _BestFitRun(LookaheadRun):
                     self._drop(taken)
                     continue
                 self.emitted += 1
-                return self._layout(taken, B)
+                return taken, B
             if self.flushed:  # the epoch's data is used up
                 if self._pad_to_target():
                     self.emitted += 1
                     self.ledger.add("padding_batches", 1)
-                    return self._layout([], B)  # all padding: other consumers still have data
+                    return [], B  # all padding: other consumers still have data
                 if not self._next_epoch(chunks):
                     raise StopIteration
                 continue
@@ -415,55 +414,57 @@ class _BestFitRun(LookaheadRun):
             return
         block, self.ready = take_rows(self.ready, n)
         self.n_ready -= n
-        order = np.random.default_rng([self.p.seed, self.epoch, self.block]).permutation(n)
-        # rows holding a piece of a cut document keep their order among themselves, so a
-        # document's pieces go out first to last and what is left of it is always a suffix
-        cut = [i for i in range(n) if not all(whole for _, _, _, whole in block[i])]
-        if cut:
-            cuts = set(cut)
-            slots = [k for k, i in enumerate(order) if i in cuts]
-            order[slots] = cut
-        push_rows(self.out, [block[int(i)] for i in order])
+        push_rows(self.out, shuffled_rows(block, np.random.default_rng([self.p.seed, self.epoch, self.block])))
         self.n_out += n
         self.block += 1
 
     def _layout(self, rows: list[list[DocSegment]], B: int) -> Layout:
-        L = self.p.seq_len
-        store = self.store
-        flat: list[DocSegment] = []
-        parts, masks, lengths, row_of, wholes = [], [], [], [], []
-        for r, row in enumerate(rows):
-            for piece in row:
-                key, start, n, whole_doc = piece
-                doc = store[key]
-                parts.append(doc.tokens[start : start + n])
-                if doc.mask is not None:
-                    masks.append(doc.mask[start : start + n])
-                flat.append(piece)
-                lengths.append(n)
-                row_of.append(r)
-                wholes.append(whole_doc)
-        src = np.concatenate(parts) if parts else np.empty(0, np.int32)
-        seg_len = np.array(lengths, dtype=np.int64)
-        layout = Layout(
-            src,
-            np.cumsum(seg_len) - seg_len,
-            seg_len,
-            np.array(row_of, dtype=np.int64),
-            np.array(wholes, dtype=bool),
-            np.concatenate(masks) if masks and len(masks) == len(parts) else None,
-            B,
+        layout = layout_of_rows(rows, self.store, B)
+        self._account(rows, layout.num_tokens, B)
+        return layout
+
+    def _batch(self, rows: list[list[DocSegment]], B: int) -> dict[str, Any]:
+        """Return the batch of ``rows``: assembled ahead with the batches before, or now with the next few.
+
+        The next full batches' rows wait at the front of ``out``: up to ``_AHEAD_BATCHES``
+        batches (within :data:`~arrowstream.pack.blocks.BLOCK_TOKENS` and the target) are
+        assembled in one pass (:func:`~arrowstream.pack.split.assemble_split`). Their rows stay
+        in ``out`` and their documents held until each batch is taken, so every state is
+        the one without this. A batch is used only if its rows are the ones taken (a mixed
+        caller may take rows through :meth:`next_layout`); none is left when ``out`` empties
+        (a new epoch, whose keys name other documents, begins only then).
+        """
+        L, ahead = self.p.seq_len, self.ahead
+        if ahead:
+            ahead_rows, batch = ahead.popleft()
+            if ahead_rows == rows:
+                self._account(rows, batch["num_tokens"], B)
+                return batch
+            ahead.clear()  # not reached: the rows at the front of `out` are the next taken
+        more = min(block_batches(_AHEAD_BATCHES, B * L) - 1, self.n_out // B) if len(rows) == B else 0
+        if self.target is not None:
+            more = min(more, self.target - self.emitted)
+        if more <= 0:
+            return self._layout(rows, B).assemble(seq_len=L, pad_id=self.p.pad_id)
+        following, _ = take_rows(self.out, more * B)
+        batches = assemble_split(
+            layout_of_rows(rows + following, self.store, (more + 1) * B), more + 1, seq_len=L, pad_id=self.p.pad_id
         )
-        tokens = layout.num_tokens
+        ahead.extend((following[k * B : (k + 1) * B], batches[k + 1]) for k in range(more))
+        self._account(rows, batches[0]["num_tokens"], B)
+        return batches[0]
+
+    def _account(self, rows: list[list[DocSegment]], tokens: int, B: int) -> None:
+        """Count a batch of ``rows`` (``tokens`` of them) and let its pieces go."""
+        flat = [piece for row in rows for piece in row]
         if self.carrying:  # read in an earlier epoch, counted in this one
             self.ledger.add("carried_tokens", tokens)
-            heads = sum(1 for key, start, _, _ in flat if start == 0 and store[key].skip == 0)
+            heads = sum(1 for key, start, _, _ in flat if start == 0 and self.store[key].skip == 0)
             self.ledger.add("carried_docs", heads)
         self._release(iter(flat))
         self.ledger.add("tokens", tokens)
-        self.ledger.add("padding_tokens", B * L - tokens)
+        self.ledger.add("padding_tokens", B * self.p.seq_len - tokens)
         self.ledger.add("batches", 1)
-        return layout
 
     def _release(self, pieces: Iterator[DocSegment]) -> None:
         """Let pieces go (emitted or dropped); a long document is counted as its first piece goes (``_count_long``)."""

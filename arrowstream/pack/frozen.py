@@ -147,5 +147,6 @@ def freeze(run: Any) -> FrozenRun:
     frozen.size_windows = list(run.size_windows)
     frozen.targets = None  # (holds the plan) not read by state_dict(); nor is best_fit's count of pieces
     frozen.__dict__.pop("refs", None)
+    frozen.__dict__.pop("ahead", None)  # best_fit's batches assembled ahead: arrays, not state
     run._copy_rows(frozen)
     return FrozenRun(frozen)

@@ -20,7 +20,7 @@ import numpy as np
 
 from arrowstream.pack.assemble import assemble_batch
 
-__all__ = ["Layout", "place_layouts"]
+__all__ = ["Layout", "layout_of_rows", "place_layouts"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,46 @@ def place_layouts(parts: Sequence[tuple[Layout, np.ndarray]], num_rows: int) -> 
         dest[order],
         np.concatenate(wholes)[order],
         (np.concatenate(masks) if masks else np.empty(0, bool)) if masked else None,
+        num_rows,
+    )
+
+
+def layout_of_rows(rows: Sequence[Sequence[tuple[Any, int, int, bool]]], docs: Any, num_rows: int) -> Layout:
+    """Return the layout of ``rows`` of pieces ``(key, start, length, whole)``, tokens from ``docs[key]``, in ``num_rows`` rows.
+
+    A piece is tokens ``start..start+length`` of document ``key``;
+    ``docs[key]`` has its ``tokens`` and ``mask`` (``None``: all tokens carry
+    loss), as a look-ahead packer holds them. The tokens are gathered in row
+    order, one slice per piece, so the layout's source is contiguous. Rows
+    after those given stay padding.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from arrowstream.pack.windows import Doc
+    >>> docs = {"a": Doc(np.array([1, 2, 3], np.int32), None, 0), "b": Doc(np.array([4, 5], np.int32), None, 0)}
+    >>> lay = layout_of_rows([[("a", 0, 3, True)], [("b", 0, 2, True), ("a", 1, 1, False)]], docs, 3)
+    >>> lay.assemble(seq_len=3, pad_id=0)["input_ids"].tolist()
+    [[1, 2, 3], [4, 5, 2], [0, 0, 0]]
+    """
+    parts, masks, lengths, row_of, wholes = [], [], [], [], []
+    for r, row in enumerate(rows):
+        for key, start, n, whole_doc in row:
+            doc = docs[key]
+            parts.append(doc.tokens[start : start + n])
+            if doc.mask is not None:
+                masks.append(doc.mask[start : start + n])
+            lengths.append(n)
+            row_of.append(r)
+            wholes.append(whole_doc)
+    seg_len = np.array(lengths, dtype=np.int64)
+    return Layout(
+        np.concatenate(parts) if parts else np.empty(0, np.int32),
+        np.cumsum(seg_len) - seg_len,
+        seg_len,
+        np.array(row_of, dtype=np.int64),
+        np.array(wholes, dtype=bool),
+        np.concatenate(masks) if masks and len(masks) == len(parts) else None,
         num_rows,
     )
 

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from arrowstream.state import SegmentRef
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "pieces_from_refs",
     "push_rows",
     "row_refs",
+    "shuffled_rows",
     "take_rows",
 ]
 
@@ -120,6 +123,28 @@ def take_rows(entries: list[Entry], n: int) -> tuple[list[Row], list[Entry]]:
         else:
             taken.append(e)  # type: ignore[arg-type]
     return taken, []
+
+
+def shuffled_rows(rows: list[Row], rng: np.random.Generator) -> list[Row]:
+    """Return ``rows`` in a random order from ``rng``, the rows that hold a cut document's piece in their own order.
+
+    A cut document's pieces then go out first to last, so what is left of it
+    is always a suffix. The order is ``rng.permutation(len(rows))`` with the
+    places that fall to such rows given back to them in turn.
+
+    Examples
+    --------
+    >>> rows = [[((0, 1), 0, 4, False)], [((0, 2), 0, 2, True)], [((0, 1), 4, 4, False)], [((0, 3), 0, 3, True)]]
+    >>> out = shuffled_rows(rows, np.random.default_rng(3))
+    >>> [r for r in out if not r[0][3]] == [rows[0], rows[2]], sorted(map(str, out)) == sorted(map(str, rows))
+    (True, True)
+    """
+    order = rng.permutation(len(rows))
+    cut = [i for i, row in enumerate(rows) if not all(whole for _, _, _, whole in row)]
+    if cut:
+        cuts = set(cut)
+        order[[k for k, i in enumerate(order) if i in cuts]] = cut
+    return [rows[int(i)] for i in order]
 
 
 def push_rows(entries: list[Entry], rows: Iterable[Entry]) -> None:
