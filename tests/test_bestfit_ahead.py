@@ -127,3 +127,18 @@ def test_a_snapshot_leaves_the_batches_assembled_ahead_behind() -> None:
     ahead = sum(a.nbytes for _, batch in run.ahead for a in batch.values() if isinstance(a, np.ndarray))
     assert ahead > 100_000  # seven batches wait, assembled ...
     assert len(pickle.dumps(run.snapshot())) < ahead / 20  # ... and the snapshot holds none of them
+
+
+def test_every_document_is_let_go_once_its_last_piece_is_out() -> None:
+    """Nothing stays held after an epoch: the store and the piece counts empty as batches go out."""
+    packer = BestFitPacker(seq_len=16, batch_size=2, window=64, long_docs="split")
+    chunks = _chunks([5, 3, 40, 2, 7] * 40, epochs=1, per_chunk=16, masked=False)
+    run, it = packer.start(None), iter(chunks)
+    held = []
+    while True:
+        try:
+            run.next_batch(it)
+        except StopIteration:
+            break
+        held.append(len(run.store))
+    assert max(held) > 20 and len(run.store) == len(run.refs) == 0 and run.store.windows == []

@@ -57,7 +57,8 @@ from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.blocks import block_batches
 from arrowstream.pack.layout import Layout, layout_of_rows
 from arrowstream.pack.lookahead import LookaheadRun, fresh_origin
-from arrowstream.pack.queued import Entry, FullRows, count_rows, entry_from_refs, iter_rows, pieces_from_refs
+from arrowstream.pack.queued import Entry, FullRows, count_rows, entry_from_refs, first_pieces, iter_rows, piece_counts
+from arrowstream.pack.queued import pieces_from_refs
 from arrowstream.pack.queued import push_rows, row_refs, shuffled_rows, take_rows
 from arrowstream.pack.split import assemble_split
 from arrowstream.pack.store import HeldStore
@@ -228,12 +229,7 @@ class _BestFitRun(LookaheadRun):
         self.ready = [entry_from_refs(p) for p in part.ready]
         self.out = [entry_from_refs(p) for p in part.out]
         self.n_ready, self.n_out = count_rows(self.ready), count_rows(self.out)
-        for row in self._rows():
-            if type(row) is FullRows:
-                self.refs[row.key] = self.refs.get(row.key, 0) + row.count
-                continue
-            for key, _, _, _ in row:
-                self.refs[key] = self.refs.get(key, 0) + 1
+        self.refs = piece_counts(self._rows())
         self.src = DocumentSource(
             self.p.window, self.ledger, epoch=self.epoch, mark=mark, wanted=set(self.refs)  # type: ignore[arg-type]
         )
@@ -247,17 +243,7 @@ class _BestFitRun(LookaheadRun):
         yield from self.out
 
     def _held_docs(self) -> dict[Key, int]:
-        first: dict[Key, int] = {}
-        get = first.get
-        for row in self._rows():
-            if type(row) is FullRows:
-                if row.start < get(row.key, _PAST_ANY):
-                    first[row.key] = row.start
-                continue
-            for key, start, _, _ in row:
-                if start < get(key, _PAST_ANY):
-                    first[key] = start
-        return first
+        return first_pieces(self._rows())
 
     _shared = ("ready", "out", "size_windows")  # a closed row's pieces never change (open rows' do), nor a sealed window's sizes
 
@@ -348,27 +334,29 @@ class _BestFitRun(LookaheadRun):
     def _place(self, keys: list[Key], docs: list[Doc]) -> None:
         L = self.p.seq_len
         pieces: list[DocSegment] = []
+        held: list[tuple[Key, Doc, int]] = []  # (key, document, its pieces), in the window's order
         for key, doc in zip(keys, docs):
             n = int(doc.tokens.size)
             if n <= L:
                 pieces.append((key, 0, n, doc.skip == 0))  # a skip: its head went out elsewhere
-                self._hold(key, doc, 1)
+                held.append((key, doc, 1))
                 continue
             if self.p.long_docs == "drop":
                 self.ledger.add("long_docs_dropped", 1)
                 self.ledger.add("long_tokens_dropped", n)
                 continue
             if self.p.long_docs == "truncate":  # counted when its piece leaves (_release)
-                self._hold(key, doc, 1)
+                held.append((key, doc, 1))
                 push_rows(self.ready, [[(key, 0, L, False)]])
                 self.n_ready += 1
                 continue
             full, rest = divmod(n, L)  # counted when its first piece leaves (_release)
-            self._hold(key, doc, full + (rest > 0))
+            held.append((key, doc, full + (rest > 0)))
             push_rows(self.ready, [FullRows(key, 0, L, full)])  # one entry however long the document
             self.n_ready += full
             if rest:
                 pieces.append((key, full * L, rest, False))
+        self._hold(held)
         # best-fit decreasing: longest first; each into the open row with the least room left
         free = sorted((L - row.fill, i) for i, row in enumerate(self.open) if row.fill < L)
         for piece in sorted(pieces, key=itemgetter(2), reverse=True):  # stable: ties keep their order
@@ -385,9 +373,12 @@ class _BestFitRun(LookaheadRun):
             if room > n:
                 insort(free, (room - n, i))
 
-    def _hold(self, key: Key, doc: Doc, pieces: int) -> None:
-        self.store[key] = doc
-        self.refs[key] = self.refs.get(key, 0) + pieces
+    def _hold(self, held: list[tuple[Key, Doc, int]]) -> None:
+        """Hold a window's documents ``(key, document, its pieces)`` in bulk, in order (a key comes once an epoch)."""
+        if held:
+            keys, docs, counts = zip(*held)
+            self.store.hold(keys, docs)
+            self.refs.update(zip(keys, counts))
 
     def _close_after_window(self) -> None:
         L = self.p.seq_len
@@ -468,15 +459,17 @@ class _BestFitRun(LookaheadRun):
 
     def _release(self, pieces: Iterator[DocSegment]) -> None:
         """Let pieces go (emitted or dropped); a long document is counted as its first piece goes (``_count_long``)."""
+        refs, gone = self.refs, []
         for key, start, _, whole in pieces:
             if start == 0 and not whole:
                 self._count_long(self.store[key])
-            left = self.refs[key] - 1
+            left = refs[key] - 1
             if left:
-                self.refs[key] = left
+                refs[key] = left
             else:
-                del self.refs[key]
-                del self.store[key]
+                del refs[key]
+                gone.append(key)
+        self.store.let_go(gone)
 
     def _drop(self, rows: list[list[DocSegment]]) -> None:
         """Count rows that will not be emitted: their tokens, and documents whose head they hold."""
@@ -496,5 +489,3 @@ class _BestFitRun(LookaheadRun):
         self.ledger.add("dropped_tokens", tokens)
         self.flushed = True
 
-
-_PAST_ANY = 1 << 62  # past any token offset

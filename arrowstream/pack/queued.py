@@ -33,7 +33,9 @@ __all__ = [
     "FullRows",
     "count_rows",
     "entry_from_refs",
+    "first_pieces",
     "iter_rows",
+    "piece_counts",
     "pieces_from_refs",
     "push_rows",
     "row_refs",
@@ -42,6 +44,7 @@ __all__ = [
 ]
 
 Piece = tuple[Any, int, int, bool]
+_PAST_ANY = 1 << 62  # past any token offset
 Row = list[Piece]
 
 
@@ -123,6 +126,46 @@ def take_rows(entries: list[Entry], n: int) -> tuple[list[Row], list[Entry]]:
         else:
             taken.append(e)  # type: ignore[arg-type]
     return taken, []
+
+
+def first_pieces(entries: Iterable[Entry]) -> dict[Any, int]:
+    """Return every document that ``entries`` hold a piece of, with the first token of its first piece there.
+
+    Examples
+    --------
+    >>> first_pieces([[((0, 1), 4, 2, False), ((0, 3), 0, 5, True)], FullRows((0, 1), 6, 8, 2)])
+    {(0, 1): 4, (0, 3): 0}
+    """
+    first: dict[Any, int] = {}
+    get = first.get
+    for e in entries:
+        if type(e) is FullRows:
+            if e.start < get(e.key, _PAST_ANY):
+                first[e.key] = e.start
+            continue
+        for key, start, _, _ in e:  # type: ignore[union-attr]
+            if start < get(key, _PAST_ANY):
+                first[key] = start
+    return first
+
+
+def piece_counts(entries: Iterable[Entry]) -> dict[Any, int]:
+    """Return every document that ``entries`` hold a piece of, with how many pieces (a full row is one).
+
+    Examples
+    --------
+    >>> piece_counts([[((0, 1), 4, 2, False), ((0, 3), 0, 5, True)], FullRows((0, 1), 6, 8, 2)])
+    {(0, 1): 3, (0, 3): 1}
+    """
+    counts: dict[Any, int] = {}
+    get = counts.get
+    for e in entries:
+        if type(e) is FullRows:
+            counts[e.key] = get(e.key, 0) + e.count
+            continue
+        for key, _, _, _ in e:  # type: ignore[union-attr]
+            counts[key] = get(key, 0) + 1
+    return counts
 
 
 def shuffled_rows(rows: list[Row], rng: np.random.Generator) -> list[Row]:

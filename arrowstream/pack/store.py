@@ -20,7 +20,7 @@ cross once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["HeldStore", "size_in"]
@@ -30,8 +30,9 @@ class HeldStore(dict):  # type: ignore[type-arg]
     """Held documents by key (a dict), with each one's size in :attr:`windows` and its nonzero ``skip``.
 
     A size is at most ``cap`` (a document truncated there gives no more).
-    Only item assignment, ``del`` and :meth:`update` change the store (what
-    the runs use); anything else that would change it is refused.
+    Only item assignment, ``del``, :meth:`update`, :meth:`hold` and
+    :meth:`let_go` change the store (what the runs use); anything else that
+    would change it is refused.
 
     Examples
     --------
@@ -63,14 +64,11 @@ class HeldStore(dict):  # type: ignore[type-arg]
         if key in self:
             self._let_go(key)
         super().__setitem__(key, doc)
-        if self._open is None:
-            self._open = {}
-            self.windows.append(self._open)
-            self._live[id(self._open)] = 0
+        window = self._window()
         n = int(doc.tokens.size)
-        self._open[key] = n if self.cap is None else min(n, self.cap)
-        self._window_of[key] = self._open
-        self._live[id(self._open)] += 1
+        window[key] = n if self.cap is None else min(n, self.cap)
+        self._window_of[key] = window
+        self._live[id(window)] += 1
         if doc.skip:
             self.skips[key] = int(doc.skip)
         else:
@@ -80,6 +78,40 @@ class HeldStore(dict):  # type: ignore[type-arg]
         super().__delitem__(key)
         self._let_go(key)
         self.skips.pop(key, None)
+
+    def hold(self, keys: Sequence[Any], docs: Sequence[Any]) -> None:
+        """Hold ``docs[i]`` as ``keys[i]``, in order: what assigning each one does, at a fraction of the cost."""
+        fresh = dict(zip(keys, docs))
+        if not fresh:
+            return
+        if len(fresh) != len(keys) or not self.keys().isdisjoint(fresh):  # a key twice, or held already
+            for key, doc in zip(keys, docs):
+                self[key] = doc
+            return
+        super().update(fresh)
+        window, cap = self._window(), self.cap
+        sizes = [int(doc.tokens.size) for doc in docs]
+        window.update(zip(keys, sizes if cap is None else [min(n, cap) for n in sizes]))
+        self._window_of.update(dict.fromkeys(keys, window))
+        self._live[id(window)] += len(fresh)
+        self.skips.update((key, int(doc.skip)) for key, doc in zip(keys, docs) if doc.skip)
+
+    def let_go(self, keys: Iterable[Any]) -> None:
+        """Stop holding every one of ``keys``, in order: what ``del`` of each one does, at a fraction of the cost."""
+        delete, let_go, skips = super().__delitem__, self._let_go, self.skips
+        for key in keys:
+            delete(key)
+            let_go(key)
+            if skips:
+                skips.pop(key, None)
+
+    def _window(self) -> dict[Any, int]:
+        """The dict of sizes that documents held now join (a new one after a snapshot sealed the last)."""
+        if self._open is None:
+            self._open = {}
+            self.windows.append(self._open)
+            self._live[id(self._open)] = 0
+        return self._open
 
     def _let_go(self, key: Any) -> None:
         window = self._window_of.pop(key)
@@ -104,7 +136,7 @@ class HeldStore(dict):  # type: ignore[type-arg]
         return (_rebuilt, (self.cap, dict(self)))
 
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError("a HeldStore changes only by item assignment, del and update (its sizes follow them)")
+        raise TypeError("a HeldStore changes only by item assignment, del, update, hold and let_go (its sizes follow them)")
 
     pop = popitem = clear = setdefault = __ior__ = _refuse  # type: ignore[assignment]
 

@@ -61,9 +61,13 @@ def window_size(window: int, index: int, *, ramp: bool) -> int:
     return min(window, RAMP_FIRST << min(2 * index, 62))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Doc:
-    """One document's tokens (a view into its chunk) and loss mask."""
+    """One document's tokens (a view into its chunk) and loss mask; never changed once made.
+
+    Not a frozen dataclass: one is made per document read, and a frozen
+    one's constructor took twice as long (0.64 against 0.32 us).
+    """
 
     tokens: np.ndarray
     mask: np.ndarray | None
