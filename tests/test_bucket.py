@@ -20,6 +20,7 @@ from arrowstream import (
     read_parquet,
 )
 from arrowstream.pack.assemble import PADDED_KEYS
+from arrowstream.pack.bucket import BucketPacker
 from arrowstream.testing import assert_resumes_identically
 
 from .conftest import BASE, counts_through_a_merge, stop_merge_resume, write_parts
@@ -508,3 +509,39 @@ def test_truncated_documents_leave_the_store_once_they_go_out(tmp_path: Path) ->
             held.append(len(it._run.store))  # the run's own store: what a snapshot copies
     assert it.stats["long_docs_truncated"] > 500 and len(held) > 8
     assert max(held) <= 2 * 32 + 50, held  # about a window and a read batch, whatever the step
+
+
+def _cut_reference(lengths: list[int], max_tokens: int, multiple: int) -> list[list[int]]:
+    """The token-budget cut in plain Python: sort by length (stable), grow each batch while rows x width fit."""
+    order = sorted(range(len(lengths)), key=lambda k: lengths[k])
+    width = [max(1, -(-lengths[k] // multiple)) * multiple for k in order]
+    batches, i = [], 0
+    while i < len(order):
+        j = i + 1
+        while j < len(order) and (j - i + 1) * width[j] <= max_tokens:
+            j += 1
+        batches.append(order[i:j])
+        i = j
+    return batches
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 70), max_size=60),
+    st.sampled_from([1, 4, 8]),
+    st.integers(8, 200),
+    st.booleans(),
+)
+def test_a_token_budget_plan_cuts_as_the_plain_python_reference(
+    lengths: list[int], multiple: int, max_tokens: int, final: bool
+) -> None:
+    packer = BucketPacker(max_tokens=max_tokens, pad_to_multiple_of=multiple)
+    batches, left = packer.plan(lengths, final=final)
+    cut = len(lengths) - len(left)
+    assert left == list(range(cut, len(lengths)))  # what waits is the newest documents
+    assert batches == _cut_reference(lengths[:cut], max_tokens, multiple)
+
+
+def test_a_batch_that_fills_the_budget_exactly_takes_its_last_document() -> None:
+    # sorted 2, 2, 2, 2, 4, 4: four rows of 2 make 8 tokens, two rows of 4 make 8
+    assert BucketPacker(max_tokens=8).plan([4, 4, 2, 2, 2, 2], final=True) == ([[2, 3, 4, 5], [0, 1]], [])

@@ -43,6 +43,7 @@ one iterator.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -264,14 +265,17 @@ class BucketPacker(Packer):
     def _cut(self, lengths: Sequence[int]) -> list[list[int]]:
         """Sort by length; cut the longest runs whose ``rows x padded width`` fit ``max_tokens``."""
         assert self.max_tokens is not None
-        order = np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable").tolist()
-        width = [self.padded(int(lengths[k])) for k in order]
+        lens = np.asarray(lengths, dtype=np.int64)
+        order_array = np.argsort(lens, kind="stable")
+        m, cap = self.pad_to_multiple_of, self.max_tokens
+        width = (np.maximum(1, -(-lens[order_array] // m)) * m).tolist()  # padded(), for every document
+        order = order_array.tolist()
         batches: list[list[int]] = []
         i, n = 0, len(order)
         while i < n:
-            j = i + 1  # sorted ascending: the document added sets the width
-            while j < n and (j - i + 1) * width[j] <= self.max_tokens:
-                j += 1
+            # sorted ascending, the document added sets the width, so (rows x width) only grows with
+            # the end: the batch ends at the first document past the budget (a bisection)
+            j = i + 1 + bisect_right(range(i + 1, n), cap, key=lambda k: (k - i + 1) * width[k])  # noqa: B023
             batches.append(order[i:j])
             i = j
         return batches

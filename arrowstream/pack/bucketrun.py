@@ -165,16 +165,20 @@ class BucketRun(LookaheadRun):
         its pieces go out in order.
         """
         limit = self.p.max_len
-        held: list[Key] = []
-        for key, doc in zip(keys, docs):
-            n = int(doc.tokens.size)
-            if limit is not None and n > limit and self.p.long_docs == "drop":
-                self.ledger.add("long_docs_dropped", 1)
-                self.ledger.add("long_tokens_dropped", n)
-                continue
-            self.store[key] = doc  # split or truncated: counted when its first piece leaves (_count_long)
-            held.append(key)
-        return held
+        if limit is None or self.p.long_docs != "drop":
+            held, kept = keys, docs
+        else:
+            held, kept = [], []
+            for key, doc in zip(keys, docs):
+                n = int(doc.tokens.size)
+                if n > limit:
+                    self.ledger.add("long_docs_dropped", 1)
+                    self.ledger.add("long_tokens_dropped", n)
+                    continue
+                held.append(key)
+                kept.append(doc)
+        self.store.hold(held, kept)  # split or truncated: counted when its first piece leaves (_count_long)
+        return list(held)
 
     def _form(self, pool: list[Key], *, final: bool = False, ramping: bool = False) -> None:
         """Cut ``pool`` into batches, queue them in a shuffled order, keep the leftovers.
@@ -239,11 +243,13 @@ class BucketRun(LookaheadRun):
             self.ledger.add("carried_tokens", batch["num_tokens"])
             self.ledger.add("carried_docs", sum(1 for key, doc, a in zip(keys, docs, starts) if doc.skip == 0 and a == 0))
         truncating = self.p.long_docs != "split"  # a truncated document's one piece is its last
+        gone = []
         for doc, a, n, key in zip(docs, starts, sizes, keys):
             if a == 0:
                 self._count_long(doc)
             if truncating or a + n >= doc.tokens.size:  # its last piece (pieces go out in order)
-                del self.store[(key[0], key[1])]
+                gone.append((key[0], key[1]))
+        self.store.let_go(gone)
         self.ledger.add("tokens", batch["num_tokens"])
         self.ledger.add("padding_tokens", batch["num_padding_tokens"])
         self.ledger.add("batches", 1)
@@ -265,8 +271,7 @@ class BucketRun(LookaheadRun):
         for key, a in first.items():
             if a == 0:
                 self._count_long(self.store[key])
-        for key in first:
-            del self.store[key]
+        self.store.let_go(first)
 
     def _drop_rest(self, chunks: Iterator[Chunk]) -> None:
         """Drop everything held and the rest of the epoch upstream, counted."""
