@@ -57,9 +57,10 @@ from arrowstream.pack import Packer, PackRun
 from arrowstream.pack.blocks import block_batches
 from arrowstream.pack.layout import Layout, layout_of_rows
 from arrowstream.pack.lookahead import LookaheadRun, fresh_origin
-from arrowstream.pack.queued import Entry, FullRows, count_rows, entry_from_refs, first_pieces, iter_rows, piece_counts
-from arrowstream.pack.queued import pieces_from_refs
-from arrowstream.pack.queued import push_rows, row_refs, shuffled_rows, take_rows
+from arrowstream.pack.queued import (
+    Entry, FullRows, count_rows, entry_from_refs, first_pieces, iter_rows, piece_counts, pieces_from_refs, push_rows,
+    row_refs, shuffled_rows, take_rows,
+)
 from arrowstream.pack.split import assemble_split
 from arrowstream.pack.store import HeldStore
 from arrowstream.pack.windows import Doc, DocumentSource, Key, window_size
@@ -431,7 +432,7 @@ class _BestFitRun(LookaheadRun):
             if ahead_rows == rows:
                 self._account(rows, batch["num_tokens"], B)
                 return batch
-            ahead.clear()  # not reached: the rows at the front of `out` are the next taken
+            ahead.clear()  # rows were taken another way in between (a layout): what waits is stale
         more = min(block_batches(_AHEAD_BATCHES, B * L) - 1, self.n_out // B) if len(rows) == B else 0
         if self.target is not None:
             more = min(more, self.target - self.emitted)

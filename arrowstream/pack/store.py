@@ -75,9 +75,7 @@ class HeldStore(dict):  # type: ignore[type-arg]
             self.skips.pop(key, None)
 
     def __delitem__(self, key: Any) -> None:
-        super().__delitem__(key)
-        self._let_go(key)
-        self.skips.pop(key, None)
+        self.let_go((key,))
 
     def hold(self, keys: Sequence[Any], docs: Sequence[Any]) -> None:
         """Hold ``docs[i]`` as ``keys[i]``, in order: what assigning each one does, at a fraction of the cost."""
@@ -128,8 +126,7 @@ class HeldStore(dict):  # type: ignore[type-arg]
 
     def update(self, other: Mapping[Any, Any]) -> None:  # type: ignore[override]
         """Hold every document of ``other``."""
-        for key, doc in other.items():
-            self[key] = doc
+        self.hold(list(other), list(other.values()))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickle would set the items before the attributes; rebuild through __setitem__ instead
