@@ -242,12 +242,16 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         ahead = Prefetcher(lambda: self._batches(it, with_state=True), depth=self.prefetch or 2)
         ident, closing = threading.get_ident, close_all  # still bound while the interpreter exits
         consumer, sized = ident(), self.prefetch is not None
+        recent: deque[Snapshot] = deque()
         try:
             for out, state in ahead:
                 if not sized:  # the first batch says how many fit in the budget
                     ahead.resize(depth_for(sum(v.nbytes for v in out.values() if hasattr(v, "nbytes"))))
                     sized = True
                 self._handed = state
+                recent.append(state)
+                if len(recent) > 2:  # StatefulLoader keeps the last one: two back, this is the last reference
+                    ahead.discard(recent.popleft())  # freed by the producer thread, not in the training step
                 yield out
         finally:  # then its files and threads (the state to go on from is `_handed`), never blocking another thread
             closing(ahead.close, it.close, wait=ident() == consumer)

@@ -360,3 +360,28 @@ def test_a_text_pipelines_encoder_threads_run_nicer_though_the_consumer_starts_t
     monkeypatch.setenv(THREAD_NICE_ENV, "x")
     with pytest.raises(ConfigError, match="ARROWSTREAM_THREAD_NICE='x'"):
         read_parquet(tmp_path).tokenize(sample_tokenizer(), num_inflight=2).pack(seq_len=32, batch_size=2).iter()
+
+
+class _Freed:
+    """Records which thread drops its last reference."""
+
+    def __init__(self, log: list[int]) -> None:
+        self.log = log
+
+    def __del__(self) -> None:
+        self.log.append(threading.get_ident())
+
+
+def test_what_the_consumer_discards_is_freed_in_the_producers_thread() -> None:
+    freed: list[int] = []
+    producer: list[int] = []
+
+    def items() -> Iterator[int]:
+        producer.append(threading.get_ident())
+        yield from range(50)
+
+    p = Prefetcher(items, depth=2)
+    for k, _ in enumerate(p):
+        if k < 40:  # the stream goes on past each: the producer drops them after its next item, the newest waiting
+            p.discard(_Freed(freed))
+    assert len(freed) >= 39 and set(freed[:39]) == {producer[0]} != {threading.get_ident()}

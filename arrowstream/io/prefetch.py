@@ -142,7 +142,7 @@ def _put(q: queue.Queue[object], stop: threading.Event, item: object) -> bool:
 
 def _produce(
     make: Callable[[], Iterator[T]], q: queue.Queue[object], stop: threading.Event, outbox: deque[Any],
-    placement: Placement,
+    placement: Placement, discarded: deque[Any],
 ) -> None:
     forward_warnings(outbox.append)  # warned again by the consumer, at the user's line
     take_placement(placement)  # the consumer's thread (the training loop) takes a CPU first
@@ -151,6 +151,10 @@ def _produce(
             for item in make():
                 if not _put(q, stop, item):
                     return
+                # the consumer's leftovers, mostly their last reference: freed in this thread. The newest
+                # waits for the next, as the consumer may still hold it for an instant, and would free it
+                while len(discarded) > 1:
+                    discarded.popleft()
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, never swallowed
             _put(q, stop, _Failure(exc))
             return
@@ -219,13 +223,14 @@ class Prefetcher(Generic[T]):
     def __init__(self, make: Callable[[], Iterator[T]], *, depth: int = 2) -> None:
         self._queue = RefillQueue(max(1, depth))
         self._warnings: deque[Any] = deque()  # the producer's, warned in the consumer's thread
+        self._discarded: deque[Any] = deque()  # the consumer's, dropped in the producer's thread
         self._stop = threading.Event()
         self._finished = False
         # The thread must not reference ``self``: an abandoned prefetcher is then
         # collected, and the finalizer stops its thread.
         self._thread = threading.Thread(
             target=_produce,
-            args=(make, self._queue, self._stop, self._warnings, producer_placement()),
+            args=(make, self._queue, self._stop, self._warnings, producer_placement(), self._discarded),
             name="arrowstream-prefetch",
             daemon=True,
         )
@@ -270,6 +275,26 @@ class Prefetcher(Generic[T]):
         [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
         """
         self._queue.resize(max(1, depth))
+
+    def discard(self, item: object) -> None:
+        """Hand ``item``, which the consumer is done with, to the producer thread to drop after its next item.
+
+        Freeing a large structure of Python objects (a look-ahead packer's
+        state snapshot holds thousands) takes the thread that drops its last
+        reference 0.1 ms or more; dropped here, in the consumer's ``next()``,
+        a training step would wait for it. The newest item waits for the next
+        one (the caller may still hold it for an instant, and would then free
+        it); what is left when the producer ends goes with the prefetcher.
+
+        Examples
+        --------
+        >>> p = Prefetcher(lambda: iter(range(3)))
+        >>> first = next(p)
+        >>> p.discard(["done with"])
+        >>> list(p)
+        [1, 2]
+        """
+        self._discarded.append(item)
 
     def close(self) -> None:
         """Stop the producer and wait for its thread to end (at most the item in progress)."""

@@ -41,10 +41,9 @@ resumed.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -61,6 +60,7 @@ from arrowstream.pack.queued import (
     Entry, FullRows, count_rows, entry_from_refs, first_pieces, iter_rows, piece_counts, pieces_from_refs, push_rows,
     row_refs, shuffled_rows, take_rows,
 )
+from arrowstream.pack.rowfit import OpenRow, fit_pieces
 from arrowstream.pack.split import assemble_split
 from arrowstream.pack.store import HeldStore
 from arrowstream.pack.windows import Doc, DocumentSource, Key, window_size
@@ -195,13 +195,6 @@ class BestFitPacker(Packer):
         return _BestFitRun(self, state, targets or (lambda epoch: None))
 
 
-@dataclass(slots=True)
-class _Row:
-    pieces: list[DocSegment] = field(default_factory=list)
-    fill: int = 0
-    age: int = 0
-
-
 class _BestFitRun(LookaheadRun):
     def __init__(self, packer: BestFitPacker, state: State | None, targets: Callable[[int], int | None]) -> None:
         self.p = packer
@@ -210,7 +203,7 @@ class _BestFitRun(LookaheadRun):
         self.long_limit = packer.seq_len
         self.size_windows = self.store.windows  # the same list: a snapshot copies it
         self.refs: dict[Key, int] = {}  # pieces not yet emitted, per held document
-        self.open: list[_Row] = []
+        self.open: list[OpenRow] = []
         # rows (a split document's full rows as one FullRows entry, see pack/queued.py) and how many
         self.ready: list[Entry] = []
         self.out: list[Entry] = []
@@ -226,7 +219,7 @@ class _BestFitRun(LookaheadRun):
         self.target = part.progress.target if part.progress.target_known else targets(self.counting)
         self.block, self.flushed, mark = part.block, part.flushed, part.read
         self.windows, self.ramp = part.windows, part.ramp  # a state from before the ramp: none, to the end
-        self.open = [_Row(pieces_from_refs(p), 0, age) for age, p in part.open]
+        self.open = [OpenRow(pieces_from_refs(p), 0, age) for age, p in part.open]
         self.ready = [entry_from_refs(p) for p in part.ready]
         self.out = [entry_from_refs(p) for p in part.out]
         self.n_ready, self.n_out = count_rows(self.ready), count_rows(self.out)
@@ -249,7 +242,7 @@ class _BestFitRun(LookaheadRun):
     _shared = ("ready", "out", "size_windows")  # a closed row's pieces never change (open rows' do), nor a sealed window's sizes
 
     def _copy_rows(self, frozen: Any) -> None:
-        frozen.open = [_Row(list(row.pieces), row.fill, row.age) for row in self.open]
+        frozen.open = [OpenRow(list(row.pieces), row.fill, row.age) for row in self.open]
         frozen.ready = list(self.ready)
         frozen.out = list(self.out)
 
@@ -334,52 +327,49 @@ class _BestFitRun(LookaheadRun):
 
     def _place(self, keys: list[Key], docs: list[Doc]) -> None:
         L = self.p.seq_len
-        pieces: list[DocSegment] = []
-        held: list[tuple[Key, Doc, int]] = []  # (key, document, its pieces), in the window's order
-        for key, doc in zip(keys, docs):
-            n = int(doc.tokens.size)
-            if n <= L:
-                pieces.append((key, 0, n, doc.skip == 0))  # a skip: its head went out elsewhere
-                held.append((key, doc, 1))
-                continue
+        sizes = [doc.tokens.size for doc in docs]
+        # each document's one piece (not whole if its head went out elsewhere, a skip), and its count
+        pieces = list(zip(keys, repeat(0), sizes, [not doc.skip for doc in docs]))
+        counts = dict.fromkeys(keys, 1)
+        if max(sizes, default=0) > L:
+            pieces, keys, docs, sizes = self._cut_long(pieces, counts, keys, docs, sizes)
+        self.store.hold(keys, docs, sizes)
+        self.refs.update(counts)
+        fit_pieces(self.open, pieces, L)  # best-fit decreasing
+
+    def _cut_long(
+        self, pieces: list[DocSegment], counts: dict[Key, int], keys: list[Key], docs: list[Doc], sizes: list[int]
+    ) -> tuple[list[DocSegment], list[Key], list[Doc], list[int]]:
+        """Deal with a window's documents longer than ``seq_len``, in order: full rows, the pieces left, counts.
+
+        Returns the pieces to place and the documents to hold (all but dropped ones), with their sizes.
+        """
+        L, gone, dropped = self.p.seq_len, set(), set()
+        for i in [i for i, n in enumerate(sizes) if n > L]:
+            key, n = keys[i], sizes[i]
+            gone.add(i)
             if self.p.long_docs == "drop":
                 self.ledger.add("long_docs_dropped", 1)
                 self.ledger.add("long_tokens_dropped", n)
+                dropped.add(i)
+                del counts[key]
                 continue
             if self.p.long_docs == "truncate":  # counted when its piece leaves (_release)
-                held.append((key, doc, 1))
                 push_rows(self.ready, [[(key, 0, L, False)]])
                 self.n_ready += 1
                 continue
             full, rest = divmod(n, L)  # counted when its first piece leaves (_release)
-            held.append((key, doc, full + (rest > 0)))
+            counts[key] = full + (rest > 0)
             push_rows(self.ready, [FullRows(key, 0, L, full)])  # one entry however long the document
             self.n_ready += full
             if rest:
-                pieces.append((key, full * L, rest, False))
-        self._hold(held)
-        # best-fit decreasing: longest first; each into the open row with the least room left
-        free = sorted((L - row.fill, i) for i, row in enumerate(self.open) if row.fill < L)
-        for piece in sorted(pieces, key=itemgetter(2), reverse=True):  # stable: ties keep their order
-            n = piece[2]
-            at = bisect_left(free, (n, -1))
-            if at < len(free):
-                room, i = free.pop(at)
-            else:
-                i, room = len(self.open), L
-                self.open.append(_Row())
-            row = self.open[i]
-            row.pieces.append(piece)
-            row.fill += n
-            if room > n:
-                insort(free, (room - n, i))
-
-    def _hold(self, held: list[tuple[Key, Doc, int]]) -> None:
-        """Hold a window's documents ``(key, document, its pieces)`` in bulk, in order (a key comes once an epoch)."""
-        if held:
-            keys, docs, counts = zip(*held)
-            self.store.hold(keys, docs)
-            self.refs.update(zip(keys, counts))
+                pieces[i] = (key, full * L, rest, False)
+                gone.discard(i)
+        pieces = [p for i, p in enumerate(pieces) if i not in gone]
+        if dropped:
+            kept = [i for i in range(len(keys)) if i not in dropped]
+            keys, docs, sizes = [keys[i] for i in kept], [docs[i] for i in kept], [sizes[i] for i in kept]
+        return pieces, keys, docs, sizes
 
     def _close_after_window(self) -> None:
         L = self.p.seq_len
@@ -453,17 +443,24 @@ class _BestFitRun(LookaheadRun):
             self.ledger.add("carried_tokens", tokens)
             heads = sum(1 for key, start, _, _ in flat if start == 0 and self.store[key].skip == 0)
             self.ledger.add("carried_docs", heads)
-        self._release(iter(flat))
+        self._release(flat)
         self.ledger.add("tokens", tokens)
         self.ledger.add("padding_tokens", B * self.p.seq_len - tokens)
         self.ledger.add("batches", 1)
 
-    def _release(self, pieces: Iterator[DocSegment]) -> None:
+    def _release(self, pieces: list[DocSegment]) -> None:
         """Let pieces go (emitted or dropped); a long document is counted as its first piece goes (``_count_long``)."""
-        refs, gone = self.refs, []
-        for key, start, _, whole in pieces:
-            if start == 0 and not whole:
+        if not all(map(itemgetter(3), pieces)):  # not all whole documents: a long one's first piece, maybe
+            for key, _, _, _ in [p for p in pieces if p[1] == 0 and not p[3]]:
                 self._count_long(self.store[key])
+        refs = self.refs
+        keys = list(map(itemgetter(0), pieces))
+        if max(map(refs.__getitem__, keys), default=1) == 1:  # each one's last piece (so no key twice): all go
+            deque(map(refs.__delitem__, keys), maxlen=0)
+            self.store.let_go(keys)
+            return
+        gone = []
+        for key in keys:
             left = refs[key] - 1
             if left:
                 refs[key] = left
@@ -478,7 +475,7 @@ class _BestFitRun(LookaheadRun):
         self.ledger.add("dropped_tokens", sum(n for _, _, n, _ in pieces))
         heads = sum(1 for key, start, _, _ in pieces if start == 0 and self.store[key].skip == 0)
         self.ledger.add("dropped_docs", heads)
-        self._release(iter(pieces))
+        self._release(pieces)
 
     def _drop_rest(self, chunks: Iterator[Chunk]) -> None:
         """Drop everything held and the rest of the epoch upstream, counted."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -142,23 +143,18 @@ def layout_of_rows(rows: Sequence[Sequence[tuple[Any, int, int, bool]]], docs: A
     >>> lay.assemble(seq_len=3, pad_id=0)["input_ids"].tolist()
     [[1, 2, 3], [4, 5, 2], [0, 0, 0]]
     """
-    parts, masks, lengths, row_of, wholes = [], [], [], [], []
-    for r, row in enumerate(rows):
-        for key, start, n, whole_doc in row:
-            doc = docs[key]
-            parts.append(doc.tokens[start : start + n])
-            if doc.mask is not None:
-                masks.append(doc.mask[start : start + n])
-            lengths.append(n)
-            row_of.append(r)
-            wholes.append(whole_doc)
-    seg_len = np.array(lengths, dtype=np.int64)
+    flat = [piece for row in rows for piece in row]
+    held = list(map(docs.__getitem__, map(itemgetter(0), flat)))
+    # a whole document's piece is all of its tokens: no slice to make
+    parts = [d.tokens if whole else d.tokens[a : a + n] for d, (_, a, n, whole) in zip(held, flat)]
+    masks = [d.mask if whole else d.mask[a : a + n] for d, (_, a, n, whole) in zip(held, flat) if d.mask is not None]
+    seg_len = np.fromiter(map(itemgetter(2), flat), dtype=np.int64, count=len(flat))
     return Layout(
         np.concatenate(parts) if parts else np.empty(0, np.int32),
         np.cumsum(seg_len) - seg_len,
         seg_len,
-        np.array(row_of, dtype=np.int64),
-        np.array(wholes, dtype=bool),
+        np.repeat(np.arange(len(rows), dtype=np.int64), [len(row) for row in rows]),
+        np.fromiter(map(itemgetter(3), flat), dtype=bool, count=len(flat)),
         np.concatenate(masks) if masks and len(masks) == len(parts) else None,
         num_rows,
     )

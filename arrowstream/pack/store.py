@@ -77,8 +77,11 @@ class HeldStore(dict):  # type: ignore[type-arg]
     def __delitem__(self, key: Any) -> None:
         self.let_go((key,))
 
-    def hold(self, keys: Sequence[Any], docs: Sequence[Any]) -> None:
-        """Hold ``docs[i]`` as ``keys[i]``, in order: what assigning each one does, at a fraction of the cost."""
+    def hold(self, keys: Sequence[Any], docs: Sequence[Any], sizes: Sequence[int] | None = None) -> None:
+        """Hold ``docs[i]`` as ``keys[i]``, in order: what assigning each one does, at a fraction of the cost.
+
+        ``sizes``, if given, are the documents' token counts (``docs[i].tokens.size``), known to the caller.
+        """
         fresh = dict(zip(keys, docs))
         if not fresh:
             return
@@ -88,18 +91,25 @@ class HeldStore(dict):  # type: ignore[type-arg]
             return
         super().update(fresh)
         window, cap = self._window(), self.cap
-        sizes = [int(doc.tokens.size) for doc in docs]
+        if sizes is None:
+            sizes = [doc.tokens.size for doc in docs]
         window.update(zip(keys, sizes if cap is None else [min(n, cap) for n in sizes]))
         self._window_of.update(dict.fromkeys(keys, window))
         self._live[id(window)] += len(fresh)
-        self.skips.update((key, int(doc.skip)) for key, doc in zip(keys, docs) if doc.skip)
+        if any([doc.skip for doc in docs]):  # rarely: only a re-dealt document's tail has one
+            self.skips.update((key, int(doc.skip)) for key, doc in zip(keys, docs) if doc.skip)
 
     def let_go(self, keys: Iterable[Any]) -> None:
         """Stop holding every one of ``keys``, in order: what ``del`` of each one does, at a fraction of the cost."""
-        delete, let_go, skips = super().__delitem__, self._let_go, self.skips
-        for key in keys:
+        delete, window_of, live, skips = super().__delitem__, self._window_of.pop, self._live, self.skips
+        for key in keys:  # _let_go's work inlined: one call per key costs as much as the rest
             delete(key)
-            let_go(key)
+            window = window_of(key)
+            left = live[id(window)] - 1
+            if left:
+                live[id(window)] = left
+            else:
+                self._drop_window(window)
             if skips:
                 skips.pop(key, None)
 
@@ -115,10 +125,14 @@ class HeldStore(dict):  # type: ignore[type-arg]
         window = self._window_of.pop(key)
         self._live[id(window)] -= 1
         if not self._live[id(window)]:
-            del self._live[id(window)]
-            self.windows[:] = [w for w in self.windows if w is not window]  # in place: runs hold this list
-            if window is self._open:
-                self._open = None
+            self._drop_window(window)
+
+    def _drop_window(self, window: dict[Any, int]) -> None:
+        """Forget ``window``, none of whose documents is held any more."""
+        del self._live[id(window)]
+        self.windows[:] = [w for w in self.windows if w is not window]  # in place: runs hold this list
+        if window is self._open:
+            self._open = None
 
     def seal(self) -> None:
         """Let no document join the dicts of :attr:`windows` from now on (a snapshot shares them)."""
