@@ -255,21 +255,21 @@ class BucketPacker(Packer):
             cut = n if final else n - n % B
             order = np.argsort(np.asarray(lengths[:cut], dtype=np.int64), kind="stable").tolist()
             return [order[i : i + B] for i in range(0, cut, B)], list(range(cut, n))
+        lens = np.asarray(lengths, dtype=np.int64)
+        ranked = np.argsort(lens, kind="stable")  # sorted once: a prefix's stable order is this one's, filtered
         cut = n
         while True:
-            batches = self._cut(lengths[:cut])
+            batches = self._cut(lens, ranked if cut == n else ranked[ranked < cut])
             if final or not batches or self.is_full([lengths[k] for k in batches[-1]]):
                 return batches, list(range(cut, n))
             cut -= len(batches[-1])  # the last batch has room: its size in newest documents waits
 
-    def _cut(self, lengths: Sequence[int]) -> list[list[int]]:
-        """Sort by length; cut the longest runs whose ``rows x padded width`` fit ``max_tokens``."""
+    def _cut(self, lens: np.ndarray, ranked: np.ndarray) -> list[list[int]]:
+        """Cut documents ``ranked`` (indices into ``lens``, by length) into the longest runs whose ``rows x padded width`` fit ``max_tokens``."""
         assert self.max_tokens is not None
-        lens = np.asarray(lengths, dtype=np.int64)
-        order_array = np.argsort(lens, kind="stable")
         m, cap = self.pad_to_multiple_of, self.max_tokens
-        width = (np.maximum(1, -(-lens[order_array] // m)) * m).tolist()  # padded(), for every document
-        order = order_array.tolist()
+        width = (np.maximum(1, -(-lens[ranked] // m)) * m).tolist()  # padded(), for every document
+        order = ranked.tolist()
         batches: list[list[int]] = []
         i, n = 0, len(order)
         while i < n:

@@ -157,6 +157,14 @@ class BucketRun(LookaheadRun):
         n = int(self.store[(ref[0], ref[1])].tokens.size) - _start(ref)
         return n if self.p.max_len is None else min(n, self.p.max_len)
 
+    def _pieces(self, refs: list[Ref]) -> tuple[list[Doc], list[int], list[int]]:
+        """Return held pieces' documents, first tokens and sizes (what :meth:`_size` gives each), in one pass."""
+        store, cap = self.store, self.p.max_len
+        docs = [store[ref] if len(ref) == 2 else store[ref[:2]] for ref in refs]  # a key is its own document's
+        starts = [ref[2] if len(ref) > 2 else 0 for ref in refs]
+        sizes = [doc.tokens.size - a for doc, a in zip(docs, starts)]
+        return docs, starts, sizes if cap is None else [n if n < cap else cap for n in sizes]
+
     def _admit(self, keys: list[Key], docs: list[Doc]) -> list[Key]:
         """Hold a window's documents, splitting, truncating or dropping long ones; return the held keys.
 
@@ -187,7 +195,7 @@ class BucketRun(LookaheadRun):
         carries the other documents on to the next, larger pool, where they
         sort among more documents.
         """
-        lengths = [self._size(key) for key in pool]
+        _, _, lengths = self._pieces(pool)
         batches, left = self.p.plan(lengths, final=final)
         if ramping and not final and batches:
             padded = [len(b) * self.p.padded(max(lengths[i] for i in b)) for b in batches]
@@ -226,9 +234,7 @@ class BucketRun(LookaheadRun):
         return out
 
     def _assemble(self, keys: list[Ref]) -> dict[str, Any]:
-        sizes = [self._size(key) for key in keys]
-        docs = [self.store[(key[0], key[1])] for key in keys]
-        starts = [_start(key) for key in keys]
+        docs, starts, sizes = self._pieces(keys)
         parts = [doc.tokens[a : a + n] for doc, a, n in zip(docs, starts, sizes)]
         masks = [doc.mask[a : a + n] for doc, a, n in zip(docs, starts, sizes) if doc.mask is not None]
         batch = assemble_padded_batch(
@@ -242,13 +248,14 @@ class BucketRun(LookaheadRun):
         if self.carrying:  # read in an earlier epoch, counted in this one
             self.ledger.add("carried_tokens", batch["num_tokens"])
             self.ledger.add("carried_docs", sum(1 for key, doc, a in zip(keys, docs, starts) if doc.skip == 0 and a == 0))
-        truncating = self.p.long_docs != "split"  # a truncated document's one piece is its last
-        gone = []
-        for doc, a, n, key in zip(docs, starts, sizes, keys):
-            if a == 0:
+        limit = self.long_limit
+        if limit is not None:  # a long document counted as its first piece leaves
+            for doc in [doc for doc, a in zip(docs, starts) if a == 0 and doc.tokens.size > limit]:
                 self._count_long(doc)
-            if truncating or a + n >= doc.tokens.size:  # its last piece (pieces go out in order)
-                gone.append((key[0], key[1]))
+        if self.p.long_docs != "split":  # a truncated document's one piece is its last
+            gone = [key if len(key) == 2 else key[:2] for key in keys]
+        else:  # its last piece (pieces go out in order)
+            gone = [key[:2] for doc, a, n, key in zip(docs, starts, sizes, keys) if a + n >= doc.tokens.size]
         self.store.let_go(gone)
         self.ledger.add("tokens", batch["num_tokens"])
         self.ledger.add("padding_tokens", batch["num_padding_tokens"])
