@@ -344,7 +344,9 @@ class _BestFitRun(LookaheadRun):
 
         Returns the pieces to place and the documents to hold (all but dropped ones), with their sizes.
         """
-        L, gone, dropped = self.p.seq_len, set(), set()
+        L = self.p.seq_len
+        gone: set[int] = set()  # places in ``pieces`` left with no piece to place
+        dropped: set[int] = set()
         for i in [i for i, n in enumerate(sizes) if n > L]:
             key, n = keys[i], sizes[i]
             gone.add(i)

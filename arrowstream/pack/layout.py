@@ -128,7 +128,8 @@ def place_layouts(parts: Sequence[tuple[Layout, np.ndarray]], num_rows: int) -> 
 def layout_of_rows(rows: Sequence[Sequence[tuple[Any, int, int, bool]]], docs: Any, num_rows: int) -> Layout:
     """Return the layout of ``rows`` of pieces ``(key, start, length, whole)``, tokens from ``docs[key]``, in ``num_rows`` rows.
 
-    A piece is tokens ``start..start+length`` of document ``key``;
+    A piece is tokens ``start..start+length`` of document ``key`` (a
+    ``whole`` one is all of them, taken without a slice);
     ``docs[key]`` has its ``tokens`` and ``mask`` (``None``: all tokens carry
     loss), as a look-ahead packer holds them. The tokens are gathered in row
     order, one slice per piece, so the layout's source is contiguous. Rows
