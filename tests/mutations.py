@@ -2235,11 +2235,20 @@ def _apply(copy: Path, mutant: Mutant) -> str:
     )
 
 
+#: A mutant's tests that run longer than this are stopped, and the mutant counted killed (it hangs).
+_TESTS_TIMEOUT_SECONDS = 900
+
+
 def _run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[bool, str]:
     """Run ``tests`` in ``copy`` (its package first on the path); return (passed, summary line)."""
     env = {**os.environ, "PYTHONPATH": str(copy)}
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
-    proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, check=False)
+    try:
+        proc = subprocess.run(
+            cmd, cwd=copy, env=env, capture_output=True, text=True, check=False, timeout=_TESTS_TIMEOUT_SECONDS
+        )
+    except subprocess.TimeoutExpired:  # a mutant that makes the code loop forever: the tests caught it
+        return False, f"timed out after {_TESTS_TIMEOUT_SECONDS} s (the tests never finished: killed)"
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     return proc.returncode == 0, lines[-1] if lines else proc.stderr.strip()[-200:]
 

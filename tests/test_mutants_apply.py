@@ -70,3 +70,12 @@ def test_mutant_guarding_tests_exist(mutant) -> None:  # type: ignore[no-untyped
             assert re.search(rf"^\s*def {re.escape(name)}\(", path.read_text(encoding="utf-8"), re.M), (
                 f"{mutant.name}: {file} has no test {name}"
             )
+
+
+def test_a_mutant_whose_tests_hang_is_stopped_and_counted_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mutant can make the code loop forever; the runner must not wait for it."""
+    mutations = _load()
+    (tmp_path / "test_hangs.py").write_text("import time\n\n\ndef test_hangs():\n    time.sleep(120)\n")
+    monkeypatch.setattr(mutations, "_TESTS_TIMEOUT_SECONDS", 3)
+    passed, summary = mutations._run_tests(tmp_path, ("test_hangs.py",))
+    assert not passed and "timed out after 3 s" in summary
