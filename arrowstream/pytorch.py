@@ -50,6 +50,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 
 from arrowstream.checks import check_int
 from arrowstream.collation import COLLATING, Batch, no_collate
+from arrowstream.core.workergc import freeze_inherited
 from arrowstream.distributed.topology import WHOLE_RUN_COUNTERS
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.handover import AUTO, ByValue, by_value_limit, check_sharing, handed, one_storage, state_tag, use_sharing
@@ -230,6 +231,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         if get_worker_info() is not None:
             if self._worker_ran is not None:
                 self._worker_ran.value = 1
+            freeze_inherited()  # full collections walk only what the worker makes (core/workergc.py)
             use_sharing(self.sharing)
             self._by_value_at_most = by_value_limit(self.sharing, sys._getframe())
         self._it = it = self.iterator()

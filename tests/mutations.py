@@ -1138,6 +1138,22 @@ MUTANTS = [
         ("tests/test_bucket.py",),
     ),
     Mutant(
+        "worker-gc-never-frozen",
+        "a DataLoader worker's full collections walk every object it inherited (40-100 ms pauses)",
+        "arrowstream/pytorch.py",
+        "            freeze_inherited()  # full collections walk only what the worker makes (core/workergc.py)\n",
+        "",
+        ("tests/test_workergc.py",),
+    ),
+    Mutant(
+        "worker-gc-opt-out-ignored",
+        "ARROWSTREAM_WORKER_GC=default does not leave the worker's collector alone",
+        "arrowstream/core/workergc.py",
+        '    if os.environ.get(ENV, "").strip().lower() == "default":\n        return False\n',
+        "",
+        ("tests/test_workergc.py",),
+    ),
+    Mutant(
         "mixture-block-token-cap-ignored",
         "a concat mixture's blocks hold 32 batches whatever their size (8 M tokens at 32 x 8,192: a third slower)",
         "arrowstream/mixture/iterator.py",
