@@ -154,11 +154,10 @@ class BucketRun(LookaheadRun):
 
     def _size(self, ref: Ref) -> int:
         """Tokens a held document (or piece) puts in its row (``max_len`` at most)."""
-        n = int(self.store[(ref[0], ref[1])].tokens.size) - _start(ref)
-        return n if self.p.max_len is None else min(n, self.p.max_len)
+        return self._pieces([ref])[2][0]
 
     def _pieces(self, refs: list[Ref]) -> tuple[list[Doc], list[int], list[int]]:
-        """Return held pieces' documents, first tokens and sizes (what :meth:`_size` gives each), in one pass."""
+        """Return held pieces' documents, first tokens and sizes (tokens each puts in its row, ``max_len`` at most)."""
         store, cap = self.store, self.p.max_len
         docs = [store[ref] if len(ref) == 2 else store[ref[:2]] for ref in refs]  # a key is its own document's
         starts = [ref[2] if len(ref) > 2 else 0 for ref in refs]
