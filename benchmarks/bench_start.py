@@ -16,9 +16,10 @@ Python compiling them.
 Two kinds of process, alternating, medians of ``--repeats``:
 
 - ``first``: a new, empty encoder verdict directory (``ARROWSTREAM_CACHE_DIR``):
-  the very first process on a machine, which pays for the encoder's proof;
+  the very first process on a machine, which pays for the encoder's proof
+  and builds the tokenizer's compiled forms from its JSON;
 - ``second``: the same directory again, as every later process, DataLoader
-  worker or restart.
+  worker or restart (verdict and compiled forms read back).
 
 ``--encoder`` picks what encodes: ``tokie`` (the default, ``backend="auto"``
 with the ``fast`` extra installed), ``tiktoken`` (``backend="auto"`` with tokie
@@ -27,6 +28,10 @@ were taken with) or ``tokenizers`` (forced, nothing to prove).
 
 The bar (issue 18): over the first 4 M tokens, at least 0.8x the steady speed
 on a second process and 0.5x on the first; first batch within 0.5 s.
+``imports s`` is the time from process start until the child's imports are
+done (the interpreter and ``import arrowstream``, which any training script
+pays before building a pipeline); ``after imports / steady`` is the first
+tokens' rate timed from there, the pipeline's own start-up.
 ``padding %`` is the share of padding in every batch the child emitted
 (``best_fit`` and ``bucket``: ``--no-ramp`` gives the same figures with full
 look-ahead windows from the start, for comparison).
@@ -35,6 +40,7 @@ Usage::
 
     python benchmarks/bench_start.py                  # 85 MB corpus, 4 M tokens
     python benchmarks/bench_start.py --encoder tiktoken   # the default without the fast extra
+    python benchmarks/bench_start.py --wide-vocab 128000  # a tokenizer of Llama 3's size
     python benchmarks/bench_start.py --smoke          # seconds: checks only
 """
 
@@ -57,6 +63,7 @@ def child(args: argparse.Namespace) -> None:
     from arrowstream import read_parquet
     from contestants import arrowstream_backend, encoded_with
 
+    imported = time.monotonic()  # a training script's own imports done: the pipeline's part starts here
     backend = arrowstream_backend(args.encoder)  # as bench_peers.py's rows of the same name
     ramp = {} if args.strategy == "concat" else {"ramp": not args.no_ramp}
     tokens_ds = read_parquet(args.corpus).tokenize(args.tokenizer, backend=backend)
@@ -86,7 +93,7 @@ def child(args: argparse.Namespace) -> None:
     stats = it.stats
     print(json.dumps({
         "backend": encoded_with(ds),
-        "first_batch": first, "reached": reached, "tokens": start_tokens, "done": done,
+        "imported": imported, "first_batch": first, "reached": reached, "tokens": start_tokens, "done": done,
         "steady_tokens": tokens - start_tokens,
         "padding": stats["padding_tokens"] / max(1, stats["padding_tokens"] + stats["tokens"]),
     }))
@@ -108,6 +115,8 @@ def run_child(args: argparse.Namespace, cache_dir: str) -> dict[str, Any]:
     return {
         "first_batch_s": res["first_batch"] - start,
         "start_tok_s": res["tokens"] / (res["reached"] - start),
+        "imports_s": res["imported"] - start,
+        "after_imports_tok_s": res["tokens"] / (res["reached"] - res["imported"]),
         "steady_tok_s": res["steady_tokens"] / (res["done"] - res["reached"]),
         "tokens": res["tokens"],
         "padding": res["padding"],
@@ -142,6 +151,9 @@ def main() -> int:
     p.add_argument("--encoder", default="tokie", choices=["tokie", "tiktoken", "tokenizers"],
                    help="tokie: the default with the fast extra; tiktoken: the default without it; tokenizers: forced")
     p.add_argument("--no-ramp", action="store_true", help="best_fit and bucket: full windows from the start (ramp=False)")
+    p.add_argument("--wide-vocab", type=int, default=0, metavar="N",
+                   help="a byte-level BPE of N tokens trained on random words (wide_vocab.py), as GPT-2's 50k or "
+                        "Llama 3's 128k, instead of the corpus's own (which stops at a few thousand merges)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--smoke", action="store_true", help="tiny sizes: run the checks in seconds")
     p.add_argument("--json", help="write the results here")
@@ -152,6 +164,10 @@ def main() -> int:
     if args.smoke:
         args.mb, args.tokens, args.steady_tokens, args.repeats, args.vocab = 3, 200_000, 200_000, 1, 2000
     args.corpus, args.tokenizer = corpus_and_tokenizer(args)
+    if args.wide_vocab:
+        from wide_vocab import wide_tokenizer_file
+
+        args.tokenizer = str(wide_tokenizer_file(Path(args.workdir), args.wide_vocab))
     bytecode = ensure_bytecode()  # as a wheel install leaves it: the children do not compile arrowstream
     runs: dict[str, list[dict[str, Any]]] = {"first": [], "second": []}
     for r in range(args.repeats):
@@ -167,15 +183,20 @@ def main() -> int:
         start = median([r["start_tok_s"] for r in items])
         first = median([r["first_batch_s"] for r in items])
         padding = median([r["padding"] for r in items])
+        imports = median([r["imports_s"] for r in items])
+        after = median([r["after_imports_tok_s"] for r in items])
         results[kind] = {"runs": items, "start_tok_s": start, "first_batch_s": first, "ratio": start / steady,
-                         "padding": padding}
+                         "padding": padding, "imports_s": imports, "after_imports_tok_s": after,
+                         "after_imports_ratio": after / steady}
         rows.append([kind, f"{first:.2f}", f"{start / 1e6:.2f}", f"{steady / 1e6:.2f}", f"{start / steady:.2f}",
-                     f"{100 * padding:.3f}"])
+                     f"{imports:.2f}", f"{after / steady:.2f}", f"{100 * padding:.3f}"])
     log()
     log(fmt_table(["process", "first batch s", f"first {args.tokens / 1e6:g} M tokens (M tok/s)",
-                   "steady (M tok/s)", "start / steady", "padding %"], rows))
-    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, {args.encoder}, no workers; steady = median of every run's rate "
-        f"after its first {args.tokens / 1e6:g} M tokens; medians of {args.repeats})")
+                   "steady (M tok/s)", "start / steady", "imports s", "after imports / steady", "padding %"], rows))
+    vocab = f"{args.wide_vocab:,}-token random-word BPE" if args.wide_vocab else f"the corpus's BPE (--vocab {args.vocab})"
+    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, {args.encoder}, {vocab}, no workers; steady = median of every run's rate "
+        f"after its first {args.tokens / 1e6:g} M tokens; imports = process start to `import arrowstream` done; "
+        f"after imports = the first {args.tokens / 1e6:g} M tokens timed from there; medians of {args.repeats})")
     checks = Checks()
     try:
         for kind in runs:

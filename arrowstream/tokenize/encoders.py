@@ -205,7 +205,7 @@ class Encoder(DocumentSample):
         if self._proven_tokie(key, forced=forced):
             return
         try:
-            spec, encoding = _convert(key, self.tokenizer, self.add_special_tokens)
+            spec, encoding = _convert(key, self.tokenizer, self.add_special_tokens, self.cache_dir)
         except Unconvertible as exc:
             self._reason = f"not converted to tiktoken: {exc.reason}"
             if forced:
@@ -217,7 +217,7 @@ class Encoder(DocumentSample):
         if self.requested == "tokie" and tokie_version() is None:
             raise ConfigError("`backend='tokie'` cannot be used: tokie is not installed; `pip install arrowstream[fast]`")
         if self.requested != "tiktoken" and tokie_version() is not None:
-            self._tokie = TokieBackend(self.tokenizer, add_special_tokens=self.add_special_tokens, key=key)
+            self._tokie = self._load_tokie(key)
             self._sampled_by = "tokie"
         self._sample_left = 0 if forced else self.sample_bytes
         verdict = _cached_verdict(key, self.cache_dir, documents=self._sample_left)
@@ -245,10 +245,14 @@ class Encoder(DocumentSample):
             return False
         if verdict.get("documents", 0) < sample:
             return False
-        self._tokie = TokieBackend(self.tokenizer, add_special_tokens=self.add_special_tokens, key=key)
-        self._fast = _Deferred(key, self.tokenizer, self.add_special_tokens)
+        self._tokie = self._load_tokie(key)
+        self._fast = _Deferred(key, self.tokenizer, self.add_special_tokens, self.cache_dir)
         self._sample_left, self._sampled, self._earlier = 0, int(verdict.get("documents", 0)), True
         return self._settle(verdict, forced=forced)
+
+    def _load_tokie(self, key: str) -> TokieBackend:
+        """tokie's side: loaded once per process, from the binary form kept beside the verdicts where there is one."""
+        return TokieBackend(self.tokenizer, add_special_tokens=self.add_special_tokens, key=key, cache_dir=self.cache_dir)
 
     def _settle(self, verdict: dict[str, Any] | None, *, forced: bool = False) -> bool:
         """Run the built-in checks unless ``verdict`` is given; keep or drop tiktoken and tokie by it."""
@@ -483,10 +487,9 @@ class Encoder(DocumentSample):
         self._lock = threading.Lock()
         self._fast = None if self._spec is None else _Fast(self._spec, _encoding(self._key(), self._spec))
         if deferred:
-            self._fast = _Deferred(self._key(), self.tokenizer, self.add_special_tokens)
+            self._fast = _Deferred(self._key(), self.tokenizer, self.add_special_tokens, self.cache_dir)
         # tokie must be importable where a process that used it is unpickled
-        self._tokie = TokieBackend(self.tokenizer, add_special_tokens=self.add_special_tokens,
-                                   key=self._key()) if self._tokie else None
+        self._tokie = self._load_tokie(self._key()) if self._tokie else None
 
 
 def _warn(message: str) -> None:

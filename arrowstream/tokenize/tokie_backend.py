@@ -33,9 +33,9 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -46,6 +46,7 @@ except ImportError:  # pragma: no cover - exercised by a test that hides the mod
 
 from tokenizers import Tokenizer
 
+from arrowstream.tokenize.compiled import load_tokie
 from arrowstream.tokenize.fast import _flatten
 from arrowstream.tokenize.probes import _WHITESPACE
 
@@ -164,6 +165,11 @@ class TokieBackend:
         Let the post-processor add its tokens, as in ``tokenizers``.
     key
         Caches the loaded tokenizer in the process (the encoder's verdict key).
+    cache_dir
+        The verdicts' directory: tokie's binary form of the tokenizer is
+        kept there and loaded from there by later processes
+        (:func:`~arrowstream.tokenize.compiled.load_tokie`); ``None``: built
+        from the JSON in every process.
 
     Raises
     ------
@@ -184,14 +190,16 @@ class TokieBackend:
 
     __slots__ = ("add_special_tokens", "tokenizer")
 
-    def __init__(self, tokenizer: Tokenizer, *, add_special_tokens: bool, key: str) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, *, add_special_tokens: bool, key: str, cache_dir: Path | None = None
+    ) -> None:
         if tokie is None:
             raise ImportError("the tokie backend needs tokie: `pip install arrowstream[fast]`")
         self.add_special_tokens = add_special_tokens
         with _lock:
             hit = _loaded.get(key)
         if hit is None:
-            hit = _load(tokenizer)
+            hit = load_tokie(tokenizer, key, cache_dir)
             with _lock:
                 while len(_loaded) >= _MAX_LOADED:
                     _loaded.pop(next(iter(_loaded)))
@@ -225,14 +233,3 @@ class TokieBackend:
         with _one_call:
             ids, lens = self.tokenizer.encode_batch_flat(texts, self.add_special_tokens)
         return ids.view(np.int32), lens.astype(np.int64)
-
-
-def _load(tokenizer: Tokenizer) -> object:
-    """Load ``tokenizer`` into tokie, whose ``from_json`` takes a path only."""
-    fd, path = tempfile.mkstemp(prefix="arrowstream-tokie-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(tokenizer.to_str())
-        return tokie.Tokenizer.from_json(path)
-    finally:
-        os.unlink(path)

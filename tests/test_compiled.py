@@ -1,0 +1,256 @@
+"""A tokenizer's compiled forms (tokie's binary, the tiktoken conversion) are kept beside the verdicts, checked, and loaded by later processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from arrowstream.testing.data import make_texts, sample_tokenizer
+from arrowstream.tokenize import compiled, tokie_backend
+from arrowstream.tokenize.bytelevel import to_bytelevel_bpe
+from arrowstream.tokenize.encoders import Encoder
+from arrowstream.tokenize.probes import probe_texts
+
+from .conftest import write_parts
+
+tokie = pytest.importorskip("tokie")
+pytestmark = pytest.mark.tokie
+
+TEXTS = [*make_texts(40, seed=4), "it's 1234 tokens\t's", "<|endoftext|> after", ""]
+
+
+def fresh_tokenizer(tag: str) -> Tokenizer:
+    tok = sample_tokenizer(300)
+    tok.add_special_tokens([f"<|{tag}|>"])  # its own hash: no other test kept it
+    return tok
+
+
+def ids(built: object, texts: list[str]) -> list[int]:
+    flat, lens = built.encode_batch_flat(texts, True)  # type: ignore[attr-defined]
+    return np.asarray(flat).tolist() + np.asarray(lens).tolist()
+
+
+def no_json_build(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make building from the JSON count its calls (it still builds)."""
+    calls: list[int] = []
+    real = compiled._from_json
+
+    def counted(tokenizer: Tokenizer) -> object:
+        calls.append(1)
+        return real(tokenizer)
+
+    monkeypatch.setattr(compiled, "_from_json", counted)
+    return calls
+
+
+def test_a_later_load_comes_from_the_kept_file_with_the_same_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = fresh_tokenizer("kept")
+    calls = no_json_build(monkeypatch)
+    first = compiled.load_tokie(tok, "k1", tmp_path)
+    assert calls == [1] and sorted(p.name for p in tmp_path.iterdir()) == ["k1.tkz", "k1.tkz.meta"]
+    again = compiled.load_tokie(tok, "k1", tmp_path)
+    assert calls == [1], "the second load built from the JSON again"
+    texts = TEXTS + list(probe_texts()[:200])
+    assert ids(again, texts) == ids(first, texts)
+    meta = json.loads((tmp_path / "k1.tkz.meta").read_text())
+    assert meta["size"] == (tmp_path / "k1.tkz").stat().st_size and meta["key"] == "k1"
+
+
+def test_no_directory_keeps_nothing_and_builds_every_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = fresh_tokenizer("nodir")
+    calls = no_json_build(monkeypatch)
+    compiled.load_tokie(tok, "k2", None)
+    compiled.load_tokie(tok, "k2", None)
+    assert calls == [1, 1]
+
+
+@pytest.mark.parametrize("damage", ["cut", "flipped", "meta-other-key", "meta-garbage", "meta-missing"])
+def test_a_damaged_file_is_never_used_it_is_rebuilt_and_kept_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    tok = fresh_tokenizer(f"damaged-{damage}")
+    good = compiled.load_tokie(tok, "k3", tmp_path)
+    binary, meta = tmp_path / "k3.tkz", tmp_path / "k3.tkz.meta"
+    data = binary.read_bytes()
+    if damage == "cut":  # tokie's own loader panics on a cut file: it must never see one
+        binary.write_bytes(data[: len(data) // 2])
+    elif damage == "flipped":
+        binary.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    elif damage == "meta-other-key":
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "key": "another"}))
+    elif damage == "meta-garbage":
+        meta.write_text("{not json")
+    else:
+        meta.unlink()
+    calls = no_json_build(monkeypatch)
+    opened: list[str] = []
+    real_from_file = compiled.tokie.Tokenizer.from_file
+    monkeypatch.setattr(
+        compiled.tokie.Tokenizer, "from_file", staticmethod(lambda path: opened.append(path) or real_from_file(path))
+    )
+    again = compiled.load_tokie(tok, "k3", tmp_path)
+    assert calls == [1], "a damaged file was used instead of the JSON"
+    assert str(binary) not in opened, "a damaged file was handed to tokie"
+    assert ids(again, TEXTS) == ids(good, TEXTS)
+    assert binary.read_bytes() == data and json.loads(meta.read_text())["key"] == "k3"  # kept anew, whole
+
+
+def test_a_file_that_loads_back_with_other_ids_is_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tok, other = fresh_tokenizer("roundtrip"), sample_tokenizer(400)
+    stranger = compiled._from_json(other)
+    monkeypatch.setattr(compiled.tokie.Tokenizer, "from_file", staticmethod(lambda path: stranger))
+    built = compiled.load_tokie(tok, "k4", tmp_path)
+    assert ids(built, TEXTS) != ids(stranger, TEXTS)
+    assert list(tmp_path.iterdir()) == [], "a file whose round trip changed the ids was kept"
+
+
+def test_a_directory_that_cannot_be_made_costs_time_not_an_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the directory would go")
+    built = compiled.load_tokie(fresh_tokenizer("unwritable"), "k5", blocker / "encoders")
+    assert ids(built, ["plain"]) and blocker.read_text().startswith("a file")
+
+
+def test_an_encoder_in_a_new_process_takes_tokie_from_the_kept_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tok = fresh_tokenizer("encoder")
+    first = Encoder(tok, cache_dir=tmp_path, sample_bytes=0)
+    assert first.backend == "tokie", first.reason
+    assert len(list(tmp_path.glob("*.tkz"))) == 1
+    monkeypatch.setattr(tokie_backend, "_loaded", {})  # as a new process starts
+    calls = no_json_build(monkeypatch)
+    second = Encoder(tok, cache_dir=tmp_path, sample_bytes=0)
+    assert second.backend == "tokie" and calls == []
+    assert [a.tolist() for a in second.encode(TEXTS)] == [a.tolist() for a in first.encode(TEXTS)]
+
+
+def test_real_processes_build_tokie_once(tmp_path: Path) -> None:
+    tok = fresh_tokenizer("real-processes")
+    tok.save(str(tmp_path / "tok.json"))
+    write_parts(tmp_path / "data", [{"text": make_texts(200, seed=5)}], row_group_size=50)
+    script = (
+        "import json, sys\n"
+        "from arrowstream import read_parquet\n"
+        "from arrowstream.tokenize import compiled\n"
+        "built = []\n"
+        "real = compiled._from_json\n"
+        "compiled._from_json = lambda tok: built.append(1) or real(tok)\n"
+        "ds = read_parquet(sys.argv[2]).tokenize(sys.argv[1]).pack(seq_len=64, batch_size=4)\n"
+        "rows = [b['input_ids'].tolist() for b in ds]\n"
+        "print(json.dumps({'built': len(built), 'rows': rows}))\n"
+    )
+    env = dict(os.environ, ARROWSTREAM_CACHE_DIR=str(tmp_path / "cache"))
+    runs = [
+        json.loads(subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / "tok.json"), str(tmp_path / "data")],
+            env=env, capture_output=True, text=True, check=True, timeout=120,
+        ).stdout)
+        for _ in range(3)
+    ]
+    assert [r["built"] for r in runs] == [1, 0, 0]
+    assert runs[0]["rows"] == runs[1]["rows"] == runs[2]["rows"]
+    assert len(list((tmp_path / "cache" / "encoders").glob("*.tkz"))) == 1
+
+
+def no_conversion(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make converting for tiktoken count its calls (it still converts)."""
+    calls: list[int] = []
+    real = compiled.to_bytelevel_bpe
+
+    def counted(tokenizer: Tokenizer, **options: bool) -> object:
+        calls.append(1)
+        return real(tokenizer, **options)
+
+    monkeypatch.setattr(compiled, "to_bytelevel_bpe", counted)
+    return calls
+
+
+def reordered_tokenizer() -> Tokenizer:
+    """A tokenizer whose ids do not follow its merge order, so its conversion has an id map."""
+    spec = json.loads(sample_tokenizer(300).to_str())
+    vocab = spec["model"]["vocab"]
+    order = sorted(vocab, key=lambda t: (vocab[t] == 0, -vocab[t]))  # keep id 0 (EOS), reverse the rest
+    spec["model"]["vocab"] = {t: (0 if vocab[t] == 0 else i + 1) for i, t in enumerate(order[:-1])} | {order[-1]: 0}
+    for added in spec["added_tokens"]:
+        added["id"] = spec["model"]["vocab"][added["content"]]
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+@pytest.mark.parametrize("add_special_tokens", [True, False])
+@pytest.mark.parametrize("kind", ["plain", "id-map"])
+def test_a_later_conversion_comes_from_the_kept_file_equal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, add_special_tokens: bool, kind: str
+) -> None:
+    tok = fresh_tokenizer("conv") if kind == "plain" else reordered_tokenizer()
+    reference = to_bytelevel_bpe(tok, add_special_tokens=add_special_tokens)
+    assert (reference.rank_to_id is None) == (kind == "plain")
+    calls = no_conversion(monkeypatch)
+    compiled.load_bytelevel(tok, "c1", tmp_path, add_special_tokens=add_special_tokens)
+    again = compiled.load_bytelevel(tok, "c1", tmp_path, add_special_tokens=add_special_tokens)
+    assert calls == [1], "the second load converted again"
+    assert compiled._same(again, reference) and list(again.ranks) == list(reference.ranks)
+    if kind == "id-map":
+        assert again.rank_to_id.dtype == reference.rank_to_id.dtype
+        assert again.rank_to_id.tolist() == reference.rank_to_id.tolist()
+
+
+@pytest.mark.parametrize("damage", ["cut", "flipped", "meta-garbage"])
+def test_a_damaged_conversion_is_never_read_it_is_converted_and_kept_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    tok = fresh_tokenizer("conv-damaged")
+    good = compiled.load_bytelevel(tok, "c2", tmp_path, add_special_tokens=True)
+    path = tmp_path / "c2.bpe.npz"
+    data = path.read_bytes()
+    if damage == "cut":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "flipped":
+        path.write_bytes(data[:-200] + bytes([data[-200] ^ 0x01]) + data[-199:])
+    else:
+        (tmp_path / "c2.bpe.npz.meta").write_text("[1, 2")
+    calls = no_conversion(monkeypatch)
+    again = compiled.load_bytelevel(tok, "c2", tmp_path, add_special_tokens=True)
+    assert calls == [1], "a damaged conversion was read instead of converting"
+    assert compiled._same(again, good) and path.read_bytes() == data
+
+
+def test_a_conversion_that_reads_back_different_is_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = compiled._bytelevel_from
+    monkeypatch.setattr(compiled, "_bytelevel_from", lambda data, fields: real(data, {**fields, "dropped": 99}))
+    compiled.load_bytelevel(fresh_tokenizer("conv-differs"), "c3", tmp_path, add_special_tokens=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_conversion_keeps_nothing_and_is_refused_again(tmp_path: Path) -> None:
+    from tokenizers import models
+
+    from arrowstream.tokenize.bytelevel import Unconvertible
+
+    word = Tokenizer(models.WordLevel({"a": 0}, unk_token="a"))
+    for _ in range(2):
+        with pytest.raises(Unconvertible, match="WordLevel"):
+            compiled.load_bytelevel(word, "c4", tmp_path, add_special_tokens=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_encoder_without_tokie_in_a_new_process_reads_the_kept_conversion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from arrowstream.tokenize import fast
+
+    tok = fresh_tokenizer("conv-encoder")
+    first = Encoder(tok, backend="tiktoken", cache_dir=tmp_path, sample_bytes=0)
+    assert first.backend == "tiktoken" and len(list(tmp_path.glob("*.bpe.npz"))) == 1
+    monkeypatch.setattr(fast, "_converted", {})  # as a new process starts
+    calls = no_conversion(monkeypatch)
+    second = Encoder(tok, backend="tiktoken", cache_dir=tmp_path, sample_bytes=0)
+    assert second.backend == "tiktoken" and calls == []
+    assert [a.tolist() for a in second.encode(TEXTS)] == [a.tolist() for a in first.encode(TEXTS)]
