@@ -254,3 +254,54 @@ def test_an_encoder_without_tokie_in_a_new_process_reads_the_kept_conversion(
     second = Encoder(tok, backend="tiktoken", cache_dir=tmp_path, sample_bytes=0)
     assert second.backend == "tiktoken" and calls == []
     assert [a.tolist() for a in second.encode(TEXTS)] == [a.tolist() for a in first.encode(TEXTS)]
+
+
+def test_storage_that_refuses_the_write_costs_time_not_the_run(tmp_path: Path) -> None:
+    """A real file-size limit (EFBIG, as a full disk fails a write): nothing kept, no temporary file left, same ids."""
+    script = (
+        "import json, resource, signal, sys\n"
+        "from pathlib import Path\n"
+        "from arrowstream.testing.data import sample_tokenizer\n"
+        "from arrowstream.tokenize import compiled\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # the limit then fails the write (EFBIG)\n"
+        "tok, where = sample_tokenizer(300), Path(sys.argv[1])\n"
+        "want = compiled._from_json(tok).encode_batch_flat(['plain words here', 'x\\ty'], True)[0].tolist()\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))   # smaller than either compiled form\n"
+        "got = compiled.load_tokie(tok, 'limited', where).encode_batch_flat(['plain words here', 'x\\ty'], True)[0].tolist()\n"
+        "spec = compiled.load_bytelevel(tok, 'limited', where, add_special_tokens=True)\n"
+        "print(json.dumps({'same': got == want, 'ranks': len(spec.ranks), 'left': sorted(p.name for p in where.iterdir())}))\n"
+    )
+    (tmp_path / "cache").mkdir()
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cache")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result == {"same": True, "ranks": len(to_bytelevel_bpe(sample_tokenizer(300)).ranks), "left": []}
+
+
+def test_processes_starting_together_on_an_empty_directory_keep_one_whole_pair(tmp_path: Path) -> None:
+    tok = fresh_tokenizer("together")
+    tok.save(str(tmp_path / "tok.json"))
+    script = (
+        "import json, sys\n"
+        "from tokenizers import Tokenizer\n"
+        "from pathlib import Path\n"
+        "from arrowstream.tokenize import compiled\n"
+        "built = []\n"
+        "real = compiled._from_json\n"
+        "compiled._from_json = lambda tok: built.append(1) or real(tok)\n"
+        "tok = Tokenizer.from_file(sys.argv[1])\n"
+        "ids = compiled.load_tokie(tok, 'together', Path(sys.argv[2])).encode_batch_flat(sys.argv[3:], True)[0].tolist()\n"
+        "print(json.dumps({'built': len(built), 'ids': ids}))\n"
+    )
+    texts = TEXTS[:20]
+    cmd = [sys.executable, "-c", script, str(tmp_path / "tok.json"), str(tmp_path / "cache"), *texts]
+    together = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    runs = []
+    for proc in together:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        runs.append(json.loads(out))
+    later = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120).stdout)
+    assert later["built"] == 0, "no whole pair was left by the processes that raced"
+    assert all(r["ids"] == later["ids"] for r in runs) and later["ids"] == ids(compiled._from_json(tok), texts)[: len(later["ids"])]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["together.tkz", "together.tkz.meta"]

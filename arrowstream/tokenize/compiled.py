@@ -150,8 +150,9 @@ def _keep_tokie(built: Any, binary: Path, key: str) -> None:
         if mine[0].tobytes() == theirs[0].tobytes() and mine[1].tobytes() == theirs[1].tobytes():
             _write_kept(binary, key, tmp.read_bytes(), {})
         # else: tokie's own round trip changed the ids; build from the JSON every time
-    except Exception:  # noqa: BLE001 - a cache that cannot be written costs time, never correctness
-        pass
+    except BaseException as exc:  # a cache that cannot be written costs time, never correctness (tokie may panic)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
     finally:
         _discard_quietly(tmp)
 
