@@ -54,7 +54,9 @@ def test_a_later_load_comes_from_the_kept_file_with_the_same_ids(tmp_path: Path,
     tok = fresh_tokenizer("kept")
     calls = no_json_build(monkeypatch)
     first = compiled.load_tokie(tok, "k1", tmp_path)
-    assert calls == [1] and sorted(p.name for p in tmp_path.iterdir()) == ["k1.tkz", "k1.tkz.meta"]
+    assert calls == [1] and list(tmp_path.iterdir()) == [], "loading wrote before tokie was proven"
+    compiled.keep_tokie(first, "k1", tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k1.tkz", "k1.tkz.meta"]
     again = compiled.load_tokie(tok, "k1", tmp_path)
     assert calls == [1], "the second load built from the JSON again"
     texts = TEXTS + list(probe_texts()[:200])
@@ -66,7 +68,7 @@ def test_a_later_load_comes_from_the_kept_file_with_the_same_ids(tmp_path: Path,
 def test_no_directory_keeps_nothing_and_builds_every_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tok = fresh_tokenizer("nodir")
     calls = no_json_build(monkeypatch)
-    compiled.load_tokie(tok, "k2", None)
+    compiled.keep_tokie(compiled.load_tokie(tok, "k2", None), "k2", None)
     compiled.load_tokie(tok, "k2", None)
     assert calls == [1, 1]
 
@@ -77,6 +79,7 @@ def test_a_damaged_file_is_never_used_it_is_rebuilt_and_kept_again(
 ) -> None:
     tok = fresh_tokenizer(f"damaged-{damage}")
     good = compiled.load_tokie(tok, "k3", tmp_path)
+    compiled.keep_tokie(good, "k3", tmp_path)
     binary, meta = tmp_path / "k3.tkz", tmp_path / "k3.tkz.meta"
     data = binary.read_bytes()
     if damage == "cut":  # tokie's own loader panics on a cut file: it must never see one
@@ -99,6 +102,7 @@ def test_a_damaged_file_is_never_used_it_is_rebuilt_and_kept_again(
     assert calls == [1], "a damaged file was used instead of the JSON"
     assert str(binary) not in opened, "a damaged file was handed to tokie"
     assert ids(again, TEXTS) == ids(good, TEXTS)
+    compiled.keep_tokie(again, "k3", tmp_path)
     assert binary.read_bytes() == data and json.loads(meta.read_text())["key"] == "k3"  # kept anew, whole
 
 
@@ -107,6 +111,7 @@ def test_a_file_that_loads_back_with_other_ids_is_not_kept(tmp_path: Path, monke
     stranger = compiled._from_json(other)
     monkeypatch.setattr(compiled.tokie.Tokenizer, "from_file", staticmethod(lambda path: stranger))
     built = compiled.load_tokie(tok, "k4", tmp_path)
+    compiled.keep_tokie(built, "k4", tmp_path)
     assert ids(built, TEXTS) != ids(stranger, TEXTS)
     assert list(tmp_path.iterdir()) == [], "a file whose round trip changed the ids was kept"
 
@@ -115,6 +120,7 @@ def test_a_directory_that_cannot_be_made_costs_time_not_an_error(tmp_path: Path)
     blocker = tmp_path / "file"
     blocker.write_text("a file where the directory would go")
     built = compiled.load_tokie(fresh_tokenizer("unwritable"), "k5", blocker / "encoders")
+    compiled.keep_tokie(built, "k5", blocker / "encoders")
     assert ids(built, ["plain"]) and blocker.read_text().startswith("a file")
 
 
@@ -143,7 +149,9 @@ def test_real_processes_build_tokie_once(tmp_path: Path) -> None:
         "built = []\n"
         "real = compiled._from_json\n"
         "compiled._from_json = lambda tok: built.append(1) or real(tok)\n"
-        "ds = read_parquet(sys.argv[2]).tokenize(sys.argv[1]).pack(seq_len=64, batch_size=4)\n"
+        "from arrowstream.tokenize.encoders import Encoder\n"
+        "enc = Encoder(sys.argv[1], sample_bytes=2000)  # a sample the data completes: the first process proves tokie\n"
+        "ds = read_parquet(sys.argv[2]).tokenize(enc).pack(seq_len=64, batch_size=4)\n"
         "rows = [b['input_ids'].tolist() for b in ds]\n"
         "print(json.dumps({'built': len(built), 'rows': rows}))\n"
     )
@@ -267,7 +275,9 @@ def test_storage_that_refuses_the_write_costs_time_not_the_run(tmp_path: Path) -
         "tok, where = sample_tokenizer(300), Path(sys.argv[1])\n"
         "want = compiled._from_json(tok).encode_batch_flat(['plain words here', 'x\\ty'], True)[0].tolist()\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))   # smaller than either compiled form\n"
-        "got = compiled.load_tokie(tok, 'limited', where).encode_batch_flat(['plain words here', 'x\\ty'], True)[0].tolist()\n"
+        "built = compiled.load_tokie(tok, 'limited', where)\n"
+        "compiled.keep_tokie(built, 'limited', where)\n"
+        "got = built.encode_batch_flat(['plain words here', 'x\\ty'], True)[0].tolist()\n"
         "spec = compiled.load_bytelevel(tok, 'limited', where, add_special_tokens=True)\n"
         "print(json.dumps({'same': got == want, 'ranks': len(spec.ranks), 'left': sorted(p.name for p in where.iterdir())}))\n"
     )
@@ -290,7 +300,9 @@ def test_processes_starting_together_on_an_empty_directory_keep_one_whole_pair(t
         "real = compiled._from_json\n"
         "compiled._from_json = lambda tok: built.append(1) or real(tok)\n"
         "tok = Tokenizer.from_file(sys.argv[1])\n"
-        "ids = compiled.load_tokie(tok, 'together', Path(sys.argv[2])).encode_batch_flat(sys.argv[3:], True)[0].tolist()\n"
+        "enc = compiled.load_tokie(tok, 'together', Path(sys.argv[2]))\n"
+        "compiled.keep_tokie(enc, 'together', Path(sys.argv[2]))\n"
+        "ids = enc.encode_batch_flat(sys.argv[3:], True)[0].tolist()\n"
         "print(json.dumps({'built': len(built), 'ids': ids}))\n"
     )
     texts = TEXTS[:20]
@@ -305,3 +317,11 @@ def test_processes_starting_together_on_an_empty_directory_keep_one_whole_pair(t
     assert later["built"] == 0, "no whole pair was left by the processes that raced"
     assert all(r["ids"] == later["ids"] for r in runs) and later["ids"] == ids(compiled._from_json(tok), texts)[: len(later["ids"])]
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["together.tkz", "together.tkz.meta"]
+
+
+def test_a_tokenizer_tokie_fails_gets_no_kept_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tokie_backend, "ROUTED_PAIRS", ())  # no routing: tokie differs on "\t's" among the probes
+    enc = Encoder(fresh_tokenizer("tokie-fails"), cache_dir=tmp_path, sample_bytes=0)
+    assert enc.backend == "tiktoken" and "tokie not used" in enc.reason
+    assert list(tmp_path.glob("*.tkz*")) == [], "a binary was kept for a tokenizer tokie failed"
+    assert len(list(tmp_path.glob("*.bpe.npz"))) == 1  # the conversion tiktoken encodes with is kept

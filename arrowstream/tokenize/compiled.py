@@ -11,7 +11,9 @@ tokenizer's hash, its options and the library versions: see
 :mod:`arrowstream.tokenize.verdicts`):
 
 - ``<key>.tkz``: tokie's own binary form (its ``save``), loaded in about a
-  twentieth of the time (:func:`load_tokie`);
+  twentieth of the time (:func:`load_tokie`), kept once the tokenizer's
+  verdict proves tokie (:func:`keep_tokie`, after the built-in checks, off
+  the path to the first batch);
 - ``<key>.bpe.npz``: the conversion's token bytes, values and id map, the
   rest of it in the meta file (:func:`load_bytelevel`);
 
@@ -40,7 +42,8 @@ Examples
 >>> from pathlib import Path
 >>> from arrowstream.testing.data import sample_tokenizer
 >>> tok, where = sample_tokenizer(300), Path(tempfile.mkdtemp())
->>> first = load_tokie(tok, "doc-example", where)           # built from the JSON, then kept
+>>> first = load_tokie(tok, "doc-example", where)           # built from the JSON
+>>> keep_tokie(first, "doc-example", where)                 # kept (an encoder does so once tokie is proven)
 >>> sorted(p.name for p in where.iterdir())
 ['doc-example.tkz', 'doc-example.tkz.meta']
 >>> again = load_tokie(tok, "doc-example", where)           # loaded from the kept file
@@ -72,29 +75,56 @@ try:  # optional: `pip install arrowstream[fast]`
 except ImportError:  # pragma: no cover - load_tokie's callers check first
     tokie = None
 
-__all__ = ["load_bytelevel", "load_tokie"]
+__all__ = ["keep_tokie", "load_bytelevel", "load_tokie"]
 
 #: Bump when what is kept, how it is checked, or the conversion changes: older files are then ignored.
 _FORMAT = 1
 
+_lock = threading.Lock()
+#: ``(key, path)`` of the tokie forms this process loaded from a kept file or kept itself.
+_kept_here: set[tuple[str, Path]] = set()
+
 
 def load_tokie(tokenizer: Tokenizer, key: str, cache_dir: Path | None) -> Any:
-    """Return ``tokenizer`` loaded into tokie: from the file kept under ``key`` in ``cache_dir`` if whole, else from its JSON (then kept).
+    """Return ``tokenizer`` loaded into tokie: from the file kept under ``key`` in ``cache_dir`` if whole, else from its JSON.
 
-    ``cache_dir`` is the verdicts' directory, or ``None``: build from the JSON, keep nothing.
+    ``cache_dir`` is the verdicts' directory, or ``None``: build from the JSON.
+    Nothing is written here: :func:`keep_tokie` keeps the form once the
+    tokenizer's verdict proves tokie.
     """
     binary = None if cache_dir is None else cache_dir / f"{key}.tkz"
     if binary is not None and _read_kept(binary, key) is not None:
         try:
-            return tokie.Tokenizer.from_file(str(binary))
+            loaded = tokie.Tokenizer.from_file(str(binary))
         except BaseException as exc:  # tokie reports a bad file as TokieError, or a Rust panic (a BaseException)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             _discard(binary)
-    built = _from_json(tokenizer)
-    if binary is not None:
-        _keep_tokie(built, binary, key)
-    return built
+        else:
+            with _lock:
+                _kept_here.add((key, binary))
+            return loaded
+    with _lock:  # none kept there now, whatever this process did before: keep_tokie writes it again
+        _kept_here.discard((key, binary))
+    return _from_json(tokenizer)
+
+
+def keep_tokie(built: Any, key: str, cache_dir: Path | None) -> None:
+    """Keep ``built`` (tokie's encoder for the tokenizer of ``key``) in ``cache_dir``, unless loaded from there or kept already; never raises.
+
+    It is kept only if, saved and loaded back, it encodes every probe text
+    as ``built`` does. Costs about 0.15 s (the probes encoded twice, the
+    probe set made if no check made it yet); once per key and directory in
+    a process.
+    """
+    if cache_dir is None:
+        return
+    binary = cache_dir / f"{key}.tkz"
+    with _lock:
+        if (key, binary) in _kept_here:
+            return
+        _kept_here.add((key, binary))
+    _keep_tokie(built, binary, key)
 
 
 def load_bytelevel(tokenizer: Tokenizer, key: str, cache_dir: Path | None, *, add_special_tokens: bool) -> ByteLevelBPE:

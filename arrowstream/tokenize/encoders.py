@@ -68,14 +68,7 @@ from arrowstream.checks import check_int
 from arrowstream.core.allocator import release_freed_memory
 from arrowstream.errors import ConfigError, EncoderFallbackWarning, warn_user
 from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible
-from arrowstream.tokenize.fast import (
-    _convert,
-    _encoding,
-    _Deferred,
-    _Fast,
-    _flatten,
-    reference_calls,
-)
+from arrowstream.tokenize.fast import _convert, _Deferred, _encoding, _Fast, _flatten, reference_calls
 from arrowstream.tokenize.probes import probe_texts
 from arrowstream.tokenize.proof import check_backends, sample_differences
 from arrowstream.tokenize.sampling import DocumentSample
@@ -272,6 +265,8 @@ class Encoder(DocumentSample):
             refused = f"; tokie not used, it gave other ids on {tokie_ok['reason']}"
             if self.requested == "tokie":
                 raise ConfigError(f"`backend='tokie'` cannot be used: {tokie_ok['reason']}; use `backend='auto'`")
+        elif self._tokie is not None:  # proven: later processes load its binary form (tokenize/compiled.py)
+            self._tokie.keep()
         if not verdict["ok"]:
             # `_sample_left` stays as it is: a thread that read `_fast` before this line
             # must still see the sample unfinished, and return the reference's ids.

@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - exercised by a test that hides the mod
 
 from tokenizers import Tokenizer
 
-from arrowstream.tokenize.compiled import load_tokie
+from arrowstream.tokenize.compiled import keep_tokie, load_tokie
 from arrowstream.tokenize.fast import _flatten
 from arrowstream.tokenize.probes import _WHITESPACE
 
@@ -167,9 +167,9 @@ class TokieBackend:
         Caches the loaded tokenizer in the process (the encoder's verdict key).
     cache_dir
         The verdicts' directory: tokie's binary form of the tokenizer is
-        kept there and loaded from there by later processes
-        (:func:`~arrowstream.tokenize.compiled.load_tokie`); ``None``: built
-        from the JSON in every process.
+        loaded from there if kept (:func:`~arrowstream.tokenize.compiled.load_tokie`),
+        and kept there by :meth:`keep`; ``None``: built from the JSON in
+        every process.
 
     Raises
     ------
@@ -188,7 +188,7 @@ class TokieBackend:
     ([2, 4], 'int32')
     """
 
-    __slots__ = ("add_special_tokens", "tokenizer")
+    __slots__ = ("add_special_tokens", "cache_dir", "key", "tokenizer")
 
     def __init__(
         self, tokenizer: Tokenizer, *, add_special_tokens: bool, key: str, cache_dir: Path | None = None
@@ -196,6 +196,7 @@ class TokieBackend:
         if tokie is None:
             raise ImportError("the tokie backend needs tokie: `pip install arrowstream[fast]`")
         self.add_special_tokens = add_special_tokens
+        self.key, self.cache_dir = key, cache_dir
         with _lock:
             hit = _loaded.get(key)
         if hit is None:
@@ -205,6 +206,13 @@ class TokieBackend:
                     _loaded.pop(next(iter(_loaded)))
                 _loaded[key] = hit
         self.tokenizer = hit
+
+    def keep(self) -> None:
+        """Keep tokie's binary form of the tokenizer in ``cache_dir`` for later processes, unless this process loaded it from there.
+
+        Called once the tokenizer's verdict proves tokie, so no file is written for a tokenizer tokie fails.
+        """
+        keep_tokie(self.tokenizer, self.key, self.cache_dir)
 
     def encode(self, texts: Sequence[str], fallback: Encode) -> tuple[np.ndarray, np.ndarray]:
         """Encode ``texts``: the routed ones by ``fallback``, the others by tokie; ids in order."""
