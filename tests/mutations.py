@@ -1186,6 +1186,14 @@ MUTANTS = [
         ("tests/test_compiled.py",),
     ),
     Mutant(
+        "bytelevel-non-symbols-taken-as-bytes",
+        "a vocabulary token holding a raw Latin-1 character that is no byte symbol converts as if it were one",
+        "arrowstream/tokenize/bytelevel.py",
+        '_TO_LATIN1.update({b: "\\uffff" for b in range(256) if b not in _TO_LATIN1})\n',
+        "",
+        ("tests/test_encoders.py::test_a_token_becomes_its_bytes_or_none_as_a_lookup_per_symbol_would",),
+    ),
+    Mutant(
         "kept-file-digest-unchecked",
         "a kept file whose bytes changed is read (a cut .tkz makes tokie's loader panic)",
         "arrowstream/tokenize/compiled.py",

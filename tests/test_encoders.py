@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import (
     Regex,
     Tokenizer,
@@ -680,3 +682,16 @@ def test_the_built_in_checks_run_in_bounded_calls_and_still_find_a_late_differen
     assert max(sizes) <= 1_000 and len(sizes) > 100
     assert not verdict["ok"] and verdict["reason"].startswith(f"probe text #{len(probes) - 1} ")
     assert last[:40] in verdict["reason"]  # the numbers count all probes, not the call's
+
+
+_SYMBOLS = "".join(byte_symbols().values())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(_SYMBOLS + "\x00 \x7f\xad\u0150\u2603\U0001f600"), max_size=12))
+def test_a_token_becomes_its_bytes_or_none_as_a_lookup_per_symbol_would(symbols: str) -> None:
+    from arrowstream.tokenize.bytelevel import _to_bytes
+
+    back = {sym: b for b, sym in byte_symbols().items()}
+    expected = bytes(back[c] for c in symbols) if all(c in back for c in symbols) else None
+    assert _to_bytes(symbols) == expected

@@ -96,11 +96,25 @@ def byte_symbols() -> dict[int, str]:
 _SYMBOL_BYTE = {sym: b for b, sym in byte_symbols().items()}
 
 
+# Each symbol to the Latin-1 character of its byte, and every other Latin-1 character to one
+# Latin-1 cannot encode: `str.translate` then `encode("latin-1")` turns a token into its bytes in C
+# (a fifth of the time of a lookup per character: 0.22 against 0.04 s for 128k merges), and fails
+# on any character that is not a symbol.
+_TO_LATIN1 = {ord(sym): chr(b) for sym, b in _SYMBOL_BYTE.items()}
+_TO_LATIN1.update({b: "\uffff" for b in range(256) if b not in _TO_LATIN1})
+
+
 def _to_bytes(symbols: str) -> bytes | None:
-    """Return the bytes a byte-level token stands for, or ``None`` if it is not byte-level."""
+    """Return the bytes a byte-level token stands for, or ``None`` if it is not byte-level.
+
+    Examples
+    --------
+    >>> _to_bytes("ĠtheĊ"), _to_bytes("a\\x00"), _to_bytes("x☃")
+    (b' the\\n', None, None)
+    """
     try:
-        return bytes(_SYMBOL_BYTE[c] for c in symbols)
-    except KeyError:
+        return symbols.translate(_TO_LATIN1).encode("latin-1")
+    except UnicodeEncodeError:
         return None
 
 
