@@ -1194,6 +1194,14 @@ MUTANTS = [
         ("tests/test_encoders.py::test_a_token_becomes_its_bytes_or_none_as_a_lookup_per_symbol_would",),
     ),
     Mutant(
+        "compiled-lock-inherited-held",
+        "a DataLoader worker forked while a thread held the kept-forms lock waits forever in its first load",
+        "arrowstream/tokenize/compiled.py",
+        "os.register_at_fork(after_in_child=_fresh_lock_after_fork)\n",
+        "",
+        ("tests/test_compiled.py::test_a_process_forked_while_the_lock_is_held_loads_without_waiting",),
+    ),
+    Mutant(
         "kept-file-digest-unchecked",
         "a kept file whose bytes changed is read (a cut .tkz makes tokie's loader panic)",
         "arrowstream/tokenize/compiled.py",

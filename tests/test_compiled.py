@@ -325,3 +325,29 @@ def test_a_tokenizer_tokie_fails_gets_no_kept_binary(tmp_path: Path, monkeypatch
     assert enc.backend == "tiktoken" and "tokie not used" in enc.reason
     assert list(tmp_path.glob("*.tkz*")) == [], "a binary was kept for a tokenizer tokie failed"
     assert len(list(tmp_path.glob("*.bpe.npz"))) == 1  # the conversion tiktoken encodes with is kept
+
+
+def _load_in_child(tok_json: str, where: str, out: object) -> None:
+    tok = Tokenizer.from_str(tok_json)
+    built = compiled.load_tokie(tok, "forked", Path(where))
+    out.send(ids(built, ["forked child"]))  # type: ignore[attr-defined]
+
+
+def test_a_process_forked_while_the_lock_is_held_loads_without_waiting(tmp_path: Path) -> None:
+    import multiprocessing
+
+    tok = fresh_tokenizer("forked")
+    ctx = multiprocessing.get_context("fork")
+    here, there = ctx.Pipe()
+    with compiled._lock:  # another thread of the parent is inside load_tokie as the worker forks
+        proc = ctx.Process(target=_load_in_child, args=(tok.to_str(), str(tmp_path), there), daemon=True)
+        proc.start()
+        answered = False
+        try:
+            answered = here.poll(60)
+        finally:
+            if not answered:
+                proc.kill()  # stuck: do not leave it for the interpreter's exit to wait on
+    assert answered, "the forked process waited for a lock no thread of its own held"
+    assert here.recv() == ids(compiled._from_json(tok), ["forked child"])
+    proc.join(30)

@@ -85,6 +85,15 @@ _lock = threading.Lock()
 _kept_here: set[tuple[str, Path]] = set()
 
 
+def _fresh_lock_after_fork() -> None:
+    """A child forked while another thread held the lock (a DataLoader worker) starts with a free one."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_after_fork)
+
+
 def load_tokie(tokenizer: Tokenizer, key: str, cache_dir: Path | None) -> Any:
     """Return ``tokenizer`` loaded into tokie: from the file kept under ``key`` in ``cache_dir`` if whole, else from its JSON.
 
