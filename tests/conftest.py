@@ -217,3 +217,29 @@ def encoded_by(monkeypatch: pytest.MonkeyPatch) -> EncodedBy:
     monkeypatch.setattr(encoders._Fast, "encode", spy_fast)
     monkeypatch.setattr(encoders.Encoder, "_reference", _reference)
     return counts
+
+
+def forked_while_held(module: Any, target: Callable[..., None], *args: Any) -> Any:
+    """Fork a child running ``target(*args, pipe)`` while this process holds ``module._lock``; return what it sends.
+
+    As a DataLoader worker forked while another thread of the trainer held the lock: the child
+    must not wait for it. A child that does not answer within a minute is killed (not left for the
+    interpreter's exit to wait on) and the test fails.
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    here, there = ctx.Pipe()
+    with module._lock:
+        proc = ctx.Process(target=target, args=(*args, there), daemon=True)
+        proc.start()
+        answered = False
+        try:
+            answered = here.poll(60)
+        finally:
+            if not answered:
+                proc.kill()
+    assert answered, "the forked process waited for a lock no thread of its own held"
+    got = here.recv()
+    proc.join(30)
+    return got

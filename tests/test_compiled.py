@@ -18,7 +18,7 @@ from arrowstream.tokenize.bytelevel import to_bytelevel_bpe
 from arrowstream.tokenize.encoders import Encoder
 from arrowstream.tokenize.probes import probe_texts
 
-from .conftest import write_parts
+from .conftest import forked_while_held, write_parts
 
 tokie = pytest.importorskip("tokie")
 pytestmark = pytest.mark.tokie
@@ -334,20 +334,6 @@ def _load_in_child(tok_json: str, where: str, out: object) -> None:
 
 
 def test_a_process_forked_while_the_lock_is_held_loads_without_waiting(tmp_path: Path) -> None:
-    import multiprocessing
-
-    tok = fresh_tokenizer("forked")
-    ctx = multiprocessing.get_context("fork")
-    here, there = ctx.Pipe()
-    with compiled._lock:  # another thread of the parent is inside load_tokie as the worker forks
-        proc = ctx.Process(target=_load_in_child, args=(tok.to_str(), str(tmp_path), there), daemon=True)
-        proc.start()
-        answered = False
-        try:
-            answered = here.poll(60)
-        finally:
-            if not answered:
-                proc.kill()  # stuck: do not leave it for the interpreter's exit to wait on
-    assert answered, "the forked process waited for a lock no thread of its own held"
-    assert here.recv() == ids(compiled._from_json(tok), ["forked child"])
-    proc.join(30)
+    tok = fresh_tokenizer("forked")  # another thread of the parent is inside load_tokie as the worker forks
+    got = forked_while_held(compiled, _load_in_child, tok.to_str(), str(tmp_path))
+    assert got == ids(compiled._from_json(tok), ["forked child"])

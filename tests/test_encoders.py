@@ -650,7 +650,7 @@ def test_the_reference_encodes_in_bounded_calls_with_the_same_ids(
             sizes.append(sum(map(len, texts)) if len(texts) > 1 else 0)
             return real(texts, **kw)
 
-    enc.tokenizer = Spy()
+    enc.source._tokenizer = Spy()  # what the encoder encodes with
     texts = corpus[:300]
     flat, lens = enc.encode(texts)
     assert len(sizes) > 5 and max(sizes) <= 2_000

@@ -38,17 +38,14 @@ from arrowstream.io.chunk import Chunk, tokens_to_arrow
 from arrowstream.io.manifest import Manifest
 from arrowstream.io.reader import Reader, ShardReader
 from arrowstream.tokenize.cache import IDS_COLUMN, CachedReader, TokenCache
-from arrowstream.tokenize.encoders import (
-    BACKENDS,
-    Encoder,
-    load_tokenizer,
-    tokenizer_hash,
-)
+from arrowstream.tokenize.encoders import BACKENDS, Encoder, load_tokenizer, tokenizer_hash
 from arrowstream.tokenize.known import known_tokens
 from arrowstream.tokenize.lengths import LengthIndex
 from arrowstream.tokenize.text import text_advice, texts_of
 from arrowstream.tokenize.slicing import SLICE_BYTES, TOKIE_SLICE_BYTES, slice_bounds, slice_budgets
-from arrowstream.tokenize.tokenizer import check_tokenizer, find_eos_id, largest_id_past, no_eos_message
+from arrowstream.tokenize.source import TokenizerSource
+from arrowstream.tokenize.tokenizer import check_tokenizer, find_eos_id, no_eos_message
+from arrowstream.tokenize.verdicts import default_verdict_dir
 
 __all__ = ["Tokenize", "check_tokenizer", "find_eos_id", "load_tokenizer", "tokenizer_hash"]
 
@@ -163,36 +160,36 @@ class Tokenize(Stage):
                 f"`backend={backend!r}` contradicts the encoder passed, built with "
                 f"backend={given.requested!r}: pass one or the other"
             )
-        self.tokenizer = None if tokenizer is None else load_tokenizer(tokenizer, shared=True)
-        if loss_mask is not None and (self.tokenizer is not None or not isinstance(loss_mask, str)):
+        self.source = None if tokenizer is None else given.source if given else TokenizerSource.of(tokenizer, default_verdict_dir())
+        if loss_mask is not None and (self.source is not None or not isinstance(loss_mask, str)):
             raise ConfigError(
                 f"`loss_mask` names a column of per-token masks aligned with token ids, so it "
                 f"needs `tokenizer=None` and a column name; got loss_mask={loss_mask!r} with "
-                f"{'a tokenizer' if self.tokenizer is not None else 'no tokenizer'}: tokenize "
+                f"{'a tokenizer' if self.source is not None else 'no tokenizer'}: tokenize "
                 "ahead of time and store the ids and the mask side by side"
             )
         self.loss_mask = loss_mask
-        if self.tokenizer is not None:
-            check_tokenizer(self.tokenizer)
+        if self.source is not None:
+            self.source.facts.check()
         self.column = column
         self.add_eos = bool(add_eos)
         self.add_special_tokens = bool(add_special_tokens)
         self.slice_bytes = check_int("slice_bytes", slice_bytes, none_ok=True)
         self.first_slice_bytes = check_int("first_slice_bytes", first_slice_bytes)
         self.num_inflight = check_int("num_inflight", num_inflight)
-        self.expensive = self.tokenizer is not None
-        if eos_id is None and self.tokenizer is not None:  # a transformers tokenizer names its EOS
-            named = getattr(tokenizer, "eos_token_id", None) if tokenizer is not self.tokenizer else None
-            eos_id = named if isinstance(named, int) else find_eos_id(self.tokenizer)
+        self.expensive = self.source is not None
+        if eos_id is None and self.source is not None:  # a transformers tokenizer names its EOS
+            named = getattr(tokenizer, "eos_token_id", None)
+            eos_id = named if isinstance(named, int) else self.source.facts.eos_id()
         if add_eos and eos_id is None:
-            raise ConfigError(no_eos_message(self.tokenizer, column))
+            raise ConfigError(no_eos_message(None if self.source is None else self.source.facts.specials, column))
         if eos_id is not None and (
             isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer))
             or not 0 <= int(eos_id) <= _INT32_MAX
         ):
             raise ConfigError(f"`eos_id` must be a non-negative int32, got {eos_id!r}")
-        if eos_id is not None and self.tokenizer is not None:
-            top = largest_id_past(self.tokenizer, int(eos_id))
+        if eos_id is not None and self.source is not None:
+            top = self.source.largest_id_past(int(eos_id))
             if top is not None:  # the model's embedding would index past its table, far from here
                 raise ConfigError(
                     f"`eos_id={int(eos_id)}` is past the tokenizer's largest id, {top:,}: "
@@ -205,14 +202,14 @@ class Tokenize(Stage):
             self.encoder = given
         elif given is not None:
             self.encoder = Encoder(
-                given.tokenizer,
+                given.source,
                 backend=given.requested,
                 add_special_tokens=self.add_special_tokens,
                 cache_dir=given.cache_dir,
                 sample_bytes=given.sample_bytes,
             )
-        elif self.tokenizer is not None:
-            self.encoder = Encoder(self.tokenizer, backend=backend, add_special_tokens=self.add_special_tokens)
+        elif self.source is not None:
+            self.encoder = Encoder(self.source, backend=backend, add_special_tokens=self.add_special_tokens)
         self._hash = None if self.encoder is None else self.encoder.hash
         self.cache: TokenCache | None = None
         if cache is not None:
@@ -227,6 +224,11 @@ class Tokenize(Stage):
                 "`length_index` is a directory, None (look beside the data) or False (none); got True"
             )
         self.length_index = length_index
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """The tokenizer (``None`` for a column of token ids), loaded now if it was given as a file and not loaded yet."""
+        return None if self.source is None else self.source.get()
 
     @property
     def setting(self) -> dict[str, Any]:
@@ -288,12 +290,12 @@ class Tokenize(Stage):
                 f"(first file {manifest.paths[0]!r}): pass `column=` or add it to `columns=`"
             )
         dtype = schema.field(idx).type
-        if self.tokenizer is not None and not pa.types.is_string(dtype):
+        if self.source is not None and not pa.types.is_string(dtype):
             raise SchemaError(
                 f"column `{self.column}` has type {dtype} (first file {manifest.paths[0]!r}) but "
                 f"a tokenizer needs text (string); {text_advice(dtype)}"
             )
-        if self.tokenizer is None and not (
+        if self.source is None and not (
             pa.types.is_list(dtype) and pa.types.is_integer(dtype.value_type)
         ):
             raise SchemaError(
@@ -328,7 +330,7 @@ class Tokenize(Stage):
     @property
     def reads_token_ids(self) -> bool:  # type: ignore[override]
         """True for a pre-tokenized column or a token cache: the ids are read, not made."""
-        return self.tokenizer is None or self.cache is not None
+        return self.source is None or self.cache is not None
 
     def known_tokens(self, manifest: Manifest) -> KnownTokens | None:
         """Each row's ids plus EOS (0 for a null or empty row), where they are known before reading.
@@ -385,10 +387,10 @@ class Tokenize(Stage):
         col = chunk.batch.column(self.column)
         chunk = chunk.with_rows(bools_to_numpy(col.is_valid()), "null")
         col = chunk.batch.column(self.column)
-        lengths = pc.binary_length(col) if self.tokenizer is not None else pc.list_value_length(col)
+        lengths = pc.binary_length(col) if self.source is not None else pc.list_value_length(col)
         lengths = numbers_to_numpy(lengths)
         chunk = chunk.with_rows(lengths > 0, "empty")
-        if self.tokenizer is None or chunk.num_docs == 0:
+        if self.source is None or chunk.num_docs == 0:
             return [chunk]
         most = self.slice_budget
         budgets = slice_budgets(min(self.first_slice_bytes, most), most, warm)
@@ -403,7 +405,7 @@ class Tokenize(Stage):
             out = self._from_ids(piece, piece.batch.column(IDS_COLUMN))
             assert out.batch is not None
             return replace(out, batch=out.batch.drop_columns([IDS_COLUMN]))
-        if self.tokenizer is None:
+        if self.source is None:
             return self._from_ids(piece, piece.batch.column(self.column))
         return self._encode(piece)
 

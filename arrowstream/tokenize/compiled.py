@@ -69,6 +69,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from arrowstream.tokenize.bytelevel import ByteLevelBPE, to_bytelevel_bpe
+from arrowstream.tokenize.source import TokenizerSource, as_tokenizer
 
 try:  # optional: `pip install arrowstream[fast]`
     import tokie
@@ -94,11 +95,11 @@ def _fresh_lock_after_fork() -> None:
 os.register_at_fork(after_in_child=_fresh_lock_after_fork)
 
 
-def load_tokie(tokenizer: Tokenizer, key: str, cache_dir: Path | None) -> Any:
+def load_tokie(tokenizer: Tokenizer | TokenizerSource, key: str, cache_dir: Path | None) -> Any:
     """Return ``tokenizer`` loaded into tokie: from the file kept under ``key`` in ``cache_dir`` if whole, else from its JSON.
 
     ``cache_dir`` is the verdicts' directory, or ``None``: build from the JSON.
-    Nothing is written here: :func:`keep_tokie` keeps the form once the
+    A source's tokenizer is loaded only to build from the JSON. Nothing is written here: :func:`keep_tokie` keeps the form once the
     tokenizer's verdict proves tokie.
     """
     binary = None if cache_dir is None else cache_dir / f"{key}.tkz"
@@ -115,7 +116,7 @@ def load_tokie(tokenizer: Tokenizer, key: str, cache_dir: Path | None) -> Any:
             return loaded
     with _lock:  # none kept there now, whatever this process did before: keep_tokie writes it again
         _kept_here.discard((key, binary))
-    return _from_json(tokenizer)
+    return _from_json(as_tokenizer(tokenizer))
 
 
 def keep_tokie(built: Any, key: str, cache_dir: Path | None) -> None:
@@ -136,8 +137,12 @@ def keep_tokie(built: Any, key: str, cache_dir: Path | None) -> None:
     _keep_tokie(built, binary, key)
 
 
-def load_bytelevel(tokenizer: Tokenizer, key: str, cache_dir: Path | None, *, add_special_tokens: bool) -> ByteLevelBPE:
+def load_bytelevel(
+    tokenizer: Tokenizer | TokenizerSource, key: str, cache_dir: Path | None, *, add_special_tokens: bool
+) -> ByteLevelBPE:
     """Return ``tokenizer`` converted for tiktoken: the conversion kept under ``key`` if whole, else made now (then kept).
+
+    A source's tokenizer is loaded only to convert it.
 
     Raises
     ------
@@ -153,7 +158,7 @@ def load_bytelevel(tokenizer: Tokenizer, key: str, cache_dir: Path | None, *, ad
                 return _bytelevel_from(*kept)
             except (ValueError, KeyError, TypeError, OSError):
                 _discard(path)
-    spec = to_bytelevel_bpe(tokenizer, add_special_tokens=add_special_tokens)
+    spec = to_bytelevel_bpe(as_tokenizer(tokenizer), add_special_tokens=add_special_tokens)
     if path is not None:
         data, fields = _bytelevel_to(spec)
         if _same(_bytelevel_from(data, fields), spec):

@@ -73,15 +73,10 @@ from arrowstream.tokenize.probes import probe_texts
 from arrowstream.tokenize.proof import check_backends, sample_differences
 from arrowstream.tokenize.sampling import DocumentSample
 from arrowstream.tokenize.tokie_backend import ROUTED_TEXTS, TokieBackend, tokie_version
+from arrowstream.tokenize.source import TokenizerSource
 from arrowstream.tokenize.tokenizer import load_tokenizer, tokenizer_hash
-from arrowstream.tokenize.verdicts import (
-    _CHECKS_VERSION,
-    _cached_verdict,
-    _forget_verdict,
-    _store_verdict,
-    default_verdict_dir,
-    documents_vouched,
-)
+from arrowstream.tokenize.verdicts import _CHECKS_VERSION, _cached_verdict, _forget_verdict, _store_verdict
+from arrowstream.tokenize.verdicts import default_verdict_dir, documents_vouched
 
 __all__ = ["BACKENDS", "REFERENCE_CALL_BYTES", "SAMPLE_DOC_CHARS", "Encoder", "load_tokenizer", "probe_texts", "reference_calls", "tokenizer_hash"]
 
@@ -105,7 +100,10 @@ class Encoder(DocumentSample):
     Parameters
     ----------
     tokenizer
-        A ``tokenizers.Tokenizer`` or the path of a ``tokenizer.json``.
+        A ``tokenizers.Tokenizer``, the path of a ``tokenizer.json``, or its
+        :class:`~arrowstream.tokenize.source.TokenizerSource`. A file is
+        parsed only when something encodes with it once its facts are kept
+        in ``cache_dir`` (:attr:`source`, :attr:`tokenizer`).
     backend
         ``"auto"`` (the fastest backend proven identical: tokie, with the
         texts it splits differently routed to tiktoken, then tiktoken, else
@@ -151,7 +149,7 @@ class Encoder(DocumentSample):
 
     def __init__(
         self,
-        tokenizer: Tokenizer | str | os.PathLike[str],
+        tokenizer: Tokenizer | TokenizerSource | str | os.PathLike[str],
         *,
         backend: str = "auto",
         add_special_tokens: bool = True,
@@ -161,14 +159,14 @@ class Encoder(DocumentSample):
         if backend not in BACKENDS:
             raise ConfigError(f"`backend` must be one of {BACKENDS!r}, got {backend!r}")
         check_int("sample_bytes", sample_bytes, low=0)
-        self.tokenizer = load_tokenizer(tokenizer)
         self.add_special_tokens = bool(add_special_tokens)
         self.requested = backend
         self.cache_dir = (
             default_verdict_dir() if cache_dir == "auto" else None if cache_dir is None else Path(cache_dir).expanduser()
         )
+        self.source = TokenizerSource.of(tokenizer, self.cache_dir)
         self.sample_bytes = sample_bytes
-        self.hash = tokenizer_hash(self.tokenizer)
+        self.hash = self.source.hash
         self._lock = threading.Lock()
         self._spec: ByteLevelBPE | None = None  # set while tiktoken encodes
         self._fast: _Fast | _Deferred | None = None  # _Deferred: converted at its first text
@@ -185,6 +183,11 @@ class Encoder(DocumentSample):
         if backend != "tokenizers":
             self._choose(forced=backend in ("tiktoken", "tokie"))
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The reference tokenizer, loaded now if it was given as a file and not loaded yet (see :attr:`source`)."""
+        return self.source.get()
+
     # -- choosing -----------------------------------------------------------------
 
     def _key(self) -> str:
@@ -198,7 +201,7 @@ class Encoder(DocumentSample):
         if self._proven_tokie(key, forced=forced):
             return
         try:
-            spec, encoding = _convert(key, self.tokenizer, self.add_special_tokens, self.cache_dir)
+            spec, encoding = _convert(key, self.source, self.add_special_tokens, self.cache_dir)
         except Unconvertible as exc:
             self._reason = f"not converted to tiktoken: {exc.reason}"
             if forced:
@@ -239,13 +242,13 @@ class Encoder(DocumentSample):
         if verdict.get("documents", 0) < sample:
             return False
         self._tokie = self._load_tokie(key)
-        self._fast = _Deferred(key, self.tokenizer, self.add_special_tokens, self.cache_dir)
+        self._fast = _Deferred(key, self.source, self.add_special_tokens, self.cache_dir)
         self._sample_left, self._sampled, self._earlier = 0, int(verdict.get("documents", 0)), True
         return self._settle(verdict, forced=forced)
 
     def _load_tokie(self, key: str) -> TokieBackend:
         """tokie's side: loaded once per process, from the binary form kept beside the verdicts where there is one."""
-        return TokieBackend(self.tokenizer, add_special_tokens=self.add_special_tokens, key=key, cache_dir=self.cache_dir)
+        return TokieBackend(self.source, add_special_tokens=self.add_special_tokens, key=key, cache_dir=self.cache_dir)
 
     def _settle(self, verdict: dict[str, Any] | None, *, forced: bool = False) -> bool:
         """Run the built-in checks unless ``verdict`` is given; keep or drop tiktoken and tokie by it."""
@@ -482,7 +485,7 @@ class Encoder(DocumentSample):
         self._lock = threading.Lock()
         self._fast = None if self._spec is None else _Fast(self._spec, _encoding(self._key(), self._spec))
         if deferred:
-            self._fast = _Deferred(self._key(), self.tokenizer, self.add_special_tokens, self.cache_dir)
+            self._fast = _Deferred(self._key(), self.source, self.add_special_tokens, self.cache_dir)
         # tokie must be importable where a process that used it is unpickled
         self._tokie = self._load_tokie(self._key()) if self._tokie else None
 

@@ -32,6 +32,7 @@ from tokenizers import Tokenizer
 
 from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible
 from arrowstream.tokenize.compiled import load_bytelevel
+from arrowstream.tokenize.source import TokenizerSource
 
 __all__: list[str] = []  # used by arrowstream.tokenize.encoders only
 
@@ -181,7 +182,7 @@ def _first_difference(
 
 
 def _convert(
-    key: str, tokenizer: Tokenizer, add_special_tokens: bool, cache_dir: Path | None = None
+    key: str, tokenizer: Tokenizer | TokenizerSource, add_special_tokens: bool, cache_dir: Path | None = None
 ) -> tuple[ByteLevelBPE, tiktoken.Encoding]:
     """Return the tokenizer converted for tiktoken and its encoding: from this process, the conversion kept in ``cache_dir``, or made now."""
     with _lock:
@@ -221,7 +222,9 @@ class _Deferred:
 
     __slots__ = ("_args", "_fast", "_lock")
 
-    def __init__(self, key: str, tokenizer: Tokenizer, add_special_tokens: bool, cache_dir: Path | None = None) -> None:
+    def __init__(
+        self, key: str, tokenizer: Tokenizer | TokenizerSource, add_special_tokens: bool, cache_dir: Path | None = None
+    ) -> None:
         self._args = (key, tokenizer, add_special_tokens, cache_dir)
         self._fast: _Fast | None = None
         self._lock = threading.Lock()

@@ -10,15 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
-from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 from tokenizers import Tokenizer
 
 from arrowstream.errors import ConfigError
 
-__all__ = ["check_tokenizer", "find_eos_id", "largest_id_past", "load_tokenizer", "no_eos_message", "tokenizer_hash"]
+__all__ = [
+    "check_tokenizer", "find_eos_id", "largest_id_past", "load_tokenizer", "no_eos_message", "refuse_settings",
+    "tokenizer_file", "tokenizer_hash",
+]
 
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
 
@@ -72,16 +74,24 @@ def check_tokenizer(tokenizer: Tokenizer) -> None:
         Padding is enabled (ids would depend on which documents share a
         batch) or truncation is enabled (documents would lose tokens silently).
     """
-    if tokenizer.padding is not None:
+    truncation = tokenizer.truncation
+    refuse_settings(
+        padding=tokenizer.padding is not None,
+        truncation=None if truncation is None else int(truncation.get("max_length") or 0),
+    )
+
+
+def refuse_settings(*, padding: bool, truncation: int | None) -> None:
+    """Raise :class:`~arrowstream.errors.ConfigError` for padding, or for truncation (to ``truncation`` tokens); see :func:`check_tokenizer`."""
+    if padding:
         raise ConfigError(
             "the tokenizer has padding enabled, which makes a document's ids depend on the "
             "other documents encoded with it: call `tokenizer.no_padding()` (packing pads for you)"
         )
-    if tokenizer.truncation is not None:
+    if truncation is not None:
         raise ConfigError(
-            f"the tokenizer truncates to {tokenizer.truncation.get('max_length')} tokens, which "
-            "would cut documents silently: call `tokenizer.no_truncation()` (packing splits long "
-            "documents across rows)"
+            f"the tokenizer truncates to {truncation} tokens, which would cut documents silently: "
+            "call `tokenizer.no_truncation()` (packing splits long documents across rows)"
         )
 
 
@@ -118,38 +128,15 @@ def _noop_template(text: str) -> bool:
     )
 
 
-#: Tokenizers loaded from files for pipelines, by (path, size, modification time); see ``_from_file``.
-_LOADED: OrderedDict[tuple[str, int, int], Tokenizer] = OrderedDict()
-_LOADED_MAX = 8
-_LOADED_LOCK = threading.Lock()
-
-
-def _from_file(path: str, *, shared: bool) -> Tokenizer:
-    """Load ``path``; with ``shared``, once per process while the file stays the same (pipelines never change a tokenizer)."""
-    if not shared:
-        return Tokenizer.from_file(path)
-    st = os.stat(path)
-    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
-    with _LOADED_LOCK:
-        if key in _LOADED:
-            _LOADED.move_to_end(key)
-            return _LOADED[key]
-    loaded = Tokenizer.from_file(path)
-    with _LOADED_LOCK:
-        _LOADED[key] = loaded
-        while len(_LOADED) > _LOADED_MAX:
-            _LOADED.popitem(last=False)
-    return loaded
-
-
-def load_tokenizer(tokenizer: Tokenizer | Any | str | os.PathLike[str], *, shared: bool = False) -> Tokenizer:
+def load_tokenizer(tokenizer: Tokenizer | Any | str | os.PathLike[str]) -> Tokenizer:
     """Return ``tokenizer`` itself (an :class:`~arrowstream.tokenize.encoders.Encoder`'s tokenizer, a transformers fast tokenizer's backend), or load it from a ``tokenizer.json`` path.
 
     A transformers ``PreTrainedTokenizerFast`` is used through its
     ``backend_tokenizer``, which holds its special-token settings (the
     post-processor that adds BOS, for example); a directory it was saved to
-    (``save_pretrained``) through the ``tokenizer.json`` in it. ``shared``
-    (pipelines): one object per file per process, not to be changed.
+    (``save_pretrained``) through the ``tokenizer.json`` in it. A path gives
+    a new object at every call (pipelines share one per file:
+    :class:`~arrowstream.tokenize.source.TokenizerSource`).
 
     Raises
     ------
@@ -167,10 +154,10 @@ def load_tokenizer(tokenizer: Tokenizer | Any | str | os.PathLike[str], *, share
 
     if isinstance(tokenizer, Encoder):
         return tokenizer.tokenizer
-    return _load_tokenizer(tokenizer, shared=shared)
+    return _load_tokenizer(tokenizer)
 
 
-def _load_tokenizer(tokenizer: Tokenizer | str | os.PathLike[str] | Any, *, shared: bool = False) -> Tokenizer:
+def _load_tokenizer(tokenizer: Tokenizer | str | os.PathLike[str] | Any) -> Tokenizer:
     """Return ``tokenizer`` (or its ``tokenizers`` core), or load it from a path; see :func:`load_tokenizer`."""
     if isinstance(tokenizer, Tokenizer):
         return tokenizer
@@ -184,22 +171,9 @@ def _load_tokenizer(tokenizer: Tokenizer | str | os.PathLike[str] | Any, *, shar
             "path of its tokenizer.json"
         )
     if isinstance(tokenizer, (str, os.PathLike)):
-        path = os.fspath(tokenizer)
-        if os.path.isdir(path):  # a saved Hugging Face tokenizer: its tokenizer.json
-            inside = os.path.join(path, "tokenizer.json")
-            if not os.path.isfile(inside):
-                raise ConfigError(
-                    f"tokenizer {path!r} is a directory without a tokenizer.json: pass the path of "
-                    "the tokenizer.json file (a fast tokenizer saves one), or a `tokenizers.Tokenizer`"
-                )
-            path = inside
-        if not os.path.isfile(path):
-            raise ConfigError(
-                f"tokenizer file {path!r} does not exist: pass the path of a `tokenizer.json` "
-                "saved by the `tokenizers` library, or a `tokenizers.Tokenizer`"
-            )
+        path = tokenizer_file(os.fspath(tokenizer))
         try:
-            return _from_file(path, shared=shared)
+            return Tokenizer.from_file(path)
         except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
             raise ConfigError(f"cannot load tokenizer {path!r}: {exc}") from exc
     raise ConfigError(
@@ -208,15 +182,39 @@ def _load_tokenizer(tokenizer: Tokenizer | str | os.PathLike[str] | Any, *, shar
     )
 
 
-def no_eos_message(tokenizer: Tokenizer | None, column: str) -> str:
-    """What to do when ``add_eos=True`` finds no EOS id (``tokenizer=None``: the column must hold token ids).
+def tokenizer_file(path: str) -> str:
+    """Return the ``tokenizer.json`` that ``path`` names: itself, or the one in a directory a fast tokenizer was saved to.
+
+    Raises
+    ------
+    ConfigError
+        There is no such file.
+    """
+    if os.path.isdir(path):
+        inside = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(inside):
+            raise ConfigError(
+                f"tokenizer {path!r} is a directory without a tokenizer.json: pass the path of "
+                "the tokenizer.json file (a fast tokenizer saves one), or a `tokenizers.Tokenizer`"
+            )
+        return inside
+    if not os.path.isfile(path):
+        raise ConfigError(
+            f"tokenizer file {path!r} does not exist: pass the path of a `tokenizer.json` "
+            "saved by the `tokenizers` library, or a `tokenizers.Tokenizer`"
+        )
+    return path
+
+
+def no_eos_message(specials: Iterable[str] | None, column: str) -> str:
+    """What to do when ``add_eos=True`` finds no EOS id among the tokenizer's ``specials`` (``None``: no tokenizer, the column must hold token ids).
 
     Examples
     --------
     >>> print(no_eos_message(None, "text"))  # doctest: +ELLIPSIS
     `add_eos=True` needs an EOS id: with `tokenizer=None` column `text` must hold token ids, and `eos_id=` ...
     """
-    if tokenizer is None:
+    if specials is None:
         return (
             f"`add_eos=True` needs an EOS id: with `tokenizer=None` column `{column}` must hold token ids, "
             "and `eos_id=` the id of the end-of-text token that tokenized them (or `add_eos=False` when "
@@ -224,7 +222,7 @@ def no_eos_message(tokenizer: Tokenizer | None, column: str) -> str:
         )
     return (
         "`add_eos=True` needs an EOS id and none was found among the tokenizer's special tokens "
-        f"{sorted(_special_tokens(tokenizer))!r}: pass `eos_id=` "
+        f"{sorted(specials)!r}: pass `eos_id=` "
         "(for example `tokenizer.token_to_id('<|endoftext|>')`) or `add_eos=False`"
     )
 

@@ -49,6 +49,7 @@ from tokenizers import Tokenizer
 from arrowstream.tokenize.compiled import keep_tokie, load_tokie
 from arrowstream.tokenize.fast import _flatten
 from arrowstream.tokenize.probes import _WHITESPACE
+from arrowstream.tokenize.source import TokenizerSource
 
 __all__ = ["ROUTED_PAIRS", "ROUTED_TEXTS", "TokieBackend", "routed", "routing_probes", "tokie_version"]
 
@@ -160,7 +161,8 @@ class TokieBackend:
     Parameters
     ----------
     tokenizer
-        The ``tokenizers.Tokenizer`` (its JSON is handed to tokie).
+        The ``tokenizers.Tokenizer``, or its source (its JSON is handed to
+        tokie unless its binary form is kept).
     add_special_tokens
         Let the post-processor add its tokens, as in ``tokenizers``.
     key
@@ -191,7 +193,7 @@ class TokieBackend:
     __slots__ = ("add_special_tokens", "cache_dir", "key", "tokenizer")
 
     def __init__(
-        self, tokenizer: Tokenizer, *, add_special_tokens: bool, key: str, cache_dir: Path | None = None
+        self, tokenizer: Tokenizer | TokenizerSource, *, add_special_tokens: bool, key: str, cache_dir: Path | None = None
     ) -> None:
         if tokie is None:
             raise ImportError("the tokie backend needs tokie: `pip install arrowstream[fast]`")
