@@ -243,3 +243,17 @@ def forked_while_held(module: Any, target: Callable[..., None], *args: Any) -> A
     got = here.recv()
     proc.join(30)
     return got
+
+
+def run_processes(script: str, args: Sequence[str | Path], *, cache: Path, times: int) -> list[Any]:
+    """Run ``script`` (Python printing one JSON document) in ``times`` fresh processes one after another, with ``cache`` as their arrowstream cache; return what each printed."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ARROWSTREAM_CACHE_DIR=str(cache))
+    return [
+        json.loads(subprocess.run(
+            [sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True, check=True, timeout=120
+        ).stdout)
+        for _ in range(times)
+    ]

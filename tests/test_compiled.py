@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from arrowstream.tokenize.bytelevel import to_bytelevel_bpe
 from arrowstream.tokenize.encoders import Encoder
 from arrowstream.tokenize.probes import probe_texts
 
-from .conftest import forked_while_held, write_parts
+from .conftest import forked_while_held, run_processes, write_parts
 
 tokie = pytest.importorskip("tokie")
 pytestmark = pytest.mark.tokie
@@ -155,14 +154,7 @@ def test_real_processes_build_tokie_once(tmp_path: Path) -> None:
         "rows = [b['input_ids'].tolist() for b in ds]\n"
         "print(json.dumps({'built': len(built), 'rows': rows}))\n"
     )
-    env = dict(os.environ, ARROWSTREAM_CACHE_DIR=str(tmp_path / "cache"))
-    runs = [
-        json.loads(subprocess.run(
-            [sys.executable, "-c", script, str(tmp_path / "tok.json"), str(tmp_path / "data")],
-            env=env, capture_output=True, text=True, check=True, timeout=120,
-        ).stdout)
-        for _ in range(3)
-    ]
+    runs = run_processes(script, [tmp_path / "tok.json", tmp_path / "data"], cache=tmp_path / "cache", times=3)
     assert [r["built"] for r in runs] == [1, 0, 0]
     assert runs[0]["rows"] == runs[1]["rows"] == runs[2]["rows"]
     assert len(list((tmp_path / "cache" / "encoders").glob("*.tkz"))) == 1

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,7 @@ from arrowstream.tokenize import Tokenize, source
 from arrowstream.tokenize.encoders import Encoder
 from arrowstream.tokenize.source import TokenizerFacts, TokenizerSource
 
-from .conftest import forked_while_held, write_parts
+from .conftest import forked_while_held, run_processes, write_parts
 
 
 @pytest.fixture
@@ -276,14 +273,7 @@ def test_real_processes_read_the_tokenizer_file_only_in_the_first(tmp_path: Path
         "stage = next(s for s in ds.stages if isinstance(s, Tokenize))\n"
         "print(json.dumps({'loaded': stage.source.loaded, 'backend': stage.backend, 'rows': rows}))\n"
     )
-    env = dict(os.environ, ARROWSTREAM_CACHE_DIR=str(tmp_path / "cache"))
-    runs = [
-        json.loads(subprocess.run(
-            [sys.executable, "-c", script, str(path), str(tmp_path / "data")],
-            env=env, capture_output=True, text=True, check=True, timeout=120,
-        ).stdout)
-        for _ in range(3)
-    ]
+    runs = run_processes(script, [path, tmp_path / "data"], cache=tmp_path / "cache", times=3)
     assert [r["loaded"] for r in runs] == [True, False, False]
     assert runs[1]["backend"] in ("tokie", "tiktoken")
     assert runs[0]["rows"] == runs[1]["rows"] == runs[2]["rows"]
