@@ -3,7 +3,7 @@
 
 Each figure comes from a fresh child process (this file with ``--child``):
 ``read_parquet(corpus).tokenize(tokenizer.json path).pack(strategy)``, no
-workers, tokenizer given by path, nothing in the token cache. The clock starts
+workers unless ``--workers``, tokenizer given by path, nothing in the token cache. The clock starts
 in the parent just before the child is spawned (so imports, loading the
 tokenizer, converting it and proving the encoder are all inside it) and the
 child reports, on the same system-wide monotonic clock, when its first batch
@@ -32,7 +32,10 @@ on a second process and 0.5x on the first; first batch within 0.5 s.
 done (the interpreter and ``import arrowstream``, which any training script
 pays before building a pipeline); ``after imports / steady`` is the first
 tokens' rate timed from there, the pipeline's own start-up.
-``padding %`` is the share of padding in every batch the child emitted
+``peak MB`` is the largest resident set size of the child or of any of its
+DataLoader workers (``--workers N``, started by ``--start-method``: ``spawn``
+and ``forkserver`` unpickle the pipeline in every worker; the imports then
+include torch's). ``padding %`` is the share of padding in every batch the child emitted
 (``best_fit`` and ``bucket``: ``--no-ramp`` gives the same figures with full
 look-ahead windows from the start, for comparison).
 
@@ -41,6 +44,7 @@ Usage::
     python benchmarks/bench_start.py                  # 85 MB corpus, 4 M tokens
     python benchmarks/bench_start.py --encoder tiktoken   # the default without the fast extra
     python benchmarks/bench_start.py --wide-vocab 128000  # a tokenizer of Llama 3's size
+    python benchmarks/bench_start.py --workers 2 --start-method spawn   # through a DataLoader
     python benchmarks/bench_start.py --smoke          # seconds: checks only
 """
 
@@ -60,6 +64,10 @@ from typing import Any
 
 
 def child(args: argparse.Namespace) -> None:
+    import resource
+
+    if args.workers:
+        from torch.utils.data import DataLoader
     from arrowstream import read_parquet
     from contestants import arrowstream_backend, encoded_with
 
@@ -75,7 +83,11 @@ def child(args: argparse.Namespace) -> None:
         ds = tokens_ds.pack(
             seq_len=args.seq_len, batch_size=args.batch_size, strategy=args.strategy, **ramp
         )
-    it = ds.iter()
+    if args.workers:  # as a training script reads it: through a DataLoader whose workers each run a share
+        it = iter(DataLoader(ds.to_torch(), batch_size=None, num_workers=args.workers,
+                             multiprocessing_context=args.start_method))
+    else:
+        it = ds.iter()
     tokens = 0
     first = None
     for batch in it:
@@ -90,12 +102,15 @@ def child(args: argparse.Namespace) -> None:
         if tokens - start_tokens >= args.steady_tokens:
             break
     done = time.monotonic()
-    stats = it.stats
+    stats = it.stats if not args.workers else {"padding_tokens": 0, "tokens": 1}  # workers' stats stay in them
+    del it  # the workers end, so their peak memory is counted
+    own_mb, workers_mb = (resource.getrusage(who).ru_maxrss / 1024 for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     print(json.dumps({
         "backend": encoded_with(ds),
         "imported": imported, "first_batch": first, "reached": reached, "tokens": start_tokens, "done": done,
         "steady_tokens": tokens - start_tokens,
         "padding": stats["padding_tokens"] / max(1, stats["padding_tokens"] + stats["tokens"]),
+        "peak_mb": max(own_mb, workers_mb), "workers_peak_mb": workers_mb,
     }))
 
 
@@ -104,7 +119,7 @@ def run_child(args: argparse.Namespace, cache_dir: str) -> dict[str, Any]:
         sys.executable, __file__, "--child", "--corpus", args.corpus, "--tokenizer", args.tokenizer,
         "--tokens", str(args.tokens), "--steady-tokens", str(args.steady_tokens), "--strategy", args.strategy,
         "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--encoder", args.encoder,
-        *(["--no-ramp"] if args.no_ramp else []),
+        *(["--no-ramp"] if args.no_ramp else []), "--workers", str(args.workers), "--start-method", args.start_method,
     ]
     env = dict(os.environ, ARROWSTREAM_CACHE_DIR=cache_dir)
     start = time.monotonic()
@@ -120,6 +135,8 @@ def run_child(args: argparse.Namespace, cache_dir: str) -> dict[str, Any]:
         "steady_tok_s": res["steady_tokens"] / (res["done"] - res["reached"]),
         "tokens": res["tokens"],
         "padding": res["padding"],
+        "peak_mb": res["peak_mb"],
+        "workers_peak_mb": res["workers_peak_mb"],
         "backend": res["backend"],
     }
 
@@ -154,6 +171,9 @@ def main() -> int:
     p.add_argument("--wide-vocab", type=int, default=0, metavar="N",
                    help="a byte-level BPE of N tokens trained on random words (wide_vocab.py), as GPT-2's 50k or "
                         "Llama 3's 128k, instead of the corpus's own (which stops at a few thousand merges)")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers (0: the pipeline's own iterator)")
+    p.add_argument("--start-method", default="fork", choices=["fork", "spawn", "forkserver"],
+                   help="how the DataLoader starts its workers (spawn and forkserver unpickle the pipeline in each)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--smoke", action="store_true", help="tiny sizes: run the checks in seconds")
     p.add_argument("--json", help="write the results here")
@@ -185,18 +205,23 @@ def main() -> int:
         padding = median([r["padding"] for r in items])
         imports = median([r["imports_s"] for r in items])
         after = median([r["after_imports_tok_s"] for r in items])
+        peak = median([r["peak_mb"] for r in items])
         results[kind] = {"runs": items, "start_tok_s": start, "first_batch_s": first, "ratio": start / steady,
                          "padding": padding, "imports_s": imports, "after_imports_tok_s": after,
-                         "after_imports_ratio": after / steady}
+                         "after_imports_ratio": after / steady, "peak_mb": peak}
         rows.append([kind, f"{first:.2f}", f"{start / 1e6:.2f}", f"{steady / 1e6:.2f}", f"{start / steady:.2f}",
-                     f"{imports:.2f}", f"{after / steady:.2f}", f"{100 * padding:.3f}"])
+                     f"{imports:.2f}", f"{after / steady:.2f}", f"{peak:.0f}",
+                     "-" if args.workers else f"{100 * padding:.3f}"])
     log()
     log(fmt_table(["process", "first batch s", f"first {args.tokens / 1e6:g} M tokens (M tok/s)",
-                   "steady (M tok/s)", "start / steady", "imports s", "after imports / steady", "padding %"], rows))
+                   "steady (M tok/s)", "start / steady", "imports s", "after imports / steady", "peak MB",
+                   "padding %"], rows))
     vocab = f"{args.wide_vocab:,}-token random-word BPE" if args.wide_vocab else f"the corpus's BPE (--vocab {args.vocab})"
-    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, {args.encoder}, {vocab}, no workers; steady = median of every run's rate "
+    workers = f"{args.workers} DataLoader workers ({args.start_method})" if args.workers else "no workers"
+    log(f"({args.strategy} {args.batch_size} x {args.seq_len}, {args.encoder}, {vocab}, {workers}; steady = median of every run's rate "
         f"after its first {args.tokens / 1e6:g} M tokens; imports = process start to `import arrowstream` done; "
-        f"after imports = the first {args.tokens / 1e6:g} M tokens timed from there; medians of {args.repeats})")
+        f"after imports = the first {args.tokens / 1e6:g} M tokens timed from there; peak MB = the largest resident "
+        f"set of the process or of any of its workers; medians of {args.repeats})")
     checks = Checks()
     try:
         for kind in runs:

@@ -247,3 +247,13 @@ def test_long_documents_benchmark_smoke_run_keeps_states_small(tmp_path: Path) -
     assert report["checks_passed"]
     for key, result in report["results"].items():  # one long document leaves the largest state as it was
         assert result["state"]["long"] <= 1.2 * result["state"]["plain"] + 500, (key, result["state"])
+
+
+def test_start_benchmark_reads_through_spawned_workers_and_reports_their_peak_memory(tmp_path: Path) -> None:
+    result, _ = _bench(tmp_path, "bench_start.py", "--smoke", "--workers", "2", "--start-method", "spawn")
+    for kind in ("first", "second"):
+        runs = result[kind]["runs"]
+        assert all(run["tokens"] >= 200_000 and run["first_batch_s"] > 0 for run in runs)
+        # the workers ran: a spawned one imports torch and arrowstream, far past an idle process's few MB
+        assert all(run["workers_peak_mb"] > 150 for run in runs)
+    assert result["args"]["workers"] == 2 and all(check["passed"] for check in result["checks"])
