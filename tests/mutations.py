@@ -1258,6 +1258,22 @@ MUTANTS = [
         ("tests/test_source.py::test_a_process_forked_while_the_lock_is_held_loads_without_waiting",),
     ),
     Mutant(
+        "pickled-footers-kept",
+        "a pickled local dataset carries every parsed footer: spawned DataLoader workers start one after another",
+        "arrowstream/io/manifest.py",
+        '            state["_files"] = tuple(f.without_footer() for f in self._files)\n',
+        "            pass\n",
+        ("tests/test_manifest.py",),
+    ),
+    Mutant(
+        "reread-footer-unchecked",
+        "a footer read again in a worker is used without checking it is the one read at discovery",
+        "arrowstream/io/footer.py",
+        "    if _footer_digest(meta) != info.footer:\n",
+        "    if False:\n",
+        ("tests/test_manifest.py",),
+    ),
+    Mutant(
         "kept-file-digest-unchecked",
         "a kept file whose bytes changed is read (a cut .tkz makes tokie's loader panic)",
         "arrowstream/tokenize/compiled.py",

@@ -9,6 +9,7 @@ from typing import Any
 import fsspec
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
@@ -284,3 +285,33 @@ def test_a_row_group_of_ids_is_measured_in_elements_not_bytes(tmp_path: Path, mo
     assert next(it).column("input_ids").to_pylist() == [list(range(200))] * 3
     with pytest.raises(SchemaError, match=r"ids.parquet', row group 1, column `input_ids`: 1,200 list elements, more than one batch holds \(1,000 list elements"):
         next(it)
+
+
+def many_footers(root: Path) -> list[Path]:
+    """Three files of 150 row groups each: their footers together are far past a pipe's 64 KB."""
+    parts = [{"text": [f"doc {f}-{i}" for i in range(300)], "n": list(range(300))} for f in range(3)]
+    return write_parts(root, parts, row_group_size=2)
+
+
+def test_a_pickled_local_dataset_leaves_its_footers_out_and_reads_the_same_ones_back(tmp_path: Path) -> None:
+    """A spawned DataLoader worker's start() waited for the worker's imports while the footers filled the pipe."""
+    many_footers(tmp_path / "data")
+    ds = read_parquet(tmp_path / "data")
+    kept = sum(len(pickle.dumps(ds.manifest.footer(p))) for p in ds.manifest.paths)
+    assert kept > 64_000
+    data = pickle.dumps(ds.manifest)
+    assert len(data) < 32_000, f"the pickled manifest is {len(data):,} bytes: it carries the footers"
+    clone = pickle.loads(data)
+    for path in ds.manifest.paths:  # read again when first asked for: the very footer discovery read
+        assert clone.footer(path).to_dict() == ds.manifest.footer(path).to_dict()
+    expr = pc.field("n") < 3
+    assert pickle.loads(data).matching_shards(expr).tolist() == ds.manifest.matching_shards(expr).tolist()
+    assert [b.to_pylist() for b in pickle.loads(pickle.dumps(ds))] == [b.to_pylist() for b in ds]
+
+
+def test_a_file_rewritten_after_the_dataset_was_pickled_is_refused_when_its_footer_is_read_again(tmp_path: Path) -> None:
+    (first, *_) = many_footers(tmp_path / "data")
+    clone = pickle.loads(pickle.dumps(read_parquet(tmp_path / "data").manifest))
+    pq.write_table(pa.table({"text": ["other"] * 300, "n": list(range(300))}), first, row_group_size=3)
+    with pytest.raises(ShardError, match=rf"file '{first}' changed since the dataset was opened: its Parquet footer"):
+        clone.footer(str(first))

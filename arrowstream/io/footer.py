@@ -11,7 +11,7 @@ so opening the file later to read row groups reads no footer again.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import pyarrow as pa
@@ -24,7 +24,7 @@ from arrowstream.io.failures import error_text, refused, retried
 from arrowstream.io.forksafe import fsspec_of
 from arrowstream.io.statistics import FileStatistics
 
-__all__ = ["FileInfo", "entity_tag", "file_info", "read_footer"]
+__all__ = ["FileInfo", "entity_tag", "file_info", "read_footer", "reread_footer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,10 @@ class FileInfo:
             self._statistics.append(FileStatistics.of(self.meta, self.schema))
         return self._statistics[0]
 
+    def without_footer(self) -> FileInfo:
+        """This record without its parsed footer (:func:`reread_footer` reads it again, checked by :attr:`footer`)."""
+        return replace(self, meta=None, _statistics=[])
+
     def __getstate__(self) -> list[Any]:
         # without the statistics built on demand: a description pickles to the same bytes before and after use
         return [[] if f.name == "_statistics" else getattr(self, f.name) for f in fields(self)]
@@ -68,6 +72,24 @@ class FileInfo:
     def __setstate__(self, state: list[Any]) -> None:
         for f, value in zip(fields(self), state):
             object.__setattr__(self, f.name, value)
+
+
+def reread_footer(fs: pafs.FileSystem, info: FileInfo) -> pq.FileMetaData:
+    """Read the footer of ``info``'s file again, for a description pickled without it; it must be the one read at discovery.
+
+    Raises
+    ------
+    ShardError
+        The footer cannot be read, or its digest is not ``info.footer``
+        (the file was rewritten since the dataset was opened).
+    """
+    _, meta = _read_meta(fs, info.path, info.size)
+    if _footer_digest(meta) != info.footer:
+        raise ShardError(
+            f"file {info.path!r} changed since the dataset was opened: its Parquet footer is not the one read "
+            "then (other row groups, sizes or statistics); open the dataset again"
+        )
+    return meta
 
 
 def read_footer(fs: pafs.FileSystem, root: str, path: str, size: int, mtime_ns: int | None = None) -> FileInfo:
@@ -78,13 +100,18 @@ def read_footer(fs: pafs.FileSystem, root: str, path: str, size: int, mtime_ns: 
     own retries; any other error, or the last, is a ``ShardError`` naming the
     file.
     """
+    etag, meta = _read_meta(fs, path, size)
+    return file_info(path, relpath(path, root), size, meta, mtime_ns=mtime_ns, etag=etag)
 
+
+def _read_meta(fs: pafs.FileSystem, path: str, size: int) -> tuple[str | None, pq.FileMetaData]:
+    """The file's ETag (object stores) and parsed footer, read with :func:`read_footer`'s retries and errors."""
     def read() -> tuple[str | None, pq.FileMetaData]:
         with fs.open_input_file(path) as handle:
             return entity_tag(handle, fs, path), pq.ParquetFile(handle).metadata
 
     try:
-        etag, meta = retried(read)
+        return retried(read)
     except Exception as exc:  # a Python filesystem's client raises classes of its own (aiohttp's, say)
         if isinstance(exc, MemoryError):
             raise
@@ -94,7 +121,6 @@ def read_footer(fs: pafs.FileSystem, root: str, path: str, size: int, mtime_ns: 
             "remove or rewrite it, or check the storage"
         )
         raise ShardError(f"cannot read the Parquet footer of {path!r} ({size} bytes): {error_text(exc)}; {advice}") from exc
-    return file_info(path, relpath(path, root), size, meta, mtime_ns=mtime_ns, etag=etag)
 
 
 def file_info(

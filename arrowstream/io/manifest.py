@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from arrowstream.errors import ConfigError, ShardError
 from arrowstream.io.discover import discover, resolve_filesystem
 from arrowstream.io.forksafe import PerProcess
-from arrowstream.io.footer import FileInfo, entity_tag, read_footer
+from arrowstream.io.footer import FileInfo, entity_tag, read_footer, reread_footer
 from arrowstream.io.schema import check_schemas, normalize_type
 from arrowstream.io.statistics import matching_row_groups
 
@@ -220,7 +220,7 @@ class Manifest:
         >>> read_manifest(example_dir()).matching_shards(pc.field("n") < 4).tolist()  # n: 0-3, 4-7, 8-11
         [True, False, False]
         """
-        keep = [matching_row_groups(f.statistics, expr) for f in self._files]
+        keep = [matching_row_groups(self._parsed(i).statistics, expr) for i in range(len(self._files))]
         return np.array(
             [int(rg) in keep[int(f)] for f, rg in zip(self.shard_file, self.shard_row_group)], dtype=bool
         )
@@ -245,7 +245,24 @@ class Manifest:
 
     def footer(self, path: str) -> pq.FileMetaData | None:
         """Return file ``path``'s parsed footer, kept from discovery or a manifest file (``None`` if not kept)."""
-        return self._files[self._by_path[path]].meta
+        return self._parsed(self._by_path[path]).meta
+
+    def _parsed(self, index: int) -> FileInfo:
+        """File ``index``'s record with its parsed footer: read again (checked against its digest) where a pickle left it out."""
+        f = self._files[index]
+        if f.meta is None:
+            object.__setattr__(f, "meta", reread_footer(self.filesystem, f))
+        return f
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if isinstance(self._filesystem.get(), pafs.LocalFileSystem):
+            # A DataLoader worker started by spawn or forkserver receives this through a pipe, and the
+            # parent's start() waits until the child has read all of it, after its imports, when it
+            # outgrows the pipe's 64 KB buffer: the footers (tens of KB a file) made workers start one
+            # after another. A local footer is read again in a millisecond when first needed.
+            state["_files"] = tuple(f.without_footer() for f in self._files)
+        return state
 
     @property
     def filesystem(self) -> pafs.FileSystem:
