@@ -45,6 +45,7 @@ import numpy as np
 
 from arrowstream.core.execute import run_stages
 from arrowstream.core.stage import Stage
+from arrowstream.core.urgency import before_first_batch
 from arrowstream.distributed.topology import RowRange, held_left
 from arrowstream.errors import ShardError
 from arrowstream.io.chunk import Chunk
@@ -143,7 +144,8 @@ def measure_sample(
                 epoch=0, shard=shard, seq_start=0, seq_end=rows, row_start=0,
                 seq=np.arange(rows, dtype=np.int64), batch=batch,
             )
-            outs = list(run_stages(stages, [chunk], where=where, pool=None, in_flight=1))
+            with before_first_batch():  # the encoder's one-off checks may wait for the first batch
+                outs = list(run_stages(stages, [chunk], where=where, pool=None, in_flight=1))
             made = sum(int(out.tokens.size) for out in outs if out.tokens is not None)
             tokens += made
             lengths += [np.diff(out.offsets) for out in outs if out.offsets is not None]

@@ -66,16 +66,17 @@ from tokenizers import Tokenizer
 
 from arrowstream.checks import check_int
 from arrowstream.core.allocator import release_freed_memory
-from arrowstream.errors import ConfigError, EncoderFallbackWarning, warn_user
+from arrowstream.errors import ConfigError
 from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible
+from arrowstream.tokenize.checking import ChecksRun
 from arrowstream.tokenize.fast import _convert, _Deferred, _encoding, _Fast, _flatten, reference_calls
 from arrowstream.tokenize.probes import probe_texts
-from arrowstream.tokenize.proof import check_backends, sample_differences
-from arrowstream.tokenize.sampling import DocumentSample
+from arrowstream.tokenize.proof import check_backends
+from arrowstream.tokenize.sampling import SAMPLE_DOC_CHARS, DocumentSample, _warn
 from arrowstream.tokenize.tokie_backend import ROUTED_TEXTS, TokieBackend, tokie_version
 from arrowstream.tokenize.source import TokenizerSource
 from arrowstream.tokenize.tokenizer import load_tokenizer, tokenizer_hash
-from arrowstream.tokenize.verdicts import _CHECKS_VERSION, _cached_verdict, _forget_verdict, _store_verdict
+from arrowstream.tokenize.verdicts import _CHECKS_VERSION, _cached_verdict, _store_verdict
 from arrowstream.tokenize.verdicts import default_verdict_dir, documents_vouched
 
 __all__ = ["BACKENDS", "REFERENCE_CALL_BYTES", "SAMPLE_DOC_CHARS", "Encoder", "load_tokenizer", "probe_texts", "reference_calls", "tokenizer_hash"]
@@ -89,9 +90,6 @@ BACKENDS = ("auto", "tiktoken", "tokenizers", "tokie")
 #: (356 for one that finds the verdict); the ``tokenizers`` backend streamed 2.0-2.1 M tokens/s
 #: either way (2 cores).
 REFERENCE_CALL_BYTES = 32 << 10
-#: During the document sample, a longer document joins it by this many first characters, and the
-#: backend encodes it whole (the reference's ``Encoding`` of a 20 MB document took 2.6 GB).
-SAMPLE_DOC_CHARS = 64 << 10
 
 
 class Encoder(DocumentSample):
@@ -172,6 +170,10 @@ class Encoder(DocumentSample):
         self._fast: _Fast | _Deferred | None = None  # _Deferred: converted at its first text
         self._tokie: TokieBackend | None = None  # set while tokie encodes (the texts it does not route)
         self._tokie_failed = ""  # tokie's mismatch on a document seen before the checks ran
+        self._checks_lock = threading.Lock()  # a document's mismatch against the checks' verdict being stored
+        self._run: ChecksRun | None = None  # the built-in checks running beside the stream
+        self._beside_bytes = self._grace = 0  # text the reference encoded beside the running checks, and may
+        self._unstored = ""  # why the checks' verdict could not be written to disk, warned by the stream
         self._sample_left = 0
         self._sampled = 0
         self._pending = False  # built-in checks deferred to the end of the document sample
@@ -252,7 +254,7 @@ class Encoder(DocumentSample):
 
     def _settle(self, verdict: dict[str, Any] | None, *, forced: bool = False) -> bool:
         """Run the built-in checks unless ``verdict`` is given; keep or drop tiktoken and tokie by it."""
-        self._pending = False
+        self._pending, self._run = False, None
         if self._fast is None:
             return self._tokie is not None
         if verdict is None or (self._tokie is not None and "tokie" not in verdict):
@@ -307,17 +309,23 @@ class Encoder(DocumentSample):
         """
         with self._lock:
             if self._pending:
-                self._settle(_cached_verdict(self._key(), self.cache_dir))
+                waited = self._run is not None  # the sample is done, and waits for them
+                self._await_checks()
+                left = self._settle_sample(_cached_verdict(self._key(), self.cache_dir))
+                if waited:
+                    self._close_sample(left)
         return self
 
-    def _check(self, spec: ByteLevelBPE, encoding: tiktoken.Encoding, *, tiktoken_too: bool = True) -> dict[str, Any]:
-        """The built-in checks (:func:`~arrowstream.tokenize.proof.check_backends`) of tiktoken and the loaded tokie."""
+    def _check(
+        self, spec: ByteLevelBPE, encoding: tiktoken.Encoding, *, tiktoken_too: bool = True, tokie: Any = "loaded"
+    ) -> dict[str, Any]:
+        """The built-in checks (:func:`~arrowstream.tokenize.proof.check_backends`) of tiktoken and ``tokie`` (the loaded one)."""
         # The batch encoder is twice as fast, but starts the tokenizer's thread pool: only where the
         # pipeline already started it (checks at the end of the document sample), never before a fork.
         ref = self._reference_checks if self._pool_started else self._reference_serial
         release_freed_memory()  # what the document sample's calls left (core/allocator.py)
         try:
-            return check_backends(spec, encoding, ref, tokie=self._tokie, tiktoken_too=tiktoken_too,
+            return check_backends(spec, encoding, ref, tokie=self._tokie if tokie == "loaded" else tokie, tiktoken_too=tiktoken_too,
                                   tokie_failed=self._tokie_failed)
         finally:
             release_freed_memory()  # the checks' threads allocate no more
@@ -329,6 +337,12 @@ class Encoder(DocumentSample):
         """Why this backend: what was refused or differed, or what tiktoken was checked on."""
         if not self._alive() or not self.sample_bytes or self.requested != "auto":
             return self._reason
+        if self._pending and self._run is not None:
+            where = "in this process" if self._run.here else "in another process, which holds their lock"
+            return (
+                f"built-in checks running {where}, beside the stream; until they pass, the reference's ids "
+                f"are returned and compared ({self._sampled:,} bytes of documents so far)"
+            )
         if self._pending:
             return (
                 "built-in checks pending (they run when the document sample is done); "
@@ -364,65 +378,16 @@ class Encoder(DocumentSample):
         if not self._sample_left or self._proven_elsewhere():
             return self._backend_encode(fast, tok, texts)
         huge = [i for i, t in enumerate(texts) if len(t) > SAMPLE_DOC_CHARS]
-        return self._sample(texts) if not huge else self._sample_around(texts, huge)
+        out = self._sample(texts) if not huge else self._sample_around(texts, huge)
+        if self._run is not None:  # the sample is done, and its checks run beside the stream
+            self._hold_for_checks()
+        return out
 
     def _backend_encode(self, fast: Any, tok: Any, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Encode with tokie or tiktoken (``fast``), the texts they route to the reference aside."""
         if tok is None:
             return fast.encode(texts, self._reference)  # type: ignore[no-any-return]
         return tok.encode(texts, self._reference if fast is None else lambda sub: fast.encode(sub, self._reference))
-
-    def _sample_around(self, texts: Sequence[str], huge: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """During the sample, texts of which some are longer than :data:`SAMPLE_DOC_CHARS`.
-
-        The reference would hold about 25 bytes a byte of such a document
-        (a 20 MB one took a process to 2.6 GB): the built-in checks run now,
-        the document's first :data:`SAMPLE_DOC_CHARS` characters join the
-        sample (compared, counted), and the backend encodes it whole, as it
-        will every document once the sample is done. Should the checks or
-        the sample find a difference, the reference encodes it after all.
-        """
-        self.verify()
-        long = set(huge)
-        cut = [t[:SAMPLE_DOC_CHARS] if i in long else t for i, t in enumerate(texts)]
-        flat, lens = self._sample(cut) if self._sample_left else (None, None)
-        fast, tok = self._fast, self._tokie
-        if fast is None and tok is None:
-            return self._reference(texts)
-        if flat is None:  # the checks ended the sample (a verdict another process stored)
-            return self._backend_encode(fast, tok, texts)
-        big_flat, big_lens = self._backend_encode(fast, tok, [texts[i] for i in huge])
-        pieces = np.split(flat, np.cumsum(lens)[:-1])
-        for i, ids in zip(huge, np.split(big_flat, np.cumsum(big_lens)[:-1])):
-            pieces[i] = ids
-        return _flatten(pieces)
-
-    def _sample(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Still checking: return the reference's ids, comparing the backends that would encode with them."""
-        fast, tok = self._fast, self._tokie
-        ref = self._reference(texts)
-        bad, bad_tokie = sample_differences(texts, ref, fast, tok, self._reference)
-        with self._lock:
-            if bad_tokie is not None and self._tokie is not None:
-                self._tokie = None
-                self._reason = self._tokie_failed = f"tokie gave other ids than `tokenizers` on a document: {bad_tokie}"
-                _forget_verdict(self._key(), self._reason, self.cache_dir, tokie=True)
-                _warn(f"the tokenizer falls back from tokie: {self._reason}")
-                self._restart_sample()  # tiktoken takes over, once shown equal on documents of its own
-            if bad is not None and self._fast is not None:
-                self._fast = self._spec = self._tokie = None
-                self._pending = False
-                self._reason = f"tiktoken gave other ids than `tokenizers` on a document: {bad}"
-                _forget_verdict(self._key(), self._reason, self.cache_dir)
-                _warn(f"the tokenizer falls back to the slower `tokenizers` backend: {self._reason}")
-            elif bad is None and bad_tokie is None and self._sample_left:
-                size = sum(len(t.encode()) for t in texts)
-                self._sampled += size
-                left = max(0, self._sample_left - size)
-                if not left and self._pending:
-                    left = self._end_sample()
-                self._close_sample(left)
-        return ref
 
     def _reference(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         self._pool_started = True
@@ -460,6 +425,7 @@ class Encoder(DocumentSample):
             "reason": self.reason,
             "checked": dict(self.checked),
             "checks_pending": self._pending,
+            "checks_running": None if self._run is None else "here" if self._run.here else "another process",
             "sample_bytes_left": self._sample_left if self._alive() else 0,
             "tokenizer": self.hash,
             "versions": {"tiktoken": tiktoken.__version__, "tokenizers": tokenizers.__version__, "tokie": tokie_version()},
@@ -470,7 +436,8 @@ class Encoder(DocumentSample):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_lock"], state["_fast"]  # rebuilt from the spec (cached per process)
+        del state["_lock"], state["_fast"], state["_checks_lock"]  # rebuilt (the spec is cached per process)
+        state["_run"] = None  # the unpickled encoder waits for the verdict, or runs the checks
         if isinstance(self._fast, _Deferred):  # not converted yet: the unpickled one converts when it must
             converted = self._fast.converted
             state["_spec"] = None if converted is None else converted.spec
@@ -482,17 +449,9 @@ class Encoder(DocumentSample):
     def __setstate__(self, state: dict[str, Any]) -> None:
         deferred = state.pop("_deferred", False)
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._lock, self._checks_lock = threading.Lock(), threading.Lock()
         self._fast = None if self._spec is None else _Fast(self._spec, _encoding(self._key(), self._spec))
         if deferred:
             self._fast = _Deferred(self._key(), self.source, self.add_special_tokens, self.cache_dir)
         # tokie must be importable where a process that used it is unpickled
         self._tokie = self._load_tokie(self._key()) if self._tokie else None
-
-
-def _warn(message: str) -> None:
-    warn_user(
-        f"{message}; ids stay exact. Force a backend with `Encoder(tokenizer, backend=...)` and "
-        "pass it to `.tokenize(...)`",
-        EncoderFallbackWarning,
-    )

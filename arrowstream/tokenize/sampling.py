@@ -3,8 +3,9 @@
 Until ``sample_bytes`` of documents have given the reference's ids with the
 backends that would encode them, an encoder returns the reference's ids
 (:meth:`~arrowstream.tokenize.encoders.Encoder.encode`). This mixin holds
-what happens around that: at the sample's end the built-in checks run
-(:meth:`DocumentSample._end_sample`); a passed sample is stored with the
+what happens around that: at the sample's end the built-in checks run,
+beside the stream, which meanwhile goes on with the reference's ids
+(:meth:`DocumentSample._end_sample`, :mod:`arrowstream.tokenize.checking`); a passed sample is stored with the
 verdict, saying which backend saw the documents, so later processes skip it
 (:meth:`DocumentSample._remember_sample`); a verdict another process stores
 meanwhile ends it early (:meth:`DocumentSample._proven_elsewhere`); and when
@@ -16,11 +17,31 @@ runs under the encoder's lock.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from arrowstream.tokenize.verdicts import _cached_verdict, _store_verdict, documents_vouched
+import numpy as np
 
-__all__ = ["DocumentSample"]
+from arrowstream.core.urgency import is_before_first_batch
+from arrowstream.errors import EncoderFallbackWarning, warn_user
+from arrowstream.tokenize.checking import ChecksRun, checks_beside
+from arrowstream.tokenize.fast import _flatten
+from arrowstream.tokenize.proof import sample_differences
+from arrowstream.tokenize.verdicts import _cached_verdict, _forget_verdict, _store_checked, _store_verdict, documents_vouched
+
+__all__ = ["GRACE_BYTES", "SAMPLE_DOC_CHARS", "DocumentSample"]
+
+#: Text the reference encodes beside the built-in checks before the stream waits for them, where
+#: the sample ended before the consumer's first batch (the plan's token sample of each DataLoader
+#: worker): enough for its first batches (its first slices). Elsewhere the stream waits at once,
+#: and the cores go to the checks: at a 128k vocabulary the reference encodes about 0.5 M tokens/s
+#: a core, so the 2-3 s of the checks cost less than a megabyte of text through it.
+GRACE_BYTES = 1 << 18
+_POLL_S = 0.02
+#: During the document sample, a longer document joins it by this many first characters, and the
+#: backend encodes it whole (the reference's ``Encoding`` of a 20 MB document took 2.6 GB).
+SAMPLE_DOC_CHARS = 64 << 10
 
 
 class DocumentSample:
@@ -32,6 +53,12 @@ class DocumentSample:
     """
 
     _lock: threading.Lock
+    _checks_lock: threading.Lock
+    _run: ChecksRun | None
+    _unstored: str
+    _beside_bytes: int
+    _grace: int
+    _tokie_failed: str
     sample_bytes: int
     cache_dir: Any
     _sample_left: int
@@ -44,16 +71,73 @@ class DocumentSample:
     _tokie: Any
 
     def _end_sample(self) -> int:
-        """At the sample's end: settle by the stored verdict, or run the built-in checks now; return the bytes left.
+        """At the sample's end: settle by the stored verdict, or have the built-in checks run; return the bytes left.
 
-        Other threads keep encoding with both backends until this is settled;
-        where tokie is dropped here, tiktoken's own sample begins (its bytes
-        are returned). Run beside the pipeline in a thread of their own, the
-        checks measured slower in all: the texts meanwhile go through the
-        reference and every backend, on the same two cores.
+        With no verdict stored, the checks run beside the stream
+        (:func:`~arrowstream.tokenize.checking.checks_beside`: in a thread of
+        this process, or in another process that holds their lock) and the
+        sample goes on, one byte at a time, returning the reference's ids and
+        comparing the backends, until their verdict is in: 1 is returned.
+        Where tokie is dropped by the verdict, tiktoken's own sample begins
+        (its bytes are returned); else 0, the sample is done.
         """
-        self._settle(_cached_verdict(self._key(), self.cache_dir))
+        verdict = _cached_verdict(self._key(), self.cache_dir)
+        if self._fast is not None and (verdict is None or (self._tokie is not None and "tokie" not in verdict)):
+            run = self._run
+            if run is not None and run.done() and run.error is not None:
+                raise run.error
+            if self._run is None:  # the reference goes on beside them only where the first batch waits
+                self._beside_bytes, self._grace = 0, GRACE_BYTES if is_before_first_batch() else 0
+            self._run = checks_beside(self._key(), self.cache_dir, self._checks_work(verdict))
+            return 1
+        return self._settle_sample(verdict)
+
+    def _settle_sample(self, verdict: dict[str, Any] | None) -> int:
+        """Settle by ``verdict`` (the checks run now if it is ``None``); return the sample's bytes left."""
+        self._settle(verdict)
+        if self._unstored:
+            warn_user(self._unstored, EncoderFallbackWarning)
+            self._unstored = ""
         return self._sample_left if not self._sampled else 0  # a restarted sample, or done
+
+    def _checks_work(self, stored: dict[str, Any] | None) -> Callable[[], None]:
+        """The built-in checks as run beside the stream: compute the verdict, store it unless the stream failed meanwhile."""
+        key, spec, encoding, tokie = self._key(), self._spec, self._fast.encoding, self._tokie
+
+        def work() -> None:
+            checked = self._check(spec, encoding, tiktoken_too=stored is None, tokie=tokie)
+            verdict = {**(stored or {}), **checked}
+            with self._checks_lock:  # the stream records a document's mismatch under it
+                if self._fast is None:
+                    return  # tiktoken gave other ids on a document meanwhile: that verdict is stored
+                if self._tokie_failed and "tokie" in verdict:
+                    verdict["tokie"] = {"ok": False, "reason": self._tokie_failed}
+                self._unstored = _store_checked(key, verdict, self.cache_dir)
+
+        return work
+
+    def _hold_for_checks(self) -> None:
+        """Before encoding: once :data:`GRACE_BYTES` went through the reference beside the checks, wait for them.
+
+        Waits without the encoder's lock, polling: this process's run (which
+        stores its verdict), or the verdicts' directory, where another
+        process that holds the lock stores it (and runs them here, should
+        that process end first or take longer than
+        :data:`~arrowstream.tokenize.checking.WAIT_S`).
+        """
+        while self._pending and self._run is not None and self._beside_bytes >= self._grace:
+            run = self._run
+            if not run.wait(_POLL_S):
+                time.sleep(0 if run.here else _POLL_S)
+            with self._lock:
+                if self._pending and self._run is not None:
+                    self._close_sample(self._end_sample())
+
+    def _await_checks(self) -> None:
+        """:meth:`verify`: wait for the checks running in this process, if any, so they are not run twice."""
+        run = self._run
+        if run is not None and run.wait() and run.error is not None:
+            raise run.error
 
     def _close_sample(self, left: int) -> None:
         """Record the bytes of the sample ``left``; at 0, remember that it passed (under the lock)."""
@@ -99,3 +183,64 @@ class DocumentSample:
             if int(verdict.get("documents", 0)) >= self._sampled and verdict.get("documents_by") == self._sampled_by:
                 mine = {}  # an earlier record says as much
             _store_verdict(key, {**verdict, **mine}, self.cache_dir)
+
+    def _sample_around(self, texts: Sequence[str], huge: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """During the sample, texts of which some are longer than :data:`SAMPLE_DOC_CHARS`.
+
+        The reference would hold about 25 bytes a byte of such a document
+        (a 20 MB one took a process to 2.6 GB): the built-in checks run now,
+        the document's first :data:`SAMPLE_DOC_CHARS` characters join the
+        sample (compared, counted), and the backend encodes it whole, as it
+        will every document once the sample is done. Should the checks or
+        the sample find a difference, the reference encodes it after all.
+        """
+        self.verify()
+        long = set(huge)
+        cut = [t[:SAMPLE_DOC_CHARS] if i in long else t for i, t in enumerate(texts)]
+        flat, lens = self._sample(cut) if self._sample_left else (None, None)
+        fast, tok = self._fast, self._tokie
+        if fast is None and tok is None:
+            return self._reference(texts)
+        if flat is None:  # the checks ended the sample (a verdict another process stored)
+            return self._backend_encode(fast, tok, texts)
+        big_flat, big_lens = self._backend_encode(fast, tok, [texts[i] for i in huge])
+        pieces = np.split(flat, np.cumsum(lens)[:-1])
+        for i, ids in zip(huge, np.split(big_flat, np.cumsum(big_lens)[:-1])):
+            pieces[i] = ids
+        return _flatten(pieces)
+
+    def _sample(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Still checking: return the reference's ids, comparing the backends that would encode with them."""
+        fast, tok = self._fast, self._tokie
+        ref = self._reference(texts)
+        bad, bad_tokie = sample_differences(texts, ref, fast, tok, self._reference)
+        with self._lock, self._checks_lock:  # the checks' thread stores its verdict under the second
+            if bad_tokie is not None and self._tokie is not None:
+                self._tokie = None
+                self._reason = self._tokie_failed = f"tokie gave other ids than `tokenizers` on a document: {bad_tokie}"
+                _forget_verdict(self._key(), self._reason, self.cache_dir, tokie=True)
+                _warn(f"the tokenizer falls back from tokie: {self._reason}")
+                self._restart_sample()  # tiktoken takes over, once shown equal on documents of its own
+            if bad is not None and self._fast is not None:
+                self._fast = self._spec = self._tokie = self._run = None
+                self._pending = False
+                self._reason = f"tiktoken gave other ids than `tokenizers` on a document: {bad}"
+                _forget_verdict(self._key(), self._reason, self.cache_dir)
+                _warn(f"the tokenizer falls back to the slower `tokenizers` backend: {self._reason}")
+            elif bad is None and bad_tokie is None and self._sample_left:
+                size = sum(len(t.encode()) for t in texts)
+                self._sampled += size
+                self._beside_bytes += size if self._run is not None else 0
+                left = max(0, self._sample_left - size)
+                if not left and self._pending:
+                    left = self._end_sample()
+                self._close_sample(left)
+        return ref
+
+
+def _warn(message: str) -> None:
+    warn_user(
+        f"{message}; ids stay exact. Force a backend with `Encoder(tokenizer, backend=...)` and "
+        "pass it to `.tokenize(...)`",
+        EncoderFallbackWarning,
+    )

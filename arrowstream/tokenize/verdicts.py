@@ -91,7 +91,12 @@ def _cached_verdict(key: str, cache_dir: Path | None, *, documents: int = 0) -> 
     return verdict
 
 
-def _store_verdict(key: str, verdict: dict[str, Any], cache_dir: Path | None) -> None:
+def _store_verdict(key: str, verdict: dict[str, Any], cache_dir: Path | None, *, warn: bool = True) -> str:
+    """Keep ``verdict`` in the process and in ``cache_dir``; return why the directory could not be written, if not.
+
+    Without ``warn`` the reason is only returned (a thread of the checks:
+    the stream warns it).
+    """
     verdict = {
         "key": key,
         **verdict,
@@ -100,18 +105,36 @@ def _store_verdict(key: str, verdict: dict[str, Any], cache_dir: Path | None) ->
     with _lock:
         _verdicts[key] = verdict
     if cache_dir is None:
-        return
+        return ""
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cache_dir / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
         tmp.write_text(json.dumps(verdict, indent=1), encoding="utf-8")
         os.replace(tmp, cache_dir / f"{key}.json")
     except OSError as exc:  # a cache that cannot be written costs time, not correctness
-        warn_user(
+        message = (
             f"cannot write the encoder check cache in {str(cache_dir)!r}: {exc}; the checks run "
-            "again next time: pass a writable `cache_dir` or None",
-            EncoderFallbackWarning,
+            "again next time: pass a writable `cache_dir` or None"
         )
+        if warn:
+            warn_user(message, EncoderFallbackWarning)
+        return message
+    return ""
+
+
+def _store_checked(key: str, verdict: dict[str, Any], cache_dir: Path | None) -> str:
+    """Store the verdict of checks run beside the stream, unless a failure was stored meanwhile; never warn.
+
+    A mismatch another process (or this one's stream) found on a document
+    while the checks ran stands: the checks do not vouch for documents.
+    Returns what :func:`_store_verdict` returns.
+    """
+    stored = _cached_verdict(key, cache_dir)
+    if stored is not None and not stored["ok"]:
+        return ""
+    if stored is not None and not stored.get("tokie", {"ok": True})["ok"] and "tokie" in verdict:
+        verdict = {**verdict, "tokie": stored["tokie"]}
+    return _store_verdict(key, verdict, cache_dir, warn=False)
 
 
 def _forget_verdict(key: str, reason: str, cache_dir: Path | None, *, tokie: bool = False) -> None:
