@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from arrowstream.tokenize.encoders import Encoder
 from arrowstream.tokenize.tokie_backend import tokie_version
 from arrowstream.tokenize.verdicts import default_verdict_dir
 
-from .conftest import EncodedBy, write_parts
+from .conftest import EncodedBy, run_processes, write_parts
 
 
 def fresh_tokenizer(tag: str) -> Tokenizer:
@@ -143,15 +142,7 @@ def test_real_processes_share_the_proof_through_the_default_directory(tmp_path: 
         "n = sum(b.num_rows for b in read_parquet(sys.argv[2]).tokenize(enc))\n"
         "print(json.dumps({'before': before, 'after': enc.describe(), 'rows': n}))\n"
     )
-    env = dict(os.environ, ARROWSTREAM_CACHE_DIR=str(tmp_path / "cache"))
-    runs = []
-    for _ in range(2):
-        out = subprocess.run(
-            [sys.executable, "-c", script, str(tmp_path / "tok.json"), str(tmp_path / "data")],
-            env=env, capture_output=True, text=True, check=True, timeout=120,
-        )
-        runs.append(json.loads(out.stdout))
-    first, second = runs
+    first, second = run_processes(script, [tmp_path / "tok.json", tmp_path / "data"], cache=tmp_path / "cache", times=2)
     assert first["before"]["checks_pending"] and first["before"]["sample_bytes_left"] == 2000
     fastest = "tiktoken" if tokie_version() is None else "tokie"  # child processes import tokie when installed
     assert first["after"]["backend"] == fastest and first["after"]["sample_bytes_left"] == 0
