@@ -25,7 +25,7 @@ from arrowstream.tokenize import checking, encoders, sampling
 from arrowstream.tokenize import verdicts as verdicts_module
 from arrowstream.tokenize.encoders import Encoder
 
-from .conftest import forked_while_held, write_parts
+from .conftest import forked_while_held, run_processes, write_parts
 
 pytestmark = pytest.mark.tokie  # as in the real processes some tests start: one key for the encoder
 
@@ -35,6 +35,13 @@ def fresh(tag: str) -> Tokenizer:
     tok = sample_tokenizer(300)
     tok.add_special_tokens([f"<|{tag}|>"])
     return tok
+
+
+def saved(where: Path, tag: str) -> tuple[Tokenizer, Path]:
+    """A fresh tokenizer and the ``tokenizer.json`` it is saved as in ``where``."""
+    tok = fresh(tag)
+    tok.save(str(where / "tokenizer.json"))
+    return tok, where / "tokenizer.json"
 
 
 def reference(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
@@ -95,16 +102,22 @@ def encode_in_thread(enc: Encoder, texts: list[str]) -> tuple[threading.Thread, 
     return worker, out
 
 
+def checks_held(monkeypatch: pytest.MonkeyPatch, cache: Path, tag: str) -> tuple[Gate, Encoder]:
+    """An encoder whose document sample ended before its first batch, its built-in checks held by a gate."""
+    gate = Gate(monkeypatch)
+    enc = Encoder(fresh(tag), sample_bytes=2000, cache_dir=cache)
+    with before_first_batch():  # as the plan's token sample of a DataLoader worker
+        texts = texts_of(2000, seed=1)
+        assert split(*enc.encode(texts)) == reference(enc.tokenizer, texts)  # the sample ends: the checks start
+    assert gate.started.wait(30)
+    return gate, enc
+
+
 def test_before_the_first_batch_the_reference_goes_on_beside_the_checks_then_the_stream_waits(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    gate = Gate(monkeypatch)
-    tok = fresh("beside")
-    enc = Encoder(tok, sample_bytes=2000, cache_dir=tmp_path)
-    sample, more = texts_of(2000, seed=1), texts_of(1000, seed=2)
-    with before_first_batch():  # as the plan's token sample of a DataLoader worker
-        assert split(*enc.encode(sample)) == reference(tok, sample)  # the sample ends: the checks start
-    assert gate.started.wait(30)
+    gate, enc = checks_held(monkeypatch, tmp_path, "beside")
+    tok, more = enc.tokenizer, texts_of(1000, seed=2)
     info = enc.describe()
     assert info["checks_pending"] and info["checks_running"] == "here" and "beside the stream" in enc.reason
     got = split(*enc.encode(more))  # the checks still held: the reference's ids, at once
@@ -156,9 +169,7 @@ def lock_held_elsewhere(path: Path) -> Iterator[subprocess.Popen[str]]:
 def test_while_another_process_holds_the_lock_this_one_waits_for_its_verdict(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    tok = fresh("elsewhere")
-    path = tmp_path / "tokenizer.json"
-    tok.save(str(path))
+    tok, path = saved(tmp_path, "elsewhere")
     cache = tmp_path / "cache"
     enc = Encoder(path, sample_bytes=2000, cache_dir=cache)
     with lock_held_elsewhere(checking.lock_path(enc._key(), cache)):
@@ -215,12 +226,7 @@ def test_a_process_waits_at_most_wait_s_for_another_ones_checks(monkeypatch: pyt
 def test_a_mismatch_on_a_document_while_the_checks_run_is_not_overwritten(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    gate = Gate(monkeypatch)
-    tok = fresh("race")
-    enc = Encoder(tok, sample_bytes=2000, cache_dir=tmp_path)
-    with before_first_batch():
-        enc.encode(texts_of(2000))
-    assert gate.started.wait(30)
+    gate, enc = checks_held(monkeypatch, tmp_path, "race")
     real = sampling.sample_differences
 
     def tiktoken_differs(texts: Any, ref: Any, fast: Any, tokie: Any, reference: Any) -> tuple[str | None, str | None]:
@@ -242,11 +248,7 @@ def test_a_mismatch_on_a_document_while_the_checks_run_is_not_overwritten(
 def test_a_mismatch_another_process_stored_while_the_checks_ran_stands(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    gate = Gate(monkeypatch)
-    enc = Encoder(fresh("race-elsewhere"), sample_bytes=2000, cache_dir=tmp_path)
-    with before_first_batch():
-        enc.encode(texts_of(2000))
-    assert gate.started.wait(30)
+    gate, enc = checks_held(monkeypatch, tmp_path, "race-elsewhere")
     failure = {"key": enc._key(), "ok": False, "reason": "#3 'another process saw this'", "checked": {}}
     (tmp_path / f"{enc._key()}.json").write_text(json.dumps(failure))  # as that process stores it
     run = enc._run
@@ -261,12 +263,8 @@ def test_a_mismatch_another_process_stored_while_the_checks_ran_stands(
 def test_a_tokie_mismatch_while_the_checks_run_is_kept_in_their_verdict(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    gate = Gate(monkeypatch)
-    enc = Encoder(fresh("race-tokie"), sample_bytes=2000, cache_dir=tmp_path)
+    gate, enc = checks_held(monkeypatch, tmp_path, "race-tokie")
     assert enc.backend == "tokie"
-    with before_first_batch():
-        enc.encode(texts_of(2000))
-    assert gate.started.wait(30)
     monkeypatch.setattr(sampling, "sample_differences", lambda *a: (None, "#0 'tokie made up'"))
     with pytest.warns(EncoderFallbackWarning, match="tokie made up"):
         enc.encode(["a document tokie gets wrong"])
@@ -323,22 +321,18 @@ def test_a_forked_child_waits_for_the_parents_checks_and_never_for_its_module_lo
 
 
 def test_a_process_that_ends_while_its_checks_run_stores_their_verdict(tmp_path: Path) -> None:
-    tok = fresh("at-exit")
-    path = tmp_path / "tokenizer.json"
-    tok.save(str(path))
+    _, path = saved(tmp_path, "at-exit")
     script = (
-        "import sys\n"
+        "import json, sys\n"
         "from arrowstream.core.urgency import before_first_batch\n"
         "from arrowstream.tokenize.encoders import Encoder\n"
-        "enc = Encoder(sys.argv[1], sample_bytes=2000, cache_dir=sys.argv[2])\n"
+        "enc = Encoder(sys.argv[1], sample_bytes=2000)\n"
         "with before_first_batch():\n"
         "    enc.encode(['a few words of a document'] * 200)\n"
-        "print(enc.describe()['checks_running'])\n"
+        "print(json.dumps(enc.describe()['checks_running']))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script, str(path), str(tmp_path / "cache")],
-                          capture_output=True, text=True, check=True, timeout=120)
-    assert done.stdout.strip() == "here"  # it ended while they ran
-    [verdict] = (tmp_path / "cache").glob("*.json")
+    assert run_processes(script, [path], cache=tmp_path / "cache", times=1) == ["here"]  # it ended while they ran
+    [verdict] = (tmp_path / "cache" / "encoders").glob("*.json")
     assert json.loads(verdict.read_text())["checked"]["probe texts"] > 1000
 
 
@@ -346,9 +340,7 @@ def test_dataloader_workers_of_a_first_process_run_the_checks_once(tmp_path: Pat
     pytest.importorskip("torch")
     texts = list(make_texts(3000, seed=8))
     write_parts(tmp_path / "data", [{"text": texts}], row_group_size=100)
-    tok = fresh("workers")
-    path = tmp_path / "tokenizer.json"
-    tok.save(str(path))
+    _, path = saved(tmp_path, "workers")
     script = (
         "import json, os, sys\n"
         "from torch.utils.data import DataLoader\n"
