@@ -390,3 +390,45 @@ def test_a_fork_waits_for_a_tokie_call_in_another_thread_and_the_child_encodes(t
             pytest.fail("the forked child hung")
         time.sleep(0.05)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_first_process_converts_for_tiktoken_only_when_the_checks_run(tok: Tokenizer, tmp_path: Path) -> None:
+    # at 128k tokens the conversion is about 1.5 s of the first process's start-up: not before its first batch
+    fresh = Tokenizer.from_str(tok.to_str())
+    fresh.add_special_tokens(["<|tokie-first-deferred|>"])
+    texts = mixed_texts(40, seed=11)
+    enc = Encoder(fresh, sample_bytes=sum(len(t.encode()) for t in texts[:20]), cache_dir=tmp_path)
+    assert isinstance(enc._fast, _Deferred) and enc._fast.converted is None and enc.backend == "tokie"
+    assert split(*enc.encode(texts[:5])) == reference(fresh, texts[:5])
+    assert enc._fast.converted is None  # the sample compares tokie; tiktoken waits
+    for i in range(5, 40, 5):
+        assert split(*enc.encode(texts[i : i + 5])) == reference(fresh, texts[i : i + 5])
+    info = enc.describe()
+    assert not info["checks_pending"] and info["backend"] == "tokie" and enc._fast.converted is not None
+    assert info["checked"]["vocabulary tokens"] > 100 and verdicts_module._cached_verdict(enc._key(), tmp_path)["ok"]
+
+
+def test_a_tokenizer_whose_merges_tiktoken_refuses_falls_back_when_the_checks_convert(tmp_path: Path) -> None:
+    from .test_encoders import hand_made
+
+    odd = hand_made([("a", "b"), ("b", "c"), ("ab", "c"), ("a", "bc")], ignore_merges=False)  # 'abc' made twice
+    odd.add_special_tokens(["<|tokie-merges-refused|>"])
+    enc = Encoder(odd, sample_bytes=40, cache_dir=tmp_path)
+    assert enc.backend == "tokie" and enc.describe()["checks_pending"]  # its settings pass; its merges wait
+    texts = [f"abc {i} abcd bc ab" for i in range(20)]
+    with pytest.warns(EncoderFallbackWarning, match="made by two merges"):
+        got = split(*enc.encode(texts))
+    assert got == reference(odd, texts) and enc.backend == "tokenizers"
+    assert "not converted to tiktoken" in enc.reason and not enc.describe()["checks_pending"]
+    assert split(*enc.encode(texts)) == reference(odd, texts)
+    assert not list(tmp_path.glob("*.json"))  # a refusal is not a verdict: the next process looks again
+
+
+def test_a_tokenizer_refused_for_its_settings_keeps_tokenizers_from_the_start(tok: Tokenizer, tmp_path: Path) -> None:
+    from tokenizers import normalizers
+
+    odd = Tokenizer.from_str(tok.to_str())
+    odd.normalizer = normalizers.NFKC()  # tiktoken encodes the text as it is: never tokie either
+    with pytest.warns(EncoderFallbackWarning, match="NFKC"):
+        enc = Encoder(odd, cache_dir=tmp_path)
+    assert enc.backend == "tokenizers" and enc._tokie is None and not enc.describe()["checks_pending"]

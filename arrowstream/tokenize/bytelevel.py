@@ -48,12 +48,12 @@ from tokenizers import Tokenizer
 
 from arrowstream.errors import ArrowStreamError
 
-__all__ = ["GPT2_PATTERN", "ByteLevelBPE", "Unconvertible", "byte_symbols", "to_bytelevel_bpe"]
+__all__ = ["GPT2_PATTERN", "ByteLevelBPE", "Unconvertible", "byte_symbols", "check_bytelevel", "to_bytelevel_bpe"]
 
 #: The regex of ``tokenizers``' ``ByteLevel`` pre-tokenizer (``use_regex=True``): GPT-2's.
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-
 _POST_PROCESSORS_WITHOUT_TOKENS = {"ByteLevel"}
+_ADDED = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")  # an added token's JSON keys
 
 
 class Unconvertible(ArrowStreamError):
@@ -189,15 +189,10 @@ def to_bytelevel_bpe(tokenizer: Tokenizer, *, add_special_tokens: bool = True) -
         Whether the post-processor's tokens (a BOS, say) are added, as in
         ``tokenizer.encode(..., add_special_tokens=...)``.
 
-    Returns
-    -------
-    ByteLevelBPE
-
     Raises
     ------
     Unconvertible
-        The tokenizer is not a byte-level BPE, or has a setting tiktoken
-        cannot reproduce exactly; the message says which.
+        Not a byte-level BPE, or a setting tiktoken cannot reproduce exactly: the message says which.
 
     Examples
     --------
@@ -211,13 +206,7 @@ def to_bytelevel_bpe(tokenizer: Tokenizer, *, add_special_tokens: bool = True) -
     ...
     arrowstream.tokenize.bytelevel.Unconvertible: the model is `WordLevel`, not a byte-level `BPE`
     """
-    spec = json.loads(tokenizer.to_str())
-    model = spec.get("model") or {}
-    _check_model(model, spec.get("pre_tokenizer"))
-    pattern = _pattern(spec.get("pre_tokenizer"))
-    _check_normalizer(spec.get("normalizer"))
-    matched = _added_tokens(spec.get("added_tokens") or [], tokenizer.encode_special_tokens)
-    prefix, suffix = _post_tokens(spec.get("post_processor")) if add_special_tokens else ((), ())
+    model, pattern, matched, prefix, suffix = _settings(tokenizer, add_special_tokens)
     table, dropped = _rank_table(model, tokenizer)
     ids = np.array([tid for _, tid, _ in table], dtype=np.int64)
     if np.all(np.diff(ids[256:]) > 0):  # ids follow merge order: tiktoken can return them as they are
@@ -238,6 +227,57 @@ def to_bytelevel_bpe(tokenizer: Tokenizer, *, add_special_tokens: bool = True) -
         suffix=suffix,
         dropped=dropped,
     )
+
+
+def check_bytelevel(tokenizer: Tokenizer, *, add_special_tokens: bool = True) -> None:
+    """Refuse now what :func:`to_bytelevel_bpe` refuses for the tokenizer's settings (raise :class:`Unconvertible`).
+
+    All but the merges, read from the tokenizer's parts, not its whole JSON (0.3 s at 128k tokens),
+    so an encoder may convert later (about 1.5 s at 128k): the merges are looked at then.
+
+    >>> from tokenizers import Tokenizer, models
+    >>> check_bytelevel(Tokenizer(models.WordLevel({"a": 0}, unk_token="a")))
+    Traceback (most recent call last):
+    ...
+    arrowstream.tokenize.bytelevel.Unconvertible: the model is `WordLevel`, not a byte-level `BPE`
+    """
+    spec = {
+        "model": _model_settings(tokenizer),
+        "added_tokens": [{"id": tid, **{k: getattr(t, k) for k in _ADDED}} for tid, t in sorted(
+            tokenizer.get_added_tokens_decoder().items())],
+        **{
+            part: None if (obj := getattr(tokenizer, part)) is None else json.loads(obj.__getstate__())
+            for part in ("normalizer", "pre_tokenizer", "post_processor")
+        },
+    }
+    _settings(tokenizer, add_special_tokens, spec)
+
+
+def _model_settings(tokenizer: Tokenizer) -> dict[str, Any]:
+    """The model's part of the tokenizer's JSON, its vocabulary cut to the byte symbols (all that is looked at)."""
+    model = tokenizer.model
+    kind = type(model).__name__
+    if kind != "BPE":
+        return {"type": kind}
+    keys = ("dropout", "continuing_subword_prefix", "end_of_word_suffix", "byte_fallback")
+    out = {"type": kind, **{key: getattr(model, key) for key in keys}}
+    out["vocab"] = {sym: tid for sym in _SYMBOL_BYTE if (tid := model.token_to_id(sym)) is not None}
+    out["dropout"] = float(str(np.float32(out["dropout"]))) if out["dropout"] else out["dropout"]  # as the JSON
+    return out
+
+
+def _settings(
+    tokenizer: Tokenizer, add_special_tokens: bool, spec: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], str, dict[str, int], tuple[int, ...], tuple[int, ...]]:
+    """The model, split pattern, added tokens and post-processor's tokens of ``spec`` (else the JSON), checked."""
+    spec = json.loads(tokenizer.to_str()) if spec is None else spec
+    model = spec.get("model") or {}
+    _check_model(model, spec.get("pre_tokenizer"))
+    pattern = _pattern(spec.get("pre_tokenizer"))
+    _check_normalizer(spec.get("normalizer"))
+    matched = _added_tokens(spec.get("added_tokens") or [], tokenizer.encode_special_tokens)
+    prefix, suffix = _post_tokens(spec.get("post_processor")) if add_special_tokens else ((), ())
+    return model, pattern, matched, prefix, suffix
 
 
 def _check_model(model: dict[str, Any], pre: Any) -> None:

@@ -67,7 +67,7 @@ from tokenizers import Tokenizer
 from arrowstream.checks import check_int
 from arrowstream.core.allocator import release_freed_memory
 from arrowstream.errors import ConfigError
-from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible
+from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible, check_bytelevel
 from arrowstream.tokenize.checking import ChecksRun
 from arrowstream.tokenize.fast import _convert, _Deferred, _encoding, _Fast, _flatten, reference_calls
 from arrowstream.tokenize.probes import probe_texts
@@ -200,16 +200,12 @@ class Encoder(DocumentSample):
 
     def _choose(self, *, forced: bool) -> None:
         key = self._key()
-        if self._proven_tokie(key, forced=forced):
+        if self._proven_tokie(key, forced=forced) or self._unproven_tokie(key, forced=forced):
             return
         try:
             spec, encoding = _convert(key, self.source, self.add_special_tokens, self.cache_dir)
         except Unconvertible as exc:
-            self._reason = f"not converted to tiktoken: {exc.reason}"
-            if forced:
-                raise ConfigError(f"`backend={self.requested!r}` cannot be used: {exc.reason}; use `backend='auto'`") from exc
-            if exc.byte_level:
-                _warn(f"this byte-level BPE tokenizer keeps the slower `tokenizers` backend: {exc.reason}")
+            self._refuse(exc, forced=forced)
             return
         self._spec, self._fast = spec, _Fast(spec, encoding)
         if self.requested == "tokie" and tokie_version() is None:
@@ -248,6 +244,50 @@ class Encoder(DocumentSample):
         self._sample_left, self._sampled, self._earlier = 0, int(verdict.get("documents", 0)), True
         return self._settle(verdict, forced=forced)
 
+    def _unproven_tokie(self, key: str, *, forced: bool) -> bool:
+        """The first process with tokie: load it and sample; tiktoken is converted by the built-in checks. Taken?
+
+        The conversion (about 1.5 s at 128k tokens) is the one step of the proof the first
+        batch does not need: the sample compares tokie, and tiktoken encodes only the texts
+        tokie routes (:class:`~arrowstream.tokenize.fast._Deferred`). The settings are
+        checked now (:func:`~arrowstream.tokenize.bytelevel.check_bytelevel`); a refusal
+        for the merges comes at the checks, before any id but the reference's has left.
+        """
+        if forced or self.requested != "auto" or tokie_version() is None or not self.sample_bytes:
+            return False
+        if _cached_verdict(key, self.cache_dir) is not None:
+            return False
+        try:
+            check_bytelevel(self.tokenizer, add_special_tokens=self.add_special_tokens)
+        except Unconvertible as exc:
+            self._refuse(exc, forced=False)
+            return True
+        self._fast = _Deferred(key, self.source, self.add_special_tokens, self.cache_dir)
+        self._tokie, self._sampled_by = self._load_tokie(key), "tokie"
+        self._sample_left, self._pending = self.sample_bytes, True
+        return True
+
+    def _refuse(self, exc: Unconvertible, *, forced: bool) -> None:
+        """The conversion was refused: keep ``tokenizers`` (warn where it is a byte-level BPE), or raise when forced."""
+        self._fast = self._spec = self._tokie = self._run = None
+        self._pending = False
+        self._reason = f"not converted to tiktoken: {exc.reason}"
+        if forced:
+            raise ConfigError(f"`backend={self.requested!r}` cannot be used: {exc.reason}; use `backend='auto'`") from exc
+        if exc.byte_level:
+            _warn(f"this byte-level BPE tokenizer keeps the slower `tokenizers` backend: {exc.reason}")
+
+    def _tiktoken_side(self) -> _Fast | None:
+        """tiktoken's side, converted now if it waited (:meth:`_unproven_tokie`); ``None`` (and ``tokenizers``) if refused."""
+        fast = self._fast
+        if not isinstance(fast, _Deferred):
+            return fast
+        try:
+            return fast.convert()
+        except Unconvertible as exc:
+            self._refuse(exc, forced=False)
+            return None
+
     def _load_tokie(self, key: str) -> TokieBackend:
         """tokie's side: loaded once per process, from the binary form kept beside the verdicts where there is one."""
         return TokieBackend(self.source, add_special_tokens=self.add_special_tokens, key=key, cache_dir=self.cache_dir)
@@ -258,7 +298,10 @@ class Encoder(DocumentSample):
         if self._fast is None:
             return self._tokie is not None
         if verdict is None or (self._tokie is not None and "tokie" not in verdict):
-            verdict = {**(verdict or {}), **self._check(self._spec, self._fast.encoding, tiktoken_too=verdict is None)}
+            side = self._tiktoken_side()
+            if side is None:
+                return False
+            verdict = {**(verdict or {}), **self._check(side.spec, side.encoding, tiktoken_too=verdict is None)}
             _store_verdict(self._key(), verdict, self.cache_dir)
         self.checked = dict(verdict.get("checked", {}))
         counts = ", ".join(f"{v:,} {k}" for k, v in self.checked.items())

@@ -210,9 +210,10 @@ def _encoding(key: str, spec: ByteLevelBPE) -> tiktoken.Encoding:
 class _Deferred:
     """The tiktoken side of an encoder, converted on its first use.
 
-    Where a stored verdict already proves tokie and tiktoken for a tokenizer,
-    tiktoken encodes only the texts tokie routes to it, which most corpora
-    never hold: the conversion (about 0.05 s for a few thousand tokens, 1 s
+    Where tokie encodes, tiktoken encodes only the texts tokie routes to it,
+    which most corpora never hold: whether a stored verdict already proves
+    both, or the first process on a machine proves them (then the built-in
+    checks convert it, beside the stream), the conversion (about 0.05 s for a few thousand tokens, 1 s
     for 128k; read back from the verdicts' directory in a fraction of that,
     :func:`~arrowstream.tokenize.compiled.load_bytelevel`) waits until one
     comes. Same interface as :class:`_Fast`.
@@ -236,12 +237,16 @@ class _Deferred:
 
     def get(self) -> _Fast | None:
         """Return the tiktoken side, converting it now if needed (``None``: the conversion failed)."""
+        try:
+            return self.convert()
+        except Unconvertible:
+            return None
+
+    def convert(self) -> _Fast:
+        """Return the tiktoken side, converting it now if needed; raise :class:`Unconvertible` if it cannot be."""
         with self._lock:
             if self._fast is None:
-                try:
-                    self._fast = _Fast(*_convert(*self._args))
-                except Unconvertible:
-                    return None
+                self._fast = _Fast(*_convert(*self._args))
             return self._fast
 
     def encode(self, texts: Sequence[str], reference: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,8 @@ import numpy as np
 from arrowstream.core.urgency import is_before_first_batch
 from arrowstream.errors import EncoderFallbackWarning, warn_user
 from arrowstream.tokenize.checking import ChecksRun, checks_beside
-from arrowstream.tokenize.fast import _flatten
+from arrowstream.tokenize.bytelevel import Unconvertible
+from arrowstream.tokenize.fast import _Deferred, _flatten
 from arrowstream.tokenize.proof import sample_differences
 from arrowstream.tokenize.verdicts import _cached_verdict, _forget_verdict, _store_checked, _store_verdict, documents_vouched
 
@@ -84,6 +85,9 @@ class DocumentSample:
         verdict = _cached_verdict(self._key(), self.cache_dir)
         if self._fast is not None and (verdict is None or (self._tokie is not None and "tokie" not in verdict)):
             run = self._run
+            if run is not None and run.done() and isinstance(run.error, Unconvertible):
+                self._refuse(run.error, forced=False)  # tiktoken's conversion, done by the checks, was refused
+                return 0
             if run is not None and run.done() and run.error is not None:
                 raise run.error
             if self._run is None:  # the reference goes on beside them only where the first batch waits
@@ -102,10 +106,11 @@ class DocumentSample:
 
     def _checks_work(self, stored: dict[str, Any] | None) -> Callable[[], None]:
         """The built-in checks as run beside the stream: compute the verdict, store it unless the stream failed meanwhile."""
-        key, spec, encoding, tokie = self._key(), self._spec, self._fast.encoding, self._tokie
+        key, fast, tokie = self._key(), self._fast, self._tokie
 
         def work() -> None:
-            checked = self._check(spec, encoding, tiktoken_too=stored is None, tokie=tokie)
+            side = fast.convert() if isinstance(fast, _Deferred) else fast  # may raise Unconvertible: see _end_sample
+            checked = self._check(side.spec, side.encoding, tiktoken_too=stored is None, tokie=tokie)
             verdict = {**(stored or {}), **checked}
             with self._checks_lock:  # the stream records a document's mismatch under it
                 if self._fast is None:
@@ -136,7 +141,9 @@ class DocumentSample:
     def _await_checks(self) -> None:
         """:meth:`verify`: wait for the checks running in this process, if any, so they are not run twice."""
         run = self._run
-        if run is not None and run.wait() and run.error is not None:
+        if run is not None and run.wait() and isinstance(run.error, Unconvertible):
+            self._refuse(run.error, forced=False)
+        elif run is not None and run.done() and run.error is not None:
             raise run.error
 
     def _close_sample(self, left: int) -> None:
