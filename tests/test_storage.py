@@ -10,8 +10,10 @@ the requests.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import pickle
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +27,7 @@ from arrowstream import read_parquet, write_manifest
 from arrowstream.cli import main
 from arrowstream.errors import ShardError
 
-from .conftest import write_named_docs
+from .conftest import write_named_docs, write_parts
 from .s3fixtures import FaultProxy, Faults, S3Server, seaweedfs_available
 
 BUCKET = "corpus"
@@ -142,6 +144,38 @@ def test_a_manifest_starts_16_consumers_with_no_listing_and_no_footer_read(
     index = [h for h in heads if "/_arrowstream_index/" in h]
     assert len(index) == 1 and index[0].endswith("/index.json"), index
     assert set(heads) - set(index) <= set(sizes)
+
+
+def test_a_pickled_remote_dataset_sends_its_footers_through_a_local_file_and_asks_the_store_nothing(
+    server: S3Server, proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spawned DataLoader worker's start() waited for the worker's imports while the footers filled the pipe."""
+    monkeypatch.setenv("ARROWSTREAM_CACHE_DIR", str(tmp_path / "cache"))
+    parts = [{"text": [f"doc {f}-{i}" for i in range(300)], "n": list(range(300))} for f in range(3)]
+    write_parts(tmp_path / "many", parts, row_group_size=2)  # 150 row groups a file: footers past 64 KB
+    server.upload(BUCKET, "many", tmp_path / "many")
+    ds = read_parquet(f"{BUCKET}/many", filesystem=_fs(server, proxy))
+    paths = ds.manifest.paths
+    footers = [ds.manifest.footer(p).to_dict() for p in paths]
+    assert sum(len(pickle.dumps(ds.manifest.footer(p))) for p in paths) > 64_000
+    data = pickle.dumps(ds)
+    assert len(data) < 32_000, f"the pickled dataset is {len(data):,} bytes: it carries the footers"
+    assert len(list((tmp_path / "cache" / "footers").glob("*.pickle"))) == 1
+
+    proxy.set(Faults())
+    clone = pickle.loads(data)
+    assert [clone.manifest.footer(p).to_dict() for p in paths] == footers
+    assert proxy.counts()["get"] == 0, "the footers came from the store, not the local file"
+    assert [b.to_pylist() for b in itertools.islice(clone, 5)] == [b.to_pylist() for b in itertools.islice(ds, 5)]
+
+    for kept in (tmp_path / "cache" / "footers").glob("*.pickle"):
+        kept.write_bytes(kept.read_bytes()[:-1] + b"?")  # changed: never unpickled, the store is asked again
+    proxy.set(Faults())
+    assert [pickle.loads(data).manifest.footer(p).to_dict() for p in paths] == footers
+    assert proxy.counts()["get"] >= len(paths)
+
+    monkeypatch.setenv("ARROWSTREAM_CACHE_DIR", "off")  # no local file: the footers travel in the pickle
+    assert len(pickle.dumps(ds)) > 64_000
 
 
 def _touches_end(header: str, size: int) -> bool:

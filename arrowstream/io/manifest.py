@@ -32,6 +32,7 @@ from arrowstream.errors import ConfigError, ShardError
 from arrowstream.io.discover import discover, resolve_filesystem
 from arrowstream.io.forksafe import PerProcess
 from arrowstream.io.footer import FileInfo, entity_tag, read_footer, reread_footer
+from arrowstream.io.footerfile import footer_lock, footers_from, keep_pickled_footers
 from arrowstream.io.schema import check_schemas, normalize_type
 from arrowstream.io.statistics import matching_row_groups
 
@@ -248,20 +249,34 @@ class Manifest:
         return self._parsed(self._by_path[path]).meta
 
     def _parsed(self, index: int) -> FileInfo:
-        """File ``index``'s record with its parsed footer: read again (checked against its digest) where a pickle left it out."""
+        """File ``index``'s record with its parsed footer where a pickle left it out: from the file the pickle names, else read again (checked against its digest)."""
         f = self._files[index]
         if f.meta is None:
-            object.__setattr__(f, "meta", reread_footer(self.filesystem, f))
+            self._load_kept_footers()
+            if f.meta is None:
+                object.__setattr__(f, "meta", reread_footer(self.filesystem, f))
         return f
 
+    def _load_kept_footers(self) -> None:
+        """Take the footers a pickle kept in a local file (:mod:`~arrowstream.io.footerfile`), once; none if it is gone or changed."""
+        with footer_lock():
+            metas = footers_from(self.__dict__.pop("_footer_file", None), len(self._files))
+            for f, meta in zip(self._files, metas):
+                if f.meta is None:
+                    object.__setattr__(f, "meta", meta)
+
     def __getstate__(self) -> dict[str, Any]:
+        # A DataLoader worker started by spawn or forkserver receives this through a pipe, and the
+        # parent's start() waits until the child has read all of it, after its imports, when it
+        # outgrows the pipe's 64 KB buffer: the footers (tens of KB a file) made workers start one
+        # after another. A local footer is read again in a millisecond when first needed; a remote
+        # one (a request) is read from a local file the pickle names, where the cache directory allows.
         state = self.__dict__.copy()
         if isinstance(self._filesystem.get(), pafs.LocalFileSystem):
-            # A DataLoader worker started by spawn or forkserver receives this through a pipe, and the
-            # parent's start() waits until the child has read all of it, after its imports, when it
-            # outgrows the pipe's 64 KB buffer: the footers (tens of KB a file) made workers start one
-            # after another. A local footer is read again in a millisecond when first needed.
             state["_files"] = tuple(f.without_footer() for f in self._files)
+        elif (kept := keep_pickled_footers([f.meta for f in self._files])) is not None:
+            state["_files"] = tuple(f.without_footer() for f in self._files)
+            state["_footer_file"] = kept
         return state
 
     @property

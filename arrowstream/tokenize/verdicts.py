@@ -31,14 +31,9 @@ import tiktoken
 import tokenizers
 
 from arrowstream.errors import EncoderFallbackWarning, warn_user
+from arrowstream.io.cachedir import CACHE_ENV, default_cache_root
 
 __all__ = ["CACHE_ENV", "default_verdict_dir"]
-
-#: The environment variable naming arrowstream's per-user cache directory (``off`` for none).
-CACHE_ENV = "ARROWSTREAM_CACHE_DIR"
-
-#: Values of :data:`CACHE_ENV` that turn the on-disk cache off.
-_OFF = ("", "off", "none", "0", "false", "no")
 
 #: Bump when the probe set or the checks change: cached verdicts then no longer apply.
 _CHECKS_VERSION = 2
@@ -61,12 +56,8 @@ def default_verdict_dir() -> Path | None:
     ...     print(default_verdict_dir())
     None
     """
-    root = os.environ.get(CACHE_ENV)
-    if root is not None:
-        return None if root.strip().lower() in _OFF else Path(root).expanduser() / "encoders"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "arrowstream" / "encoders"
+    root = default_cache_root()
+    return None if root is None else root / "encoders"
 
 
 def _cached_verdict(key: str, cache_dir: Path | None, *, documents: int = 0) -> dict[str, Any] | None:
