@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -66,6 +67,10 @@ def test_empty_files_and_empty_row_groups_are_skipped_and_counted(tmp_path: Path
     assert [s.num_rows for s in m.shards] == [1, 2]
     assert m.num_empty_row_groups == 1
     assert [b.column("text").to_pylist() for b in read_parquet(tmp_path)] == [["x"], ["y", "z"]]
+    assert m.shard_row_group.tolist() == [0, 2] and m.shard_bytes.size == 2
+    clone = pickle.loads(pickle.dumps(m))  # the shard arrays are not pickled: made again, the same
+    for name in ("shard_file", "shard_row_group", "shard_rows", "shard_bytes"):
+        assert getattr(clone, name).tolist() == getattr(m, name).tolist() and getattr(clone, name).dtype == np.int64
 
 
 def test_files_from_pyarrow_and_polars_read_alike(tmp_path: Path) -> None:

@@ -119,18 +119,7 @@ class Manifest:
         self.paths = tuple(f.path for f in self._files)
         self._by_path = {f.path: i for i, f in enumerate(self._files)}
         self.relpaths = tuple(f.relpath for f in self._files)
-        file_idx, rg_idx, rows, nbytes = [], [], [], []
-        for fi, info in enumerate(self._files):
-            for rg, (n, b) in enumerate(zip(info.row_counts, info.row_bytes)):
-                if n > 0:
-                    file_idx.append(fi)
-                    rg_idx.append(rg)
-                    rows.append(n)
-                    nbytes.append(b)
-        self.shard_file = np.asarray(file_idx, dtype=np.int64)
-        self.shard_row_group = np.asarray(rg_idx, dtype=np.int64)
-        self.shard_rows = np.asarray(rows, dtype=np.int64)
-        self.shard_bytes = np.asarray(nbytes, dtype=np.int64)
+        self._index_shards()
         self.fingerprint = _fingerprint(self._files)
         self.contents = _contents(self._files)
         self._identity = {
@@ -140,6 +129,21 @@ class Manifest:
             "num_shards": int(self.shard_rows.size),
             "num_rows": int(self.shard_rows.sum()),
         }
+
+    def _index_shards(self) -> None:
+        """The non-empty row groups' file, row group, rows and bytes, as arrays (made again when unpickled)."""
+        counts = [np.asarray(f.row_counts, dtype=np.int64) for f in self._files]
+        keep = [c > 0 for c in counts]
+        self.shard_file = np.concatenate([np.full(int(k.sum()), i, np.int64) for i, k in enumerate(keep)] or [np.empty(0, np.int64)])
+        self.shard_row_group = np.concatenate([np.flatnonzero(k) for k in keep] or [np.empty(0, np.int64)]).astype(np.int64)
+        self.shard_rows = np.concatenate([c[k] for c, k in zip(counts, keep)] or [np.empty(0, np.int64)])
+        self.shard_bytes = np.concatenate(
+            [np.asarray(f.row_bytes, dtype=np.int64)[k] for f, k in zip(self._files, keep)] or [np.empty(0, np.int64)]
+        )
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._index_shards()
 
     @property
     def num_shards(self) -> int:
@@ -272,6 +276,8 @@ class Manifest:
         # after another. A local footer is read again in a millisecond when first needed; a remote
         # one (a request) is read from a local file the pickle names, where the cache directory allows.
         state = self.__dict__.copy()
+        for name in ("shard_file", "shard_row_group", "shard_rows", "shard_bytes"):  # 32 bytes a row group
+            del state[name]
         if isinstance(self._filesystem.get(), pafs.LocalFileSystem):
             state["_files"] = tuple(f.without_footer() for f in self._files)
         elif (kept := keep_pickled_footers([f.meta for f in self._files])) is not None:
