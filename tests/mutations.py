@@ -1394,6 +1394,22 @@ MUTANTS = [
         ("tests/test_storage.py::test_a_pickled_remote_dataset_sends_its_footers_through_a_local_file_and_asks_the_store_nothing",),
     ),
     Mutant(
+        "shard-arrays-pickled",
+        "a pickled manifest carries its row-group arrays (32 bytes a row group through each spawned worker's pipe)",
+        "arrowstream/io/manifest.py",
+        "            del state[name]\n",
+        "            pass\n",
+        ("tests/test_manifest.py",),
+    ),
+    Mutant(
+        "shard-arrays-not-made-again",
+        "an unpickled manifest has no row-group arrays",
+        "arrowstream/io/manifest.py",
+        "        self.__dict__.update(state)\n        self._index_shards()\n",
+        "        self.__dict__.update(state)\n",
+        ("tests/test_manifest.py",),
+    ),
+    Mutant(
         "kept-file-digest-unchecked",
         "a kept file whose bytes changed is read (a cut .tkz makes tokie's loader panic)",
         "arrowstream/tokenize/compiled.py",

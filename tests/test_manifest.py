@@ -68,7 +68,8 @@ def test_empty_files_and_empty_row_groups_are_skipped_and_counted(tmp_path: Path
     assert m.num_empty_row_groups == 1
     assert [b.column("text").to_pylist() for b in read_parquet(tmp_path)] == [["x"], ["y", "z"]]
     assert m.shard_row_group.tolist() == [0, 2] and m.shard_bytes.size == 2
-    clone = pickle.loads(pickle.dumps(m))  # the shard arrays are not pickled: made again, the same
+    assert not {"shard_file", "shard_row_group", "shard_rows", "shard_bytes"} & set(m.__getstate__())
+    clone = pickle.loads(pickle.dumps(m))  # the shard arrays are not pickled (32 bytes a row group): made again
     for name in ("shard_file", "shard_row_group", "shard_rows", "shard_bytes"):
         assert getattr(clone, name).tolist() == getattr(m, name).tolist() and getattr(clone, name).dtype == np.int64
 
