@@ -147,6 +147,12 @@ def test_storage_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     assert all(c["passed"] for c in results["checks"]) and len(results["checks"]) == 6
 
 
+def test_spawn_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
+    results, _ = _bench(tmp_path, "bench_spawn.py", "--smoke", workdir=False, timeout=300)
+    assert [c["passed"] for c in results["checks"]] == [True, True]
+    assert results["spawn"]["pickle_bytes"] < results["footer_bytes"] and results["spawn"]["first_batch_s"]
+
+
 @pytest.mark.parametrize("encoder", ["tokie", "tiktoken"])
 def test_start_benchmark_smoke_run_passes_its_checks(tmp_path: Path, encoder: str) -> None:
     result, _ = _bench(tmp_path, "bench_start.py", "--smoke", "--encoder", encoder)
