@@ -3,9 +3,11 @@
 Until ``sample_bytes`` of documents have given the reference's ids with the
 backends that would encode them, an encoder returns the reference's ids
 (:meth:`~arrowstream.tokenize.encoders.Encoder.encode`). This mixin holds
-what happens around that: at the sample's end the built-in checks run,
-beside the stream, which meanwhile goes on with the reference's ids
-(:meth:`DocumentSample._end_sample`, :mod:`arrowstream.tokenize.checking`); a passed sample is stored with the
+what happens around that: at the sample's end the built-in checks run in a
+thread of their own, by one process of a machine at a time, while the
+stream waits for them (before its first batch, after a little more through
+the reference: :meth:`DocumentSample._end_sample`,
+:mod:`arrowstream.tokenize.checking`); a passed sample is stored with the
 verdict, saying which backend saw the documents, so later processes skip it
 (:meth:`DocumentSample._remember_sample`); a verdict another process stores
 meanwhile ends it early (:meth:`DocumentSample._proven_elsewhere`); and when
@@ -122,7 +124,7 @@ class DocumentSample:
         return work
 
     def _hold_for_checks(self) -> None:
-        """Before encoding: once :data:`GRACE_BYTES` went through the reference beside the checks, wait for them.
+        """After a call of the sample: once its grace (:data:`GRACE_BYTES` or 0) went through the reference, wait for the checks.
 
         Waits without the encoder's lock, polling: this process's run (which
         stores its verdict), or the verdicts' directory, where another
