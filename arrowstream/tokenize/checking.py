@@ -196,13 +196,6 @@ def _wait_at_exit() -> None:
         run.wait(max(0.0, deadline - time.monotonic()))
 
 
-def _forget_runs() -> None:
-    """Forget this process's runs (tests: as a new process)."""
-    with _lock:
-        _runs.clear()
-        _waiting_since.clear()
-
-
 def lock_path(key: str, cache_dir: Path) -> Path:
     """Where the checks of ``key`` take their lock.
 

@@ -301,7 +301,7 @@ class Encoder(DocumentSample):
             side = self._tiktoken_side()
             if side is None:
                 return False
-            verdict = {**(verdict or {}), **self._check(side.spec, side.encoding, tiktoken_too=verdict is None)}
+            verdict = {**(verdict or {}), **self._check(side.spec, side.encoding, tiktoken_too=verdict is None, tokie=self._tokie)}
             _store_verdict(self._key(), verdict, self.cache_dir)
         self.checked = dict(verdict.get("checked", {}))
         counts = ", ".join(f"{v:,} {k}" for k, v in self.checked.items())
@@ -360,15 +360,15 @@ class Encoder(DocumentSample):
         return self
 
     def _check(
-        self, spec: ByteLevelBPE, encoding: tiktoken.Encoding, *, tiktoken_too: bool = True, tokie: Any = "loaded"
+        self, spec: ByteLevelBPE, encoding: tiktoken.Encoding, *, tiktoken_too: bool, tokie: TokieBackend | None
     ) -> dict[str, Any]:
-        """The built-in checks (:func:`~arrowstream.tokenize.proof.check_backends`) of tiktoken and ``tokie`` (the loaded one)."""
+        """The built-in checks (:func:`~arrowstream.tokenize.proof.check_backends`) of tiktoken and ``tokie``."""
         # The batch encoder is twice as fast, but starts the tokenizer's thread pool: only where the
         # pipeline already started it (checks at the end of the document sample), never before a fork.
         ref = self._reference_checks if self._pool_started else self._reference_serial
         release_freed_memory()  # what the document sample's calls left (core/allocator.py)
         try:
-            return check_backends(spec, encoding, ref, tokie=self._tokie if tokie == "loaded" else tokie, tiktoken_too=tiktoken_too,
+            return check_backends(spec, encoding, ref, tokie=tokie, tiktoken_too=tiktoken_too,
                                   tokie_failed=self._tokie_failed)
         finally:
             release_freed_memory()  # the checks' threads allocate no more
