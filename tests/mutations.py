@@ -1410,6 +1410,14 @@ MUTANTS = [
         ("tests/test_manifest.py",),
     ),
     Mutant(
+        "kept-footers-reused-by-size",
+        "a footers file of the right size is taken as kept whatever its bytes: a damaged one is never written again",
+        "arrowstream/io/footerfile.py",
+        "        if path.is_file() and load_footers(name, where) is not None:",
+        "        if path.is_file() and path.stat().st_size == len(data):",
+        ("tests/test_storage.py::test_a_pickled_remote_dataset_sends_its_footers_through_a_local_file_and_asks_the_store_nothing",),
+    ),
+    Mutant(
         "kept-file-digest-unchecked",
         "a kept file whose bytes changed is read (a cut .tkz makes tokie's loader panic)",
         "arrowstream/tokenize/compiled.py",

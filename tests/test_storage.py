@@ -173,6 +173,10 @@ def test_a_pickled_remote_dataset_sends_its_footers_through_a_local_file_and_ask
     proxy.set(Faults())
     assert [pickle.loads(data).manifest.footer(p).to_dict() for p in paths] == footers
     assert proxy.counts()["get"] >= len(paths)
+    again = pickle.dumps(ds)  # pickled anew: the changed file is written again, whole
+    proxy.set(Faults())
+    assert [pickle.loads(again).manifest.footer(p).to_dict() for p in paths] == footers
+    assert proxy.counts()["get"] == 0
 
     monkeypatch.setenv("ARROWSTREAM_CACHE_DIR", "off")  # no local file: the footers travel in the pickle
     assert len(pickle.dumps(ds)) > 64_000

@@ -60,8 +60,8 @@ def keep_footers(data: bytes, where: Path) -> str | None:
     name = f"{hashlib.sha256(data).hexdigest()}.pickle"
     path = where / name
     try:
-        if path.is_file() and path.stat().st_size == len(data):
-            return name  # kept before (by this dataset's earlier workers, say); checked by its readers
+        if path.is_file() and load_footers(name, where) is not None:
+            return name  # kept before, whole (for this dataset's earlier workers, say)
         where.mkdir(parents=True, exist_ok=True)
         tmp = where / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
         tmp.write_bytes(data)
