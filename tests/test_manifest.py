@@ -68,8 +68,9 @@ def test_empty_files_and_empty_row_groups_are_skipped_and_counted(tmp_path: Path
     assert m.num_empty_row_groups == 1
     assert [b.column("text").to_pylist() for b in read_parquet(tmp_path)] == [["x"], ["y", "z"]]
     assert m.shard_row_group.tolist() == [0, 2] and m.shard_bytes.size == 2
-    assert not {"shard_file", "shard_row_group", "shard_rows", "shard_bytes"} & set(m.__getstate__())
+    assert not {"shard_file", "shard_row_group", "shard_rows", "shard_bytes", "paths", "relpaths"} & set(m.__getstate__())
     clone = pickle.loads(pickle.dumps(m))  # the shard arrays are not pickled (32 bytes a row group): made again
+    assert clone.paths == m.paths and clone.relpaths == m.relpaths and clone.shard(1).path == m.shard(1).path
     for name in ("shard_file", "shard_row_group", "shard_rows", "shard_bytes"):
         assert getattr(clone, name).tolist() == getattr(m, name).tolist() and getattr(clone, name).dtype == np.int64
 
@@ -299,8 +300,11 @@ def many_footers(root: Path) -> list[Path]:
     return write_parts(root, parts, row_group_size=2)
 
 
-def test_a_pickled_local_dataset_leaves_its_footers_out_and_reads_the_same_ones_back(tmp_path: Path) -> None:
+def test_a_pickled_local_dataset_leaves_its_footers_out_and_reads_the_same_ones_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A spawned DataLoader worker's start() waited for the worker's imports while the footers filled the pipe."""
+    monkeypatch.setenv("ARROWSTREAM_CACHE_DIR", "off")  # no local file for the records: they travel in the pickle
     many_footers(tmp_path / "data")
     ds = read_parquet(tmp_path / "data")
     kept = sum(len(pickle.dumps(ds.manifest.footer(p))) for p in ds.manifest.paths)
@@ -313,6 +317,39 @@ def test_a_pickled_local_dataset_leaves_its_footers_out_and_reads_the_same_ones_
     expr = pc.field("n") < 3
     assert pickle.loads(data).matching_shards(expr).tolist() == ds.manifest.matching_shards(expr).tolist()
     assert [b.to_pylist() for b in pickle.loads(pickle.dumps(ds))] == [b.to_pylist() for b in ds]
+
+
+def test_a_pickled_dataset_of_many_row_groups_sends_its_file_records_through_a_local_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows, bytes and column sizes per row group, a few KB a file, filled the pipe to spawned workers too."""
+    monkeypatch.setenv("ARROWSTREAM_CACHE_DIR", str(tmp_path / "cache"))
+    parts = [{"text": [f"doc {f}-{i}" for i in range(1200)], "n": list(range(1200))} for f in range(3)]
+    paths = write_parts(tmp_path / "data", parts, row_group_size=2)  # 600 row groups a file
+    ds = read_parquet(tmp_path / "data")
+    records = pickle.dumps(tuple(f.without_footer() for f in ds.manifest._files), protocol=pickle.HIGHEST_PROTOCOL)
+    assert len(records) > 32_000
+    data = pickle.dumps(ds)
+    assert len(data) < 8_000, f"the pickled dataset is {len(data):,} bytes: it carries the files' records"
+    (kept,) = (tmp_path / "cache" / "footers").glob("*.pickle")
+    assert kept.read_bytes() == records
+
+    def same(clone: Any) -> None:
+        m = clone.manifest
+        assert m.fingerprint == ds.manifest.fingerprint and m.paths == ds.manifest.paths
+        assert [m.file_identity(i) for i in range(3)] == [ds.manifest.file_identity(i) for i in range(3)]
+        assert m.column_bytes(["text"]).tolist() == ds.manifest.column_bytes(["text"]).tolist()
+        assert m.shard_rows.tolist() == ds.manifest.shard_rows.tolist()
+        assert [b.to_pylist() for b in clone] == [b.to_pylist() for b in ds]
+
+    same(pickle.loads(data))
+    kept.write_bytes(kept.read_bytes()[:-1] + b"?")  # changed: never unpickled; the footers are read again
+    same(pickle.loads(data))
+    kept.unlink()
+    same(pickle.loads(data))
+    pq.write_table(pa.table({"text": ["other"] * 1200, "n": list(range(1200))}), paths[1], row_group_size=3)
+    with pytest.raises(ShardError, match=rf"file '{paths[1]}' changed since the dataset was opened: its Parquet footer"):
+        pickle.loads(data)  # made again from the files, each footer checked against its digest
 
 
 def test_a_file_rewritten_after_the_dataset_was_pickled_is_refused_when_its_footer_is_read_again(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@
 ``~/.cache/arrowstream``; ``ARROWSTREAM_CACHE_DIR=off`` (or ``none``, ``0``,
 ``false``, ``no``, empty) turns it off. Its users each take a subdirectory:
 the encoders' verdicts and kept forms (``encoders/``,
-:mod:`arrowstream.tokenize.verdicts`), a pickled remote dataset's footers
+:mod:`arrowstream.tokenize.verdicts`), a pickled dataset's file records
 (``footers/``, :mod:`arrowstream.io.footerfile`).
 
 Examples

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -24,7 +24,7 @@ from arrowstream.io.failures import error_text, refused, retried
 from arrowstream.io.forksafe import fsspec_of
 from arrowstream.io.statistics import FileStatistics
 
-__all__ = ["FileInfo", "entity_tag", "file_info", "read_footer", "reread_footer"]
+__all__ = ["FileInfo", "FilePin", "entity_tag", "file_info", "read_footer", "reread_footer", "reread_info"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +65,10 @@ class FileInfo:
         """This record without its parsed footer (:func:`reread_footer` reads it again, checked by :attr:`footer`)."""
         return replace(self, meta=None, _statistics=[])
 
+    def pin(self) -> FilePin:
+        """What names and pins this file, without what its footer tells (:func:`reread_info` makes the record again)."""
+        return FilePin(self.path, self.relpath, self.size, self.footer, self.mtime_ns, self.etag)
+
     def __getstate__(self) -> list[Any]:
         # without the statistics built on demand: a description pickles to the same bytes before and after use
         return [[] if f.name == "_statistics" else getattr(self, f.name) for f in fields(self)]
@@ -74,7 +78,30 @@ class FileInfo:
             object.__setattr__(self, f.name, value)
 
 
-def reread_footer(fs: pafs.FileSystem, info: FileInfo) -> pq.FileMetaData:
+class FilePin(NamedTuple):
+    """A file's name, size, footer digest and what pins its bytes: a :class:`FileInfo` without what its footer tells."""
+
+    path: str
+    relpath: str
+    size: int
+    footer: str
+    mtime_ns: int | None
+    etag: str | None
+
+
+def reread_info(fs: pafs.FileSystem, pin: FilePin) -> FileInfo:
+    """Make ``pin``'s record again from its file's footer, read again; it must be the one read at discovery.
+
+    Raises
+    ------
+    ShardError
+        As :func:`reread_footer`.
+    """
+    meta = reread_footer(fs, pin)
+    return file_info(pin.path, pin.relpath, pin.size, meta, mtime_ns=pin.mtime_ns, etag=pin.etag)
+
+
+def reread_footer(fs: pafs.FileSystem, info: FileInfo | FilePin) -> pq.FileMetaData:
     """Read the footer of ``info``'s file again, for a description pickled without it; it must be the one read at discovery.
 
     Raises

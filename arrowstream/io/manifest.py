@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 from arrowstream.errors import ConfigError, ShardError
 from arrowstream.io.discover import discover, resolve_filesystem
 from arrowstream.io.forksafe import PerProcess
-from arrowstream.io.footer import FileInfo, entity_tag, read_footer, reread_footer
-from arrowstream.io.footerfile import footer_lock, footers_from, keep_pickled_footers
+from arrowstream.io.footer import FileInfo, FilePin, entity_tag, read_footer, reread_footer, reread_info
+from arrowstream.io.footerfile import keep_pickled, records_from
 from arrowstream.io.schema import check_schemas, normalize_type
 from arrowstream.io.statistics import matching_row_groups
 
@@ -116,10 +116,8 @@ class Manifest:
         self.num_empty_files = num_empty_files
         self.num_empty_row_groups = num_empty_row_groups
         self._files = tuple(files)
-        self.paths = tuple(f.path for f in self._files)
-        self._by_path = {f.path: i for i, f in enumerate(self._files)}
-        self.relpaths = tuple(f.relpath for f in self._files)
-        self._index_shards()
+        self._origin: str | None = None  # the manifest file it was read from, if any
+        self._index_files()
         self.fingerprint = _fingerprint(self._files)
         self.contents = _contents(self._files)
         self._identity = {
@@ -130,8 +128,11 @@ class Manifest:
             "num_rows": int(self.shard_rows.sum()),
         }
 
-    def _index_shards(self) -> None:
-        """The non-empty row groups' file, row group, rows and bytes, as arrays (made again when unpickled)."""
+    def _index_files(self) -> None:
+        """The files' paths, and the non-empty row groups' file, row group, rows and bytes as arrays (made again when unpickled)."""
+        self.paths = tuple(f.path for f in self._files)
+        self._by_path = {f.path: i for i, f in enumerate(self._files)}
+        self.relpaths = tuple(f.relpath for f in self._files)
         counts = [np.asarray(f.row_counts, dtype=np.int64) for f in self._files]
         keep = [c > 0 for c in counts]
         self.shard_file = np.concatenate([np.full(int(k.sum()), i, np.int64) for i, k in enumerate(keep)] or [np.empty(0, np.int64)])
@@ -142,8 +143,26 @@ class Manifest:
         )
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        kept = state.pop("_kept_files", None)
         self.__dict__.update(state)
-        self._index_shards()
+        if kept is not None:  # the records are in a local file; the pickle has the files' pins, or the manifest file
+            self._files = records_from(kept) or self._reread(self._files)
+        self._index_files()
+
+    def _reread(self, pins: tuple[FilePin, ...] | None) -> tuple[FileInfo, ...]:
+        """The files' records made again (the local file is gone or changed): from each file's footer, else the manifest file."""
+        if pins is not None:
+            with ThreadPoolExecutor(max_workers=min(_MAX_FOOTER_THREADS, len(pins))) as pool:
+                return tuple(pool.map(lambda pin: reread_info(self.filesystem, pin), pins))
+        from arrowstream.io.manifest_file import load_manifest_files
+
+        files = tuple(f for f in load_manifest_files(self._origin, self.root, self.filesystem) if any(f.row_counts))
+        if _fingerprint(files) != self.fingerprint or _contents(files) != self.contents:
+            raise ShardError(
+                f"manifest file {self._origin!r} changed since the dataset was opened: it describes other files "
+                "(paths, sizes, row counts or footers); open the dataset again"
+            )
+        return files
 
     @property
     def num_shards(self) -> int:
@@ -253,36 +272,26 @@ class Manifest:
         return self._parsed(self._by_path[path]).meta
 
     def _parsed(self, index: int) -> FileInfo:
-        """File ``index``'s record with its parsed footer where a pickle left it out: from the file the pickle names, else read again (checked against its digest)."""
+        """File ``index``'s record with its parsed footer, read again where a pickle left it out (checked against its digest)."""
         f = self._files[index]
         if f.meta is None:
-            self._load_kept_footers()
-            if f.meta is None:
-                object.__setattr__(f, "meta", reread_footer(self.filesystem, f))
+            object.__setattr__(f, "meta", reread_footer(self.filesystem, f))
         return f
 
-    def _load_kept_footers(self) -> None:
-        """Take the footers a pickle kept in a local file (:mod:`~arrowstream.io.footerfile`), once; none if it is gone or changed."""
-        with footer_lock():
-            metas = footers_from(self.__dict__.pop("_footer_file", None), len(self._files))
-            for f, meta in zip(self._files, metas):
-                if f.meta is None:
-                    object.__setattr__(f, "meta", meta)
-
     def __getstate__(self) -> dict[str, Any]:
-        # A DataLoader worker started by spawn or forkserver receives this through a pipe, and the
-        # parent's start() waits until the child has read all of it, after its imports, when it
-        # outgrows the pipe's 64 KB buffer: the footers (tens of KB a file) made workers start one
-        # after another. A local footer is read again in a millisecond when first needed; a remote
-        # one (a request) is read from a local file the pickle names, where the cache directory allows.
-        state = self.__dict__.copy()
-        for name in ("shard_file", "shard_row_group", "shard_rows", "shard_bytes"):  # 32 bytes a row group
-            del state[name]
+        # A spawned (or forkserver) DataLoader worker gets this through a pipe, and start() waits for
+        # the worker's imports once it passes the pipe's 64 KB (docs/storage.md): a local footer is
+        # read again when needed; records past 32 KB go through a local file (io/footerfile.py).
+        derived = ("paths", "relpaths", "_by_path", "shard_file", "shard_row_group", "shard_rows", "shard_bytes")
+        state = {name: value for name, value in self.__dict__.items() if name not in derived}
+        files = self._files
         if isinstance(self._filesystem.get(), pafs.LocalFileSystem):
-            state["_files"] = tuple(f.without_footer() for f in self._files)
-        elif (kept := keep_pickled_footers([f.meta for f in self._files])) is not None:
-            state["_files"] = tuple(f.without_footer() for f in self._files)
-            state["_footer_file"] = kept
+            files = tuple(f.without_footer() for f in files)
+        kept = keep_pickled(files)
+        if kept is not None:  # with the files' pins to find them again, or none: the manifest file has them
+            files = None if self._origin is not None else tuple(f.pin() for f in files)
+            state["_kept_files"] = kept
+        state["_files"] = files
         return state
 
     @property
@@ -433,7 +442,9 @@ def read_manifest(
                 f"got {source!r}"
             )
         fs, root = resolve_filesystem(sources[0], filesystem)
-        return _build(fs, root.rstrip("/") or "/", load_manifest_files(manifest, root, filesystem), columns)
+        described = _build(fs, root.rstrip("/") or "/", load_manifest_files(manifest, root, filesystem), columns)
+        described._origin = os.fspath(manifest)
+        return described
     fs, root, pairs = discover(sources, filesystem)
     if not pairs:
         raise ShardError(
