@@ -109,6 +109,7 @@ from typing import Any
 
 import numpy as np
 from harness import (
+    EOS_TOKEN,
     Checks,
     corpus_dir,
     ensure_bytecode,
@@ -515,6 +516,17 @@ def measure_resume(shared: dict[str, Any], saved: dict[str, Any], points: tuple[
 # -- main ------------------------------------------------------------------------------
 
 
+def wide_tokenizer(workdir: Path, vocab_size: int) -> tuple[Path, dict[str, Any]]:
+    """The random-word tokenizer of ``vocab_size`` tokens (:mod:`wide_vocab`) and its description, as :func:`tokenizer_file`'s."""
+    from tokenizers import Tokenizer
+    from wide_vocab import wide_tokenizer_file
+
+    path = wide_tokenizer_file(workdir, vocab_size)
+    tok = Tokenizer.from_file(str(path))
+    return path, {"path": str(path), "requested_vocab_size": vocab_size, "vocab_size": tok.get_vocab_size(),
+                  "eos_id": tok.token_to_id(EOS_TOKEN)}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/arrowstream-bench"))
@@ -523,6 +535,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--vocab-size", type=int, default=None, help="[32000; smoke 4096]")
+    p.add_argument("--wide-vocab", type=int, default=0, metavar="N",
+                   help="a byte-level BPE of N tokens trained on random words (wide_vocab.py), as GPT-2's 50k or "
+                        "Llama 3's 128k, instead of the corpus's (which stops near 6,000 merges whatever --vocab-size)")
     p.add_argument("--repeats", type=int, default=None, help="[3; smoke 1]")
     p.add_argument("--strategies", default=None, help="[concat,best_fit,bucket; smoke concat]")
     p.add_argument("--points", default=None, help="resume points [0.1,0.5,0.9; smoke 0.5]")
@@ -562,7 +577,10 @@ def main(argv: list[str] | None = None) -> int:
     facts = machine_facts()
     log("machine: " + json.dumps(facts))
     corpus, cinfo = corpus_dir(args.workdir, args.mb, seed=0, rows_per_group=args.rows_per_group, mb_per_file=64.0)
-    tok_path, tinfo = tokenizer_file(args.workdir, args.vocab_size)
+    if args.wide_vocab:
+        tok_path, tinfo = wide_tokenizer(args.workdir, args.wide_vocab)
+    else:
+        tok_path, tinfo = tokenizer_file(args.workdir, args.vocab_size)
     shared = {"corpus": str(corpus), "tokenizer": str(tok_path), "tiktoken": str(tiktoken_file(args.workdir, tok_path)),
               "seq_len": L, "batch_size": B, "eos_id": tinfo["eos_id"], "vocab_size": tinfo["vocab_size"]}
     configs = contestants(args.strategies, args.peers, args.peer_encoders)
