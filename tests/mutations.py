@@ -1437,6 +1437,22 @@ MUTANTS = [
         ("tests/test_storage.py::test_a_pickled_dataset_read_from_a_manifest_file_names_that_file_instead_of_every_file",),
     ),
     Mutant(
+        "kept-records-never-pruned",
+        "the kept records files of datasets no longer used pile up in the cache directory",
+        "arrowstream/io/footerfile.py",
+        "    _prune(where)\n",
+        "",
+        ("tests/test_manifest.py::test_kept_record_files_unused_for_a_week_are_removed_when_another_is_written",),
+    ),
+    Mutant(
+        "kept-records-pruned-though-reused",
+        "a kept records file a dataset reuses every day is removed a week after it was first written",
+        "arrowstream/io/footerfile.py",
+        "            os.utime(path)  # reused: it stays another KEEP_S\n",
+        "",
+        ("tests/test_manifest.py::test_kept_record_files_unused_for_a_week_are_removed_when_another_is_written",),
+    ),
+    Mutant(
         "kept-file-digest-unchecked",
         "a kept file whose bytes changed is read (a cut .tkz makes tokie's loader panic)",
         "arrowstream/tokenize/compiled.py",

@@ -16,10 +16,11 @@ ETag: about 200 bytes a file).
 Invariants: the file is named by the SHA-256 of its bytes, and a reader
 checks it before unpickling, so it loads exactly the records the parent
 pickled (a file replaced by anyone else's bytes is never unpickled); a file
-missing, cut or changed counts as none (the manifest then reads each footer
-again from the store, checked against the digest taken at discovery, and
-makes the records from them); a directory that cannot be written keeps the
-records in the pickle.
+missing, cut or changed counts as none (the manifest then makes the
+records again from its manifest file or the files' footers, checked against
+what discovery found); a directory that cannot be written keeps the
+records in the pickle; a kept file neither written nor reused for a week
+(:data:`KEEP_S`) is removed when another is written.
 
 Examples
 --------
@@ -39,15 +40,19 @@ import hashlib
 import os
 import pickle
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from arrowstream.io.cachedir import default_cache_root
 
-__all__ = ["INLINE_BYTES", "footer_dir", "keep_footers", "keep_pickled", "load_footers", "records_from"]
+__all__ = ["INLINE_BYTES", "KEEP_S", "footer_dir", "keep_footers", "keep_pickled", "load_footers", "records_from"]
 
 #: Pickled records up to this size travel in the pickle itself (they fit a pipe's buffer with the rest).
 INLINE_BYTES = 32 << 10
+
+#: A kept file neither written nor reused for this long (a week) is removed when another is written.
+KEEP_S = 7 * 24 * 3600
 
 
 def footer_dir() -> Path | None:
@@ -62,6 +67,7 @@ def keep_footers(data: bytes, where: Path) -> str | None:
     path = where / name
     try:
         if path.is_file() and load_footers(name, where) is not None:
+            os.utime(path)  # reused: it stays another KEEP_S
             return name  # kept before, whole (for this dataset's earlier workers, say)
         where.mkdir(parents=True, exist_ok=True)
         tmp = where / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
@@ -69,7 +75,27 @@ def keep_footers(data: bytes, where: Path) -> str | None:
         os.replace(tmp, path)
     except OSError:
         return None
+    _prune(where)
     return name
+
+
+def _prune(where: Path) -> None:
+    """Remove the kept files (and a crashed writer's temporary files) not written or reused for :data:`KEEP_S`.
+
+    A file removed while a process still needed it costs that process time,
+    never correctness: its records are made again from the files.
+    """
+    old = time.time() - KEEP_S
+    try:
+        entries = list(os.scandir(where))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.name.endswith((".pickle", ".tmp")) and entry.stat().st_mtime < old:
+                os.unlink(entry.path)
+        except OSError:
+            pass  # gone already (another process pruned it), or not ours to remove
 
 
 def load_footers(name: str, where: Path) -> bytes | None:
