@@ -91,3 +91,11 @@ def test_the_variants_cover_both_answers() -> None:
     refused = {name for name, make in VARIANTS.items() if _refusal(lambda: check_bytelevel(make())) is not None}
     assert {"nfkc", "dropout", "word level", "prefix space", "lstrip token", "metaspace"} <= refused
     assert {"plain", "empty normalizer sequence", "split then byte level", "decoder only"}.isdisjoint(refused)
+
+
+def test_a_token_made_by_two_merges_is_refused_naming_them() -> None:
+    from .test_encoders import hand_made
+
+    twice = hand_made([("a", "b"), ("b", "c"), ("ab", "c"), ("a", "bc")], ignore_merges=False)
+    with pytest.raises(Unconvertible, match=r"token 'abc' is made by two merges \(\('ab', 'c'\) and \('a', 'bc'\)\)"):
+        to_bytelevel_bpe(twice)

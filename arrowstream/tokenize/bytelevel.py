@@ -28,17 +28,16 @@ Anything the conversion cannot reproduce exactly is refused with
 pre-tokenizer other than the two shapes above, ``add_prefix_space``, added
 tokens with ``lstrip``/``rstrip``/``single_word`` or that are prefixes of one
 another, a token made by two merges, missing byte symbols. Refusing is cheap;
-equivalence of what is accepted is then *tested* by :mod:`arrowstream.tokenize.encoders`
-before tiktoken is trusted.
-
-Pure functions of the JSON (and, for the merge-path check, the tokenizer's own
-BPE model); the result is immutable and safe to share between threads.
+what is accepted is then *tested* (:mod:`arrowstream.tokenize.encoders`). Pure
+functions of the JSON (and, for the merge-path check, the tokenizer's own BPE
+model); the result is immutable and safe to share between threads.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,6 +207,7 @@ def to_bytelevel_bpe(tokenizer: Tokenizer, *, add_special_tokens: bool = True) -
     """
     model, pattern, matched, prefix, suffix = _settings(tokenizer, add_special_tokens)
     table, dropped = _rank_table(model, tokenizer)
+    del model  # the parsed JSON (tens of MB at 128k tokens) goes before the ranks are made
     ids = np.array([tid for _, tid, _ in table], dtype=np.int64)
     if np.all(np.diff(ids[256:]) > 0):  # ids follow merge order: tiktoken can return them as they are
         ranks = {tb: tid for tb, tid, _ in table}
@@ -443,33 +443,30 @@ def _post_tokens(post: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     )
 
 
-def _merges(model: dict[str, Any]) -> list[tuple[str, str]]:
-    out = []
+def _merges(model: dict[str, Any]) -> Iterator[tuple[str, str]]:
     for merge in model.get("merges") or []:
         a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
-        out.append((a, b))
-    return out
+        yield a, b
+
+
+def _made_twice(model: dict[str, Any], product: str) -> Unconvertible:
+    """Why ``product`` is refused: two merges make it (found again, on this path only; `tokenizers` keeps no merge twice)."""
+    first, second = [(a, b) for a, b in _merges(model) if a + b == product][:2]
+    why = f"token {product!r} is made by two merges ({first!r} and {second!r}); tiktoken gives each token one rank"
+    return Unconvertible(why, byte_level=True)
 
 
 def _rank_table(model: dict[str, Any], tokenizer: Tokenizer) -> tuple[list[tuple[bytes, int, str]], int]:
     """Return ``(bytes, id, symbols)`` per token in rank order (bytes 0-255, then merges), and the count dropped."""
     vocab: dict[str, int] = model["vocab"]
     table = [(bytes([b]), vocab[sym], sym) for b, sym in byte_symbols().items()]
-    made: dict[str, tuple[str, str]] = {}
-    pairs: set[tuple[str, str]] = set()
+    made: set[str] = set()  # the products only (a 128k vocabulary's pairs cost tens of MB): see _made_twice
     merged = []
     for a, b in _merges(model):
         product = a + b
-        if (a, b) in pairs:
-            raise Unconvertible(f"the merge {a!r} + {b!r} is listed twice", byte_level=True)
         if product in made:
-            raise Unconvertible(
-                f"token {product!r} is made by two merges ({made[product]!r} and {(a, b)!r}); "
-                "tiktoken gives each token one rank",
-                byte_level=True,
-            )
-        pairs.add((a, b))
-        made[product] = (a, b)
+            raise _made_twice(model, product)
+        made.add(product)
         raw = _to_bytes(product)
         if raw is None or product not in vocab:
             raise Unconvertible(f"the merge {a!r} + {b!r} does not make a byte-level token", byte_level=True)
