@@ -355,6 +355,25 @@ def test_a_pickled_dataset_of_many_row_groups_sends_its_file_records_through_a_l
         pickle.loads(data)  # made again from the files, each footer checked against its digest
 
 
+def test_a_pickled_dataset_of_many_files_carries_their_pins_compressed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each file's pin (path, size, footer digest, mtime) is what the pickle grows by: compressed, some 55 bytes."""
+    monkeypatch.setenv("ARROWSTREAM_CACHE_DIR", str(tmp_path / "cache"))
+    deep = tmp_path / "a-corpus-with-a-long-name" / "split=train" / "language=en"
+    write_parts(deep, [{"text": [f"doc {f}"], "n": [f]} for f in range(400)])
+    ds = read_parquet(tmp_path / "a-corpus-with-a-long-name")
+    pins = pickle.dumps(tuple(f.pin() for f in ds.manifest._files), protocol=pickle.HIGHEST_PROTOCOL)
+    assert len(pins) > 400 * 150
+    data = pickle.dumps(ds)
+    assert len(data) < 400 * 90, f"{len(data):,} bytes pickled for 400 files"
+    for kept in (tmp_path / "cache" / "footers").glob("*.pickle"):
+        kept.unlink()  # the records are made again from the pins
+    clone = pickle.loads(data)
+    assert [clone.manifest.file_identity(i) for i in range(400)] == [ds.manifest.file_identity(i) for i in range(400)]
+    assert [b.to_pylist() for b in clone] == [b.to_pylist() for b in ds]
+
+
 def test_kept_record_files_unused_for_a_week_are_removed_when_another_is_written(tmp_path: Path) -> None:
     where = tmp_path / "footers"
     stale, fresh, reused = (keep_footers(data, where) for data in (b"stale", b"fresh", b"reused"))

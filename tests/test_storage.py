@@ -185,7 +185,7 @@ def test_a_pickled_remote_dataset_sends_its_footers_through_a_local_file_and_ask
 def test_a_pickled_dataset_read_from_a_manifest_file_names_that_file_instead_of_every_file(
     server: S3Server, proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The files' pins grow with the files (200 bytes each); a manifest file already describes them all."""
+    """The files' pins grow with the files (35-55 bytes each); a manifest file already describes them all."""
     monkeypatch.setenv("ARROWSTREAM_CACHE_DIR", str(tmp_path / "cache"))
     parts = [{"text": [f"doc {f}-{i}" for i in range(300)], "n": list(range(300))} for f in range(3)]
     write_parts(tmp_path / "many", parts, row_group_size=2)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
+import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -149,9 +151,10 @@ class Manifest:
             self._files = records_from(kept) or self._reread(self._files)
         self._index_files()
 
-    def _reread(self, pins: tuple[FilePin, ...] | None) -> tuple[FileInfo, ...]:
+    def _reread(self, packed: bytes | None) -> tuple[FileInfo, ...]:
         """The files' records made again (the local file is gone or changed): from each file's footer, else the manifest file."""
-        if pins is not None:
+        if packed is not None:
+            pins: tuple[FilePin, ...] = pickle.loads(zlib.decompress(packed))  # from this pickle's own state
             with ThreadPoolExecutor(max_workers=min(_MAX_FOOTER_THREADS, len(pins))) as pool:
                 return tuple(pool.map(lambda pin: reread_info(self.filesystem, pin), pins))
         from arrowstream.io.manifest_file import load_manifest_files
@@ -279,17 +282,17 @@ class Manifest:
         return f
 
     def __getstate__(self) -> dict[str, Any]:
-        # A spawned (or forkserver) DataLoader worker gets this through a pipe, and start() waits for
-        # the worker's imports once it passes the pipe's 64 KB (docs/storage.md): a local footer is
-        # read again when needed; records past 32 KB go through a local file (io/footerfile.py).
+        # Small, for spawned DataLoader workers (docs/storage.md): a local footer is read again when
+        # needed; records past 32 KB go through a local file (io/footerfile.py).
         derived = ("paths", "relpaths", "_by_path", "shard_file", "shard_row_group", "shard_rows", "shard_bytes")
         state = {name: value for name, value in self.__dict__.items() if name not in derived}
         files = self._files
         if isinstance(self._filesystem.get(), pafs.LocalFileSystem):
             files = tuple(f.without_footer() for f in files)
         kept = keep_pickled(files)
-        if kept is not None:  # with the files' pins to find them again, or none: the manifest file has them
-            files = None if self._origin is not None else tuple(f.pin() for f in files)
+        if kept is not None:  # with the files' pins (compressed: some 55 bytes a file), or none: the manifest file has them
+            pins = pickle.dumps(tuple(f.pin() for f in files), protocol=pickle.HIGHEST_PROTOCOL)
+            files = None if self._origin is not None else zlib.compress(pins)
             state["_kept_files"] = kept
         state["_files"] = files
         return state
