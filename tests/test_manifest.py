@@ -19,7 +19,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from arrowstream import ConfigError, SchemaError, ShardError, read_manifest, read_parquet
-from arrowstream.io.footerfile import KEEP_S, keep_footers, load_footers
+from arrowstream.io.footerfile import KEEP_S, keep_bytes, load_bytes
 from arrowstream.io.manifest import normalize_type
 
 from .conftest import write_parts
@@ -376,16 +376,16 @@ def test_a_pickled_dataset_of_many_files_carries_their_pins_compressed(
 
 def test_kept_record_files_unused_for_a_week_are_removed_when_another_is_written(tmp_path: Path) -> None:
     where = tmp_path / "footers"
-    stale, fresh, reused = (keep_footers(data, where) for data in (b"stale", b"fresh", b"reused"))
+    stale, fresh, reused = (keep_bytes(data, where) for data in (b"stale", b"fresh", b"reused"))
     week_ago = time.time() - KEEP_S - 60
     (where / ".crashed-writer.tmp").write_bytes(b"half")
     for name in (stale, reused, ".crashed-writer.tmp"):
         os.utime(where / name, (week_ago, week_ago))
-    assert keep_footers(b"reused", where) == reused  # reused: it stays another week
+    assert keep_bytes(b"reused", where) == reused  # reused: it stays another week
     assert sorted(p.name for p in where.iterdir()) == sorted([stale, fresh, reused, ".crashed-writer.tmp"])
-    new = keep_footers(b"new", where)  # written: the files of a week ago go
+    new = keep_bytes(b"new", where)  # written: the files of a week ago go
     assert sorted(p.name for p in where.iterdir()) == sorted([fresh, reused, new])
-    assert load_footers(reused, where) == b"reused" and load_footers(fresh, where) == b"fresh"
+    assert load_bytes(reused, where) == b"reused" and load_bytes(fresh, where) == b"fresh"
 
 
 def test_a_file_rewritten_after_the_dataset_was_pickled_is_refused_when_its_footer_is_read_again(tmp_path: Path) -> None:

@@ -27,10 +27,10 @@ Examples
 >>> import tempfile
 >>> from pathlib import Path
 >>> where = Path(tempfile.mkdtemp())
->>> name = keep_footers(b"the pickled records", where)
->>> load_footers(name, where)
+>>> name = keep_bytes(b"the pickled records", where)
+>>> load_bytes(name, where)
 b'the pickled records'
->>> (where / name).write_bytes(b"other bytes") and load_footers(name, where) is None
+>>> (where / name).write_bytes(b"other bytes") and load_bytes(name, where) is None
 True
 """
 
@@ -46,7 +46,7 @@ from typing import Any
 
 from arrowstream.io.cachedir import default_cache_root
 
-__all__ = ["INLINE_BYTES", "KEEP_S", "footer_dir", "keep_footers", "keep_pickled", "load_footers", "records_from"]
+__all__ = ["INLINE_BYTES", "KEEP_S", "keep_bytes", "keep_pickled", "load_bytes", "records_dir", "records_from"]
 
 #: Pickled records up to this size travel in the pickle itself (they fit a pipe's buffer with the rest).
 INLINE_BYTES = 32 << 10
@@ -55,18 +55,18 @@ INLINE_BYTES = 32 << 10
 KEEP_S = 7 * 24 * 3600
 
 
-def footer_dir() -> Path | None:
+def records_dir() -> Path | None:
     """Where pickled records are kept: ``footers/`` under the cache directory (``None`` when it is off)."""
     root = default_cache_root()
     return None if root is None else root / "footers"
 
 
-def keep_footers(data: bytes, where: Path) -> str | None:
+def keep_bytes(data: bytes, where: Path) -> str | None:
     """Write ``data`` (pickled records) to ``where`` under its SHA-256; return the file's name, ``None`` if it cannot be."""
     name = f"{hashlib.sha256(data).hexdigest()}.pickle"
     path = where / name
     try:
-        if path.is_file() and load_footers(name, where) is not None:
+        if path.is_file() and load_bytes(name, where) is not None:
             os.utime(path)  # reused: it stays another KEEP_S
             return name  # kept before, whole (for this dataset's earlier workers, say)
         where.mkdir(parents=True, exist_ok=True)
@@ -98,7 +98,7 @@ def _prune(where: Path) -> None:
             pass  # gone already (another process pruned it), or not ours to remove
 
 
-def load_footers(name: str, where: Path) -> bytes | None:
+def load_bytes(name: str, where: Path) -> bytes | None:
     """Return the bytes kept as ``name`` in ``where`` if their SHA-256 is in the name, else ``None``."""
     try:
         data = (where / name).read_bytes()
@@ -114,18 +114,18 @@ def keep_pickled(records: tuple[Any, ...]) -> tuple[str, str] | None:
     ``None``: the records travel in the pickle (they are few, or there is no
     writable cache directory).
     """
-    where = footer_dir()
+    where = records_dir()
     if where is None:
         return None
     data = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
     if len(data) <= INLINE_BYTES:
         return None
-    name = keep_footers(data, where)
+    name = keep_bytes(data, where)
     return None if name is None else (name, str(where))
 
 
 def records_from(kept: tuple[str, str]) -> tuple[Any, ...] | None:
     """The records :func:`keep_pickled` kept as ``kept``; ``None`` if the file is gone or not those bytes."""
-    data = load_footers(kept[0], Path(kept[1]))
+    data = load_bytes(kept[0], Path(kept[1]))
     records = None if data is None else pickle.loads(data)  # its SHA-256 is the one the pickle named
     return records if isinstance(records, tuple) else None
