@@ -90,6 +90,9 @@ def test_peers_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
         assert len(checked) == 2 and all(c["passed"] for c in checked), checked
     assert {v["peer"] for v in result["versus"]} >= peers
     assert {"torchdata StatefulDataLoader + datasets state_dict", "grain set_state"} <= set(result["resume"]["50%"])
+    # memory: the largest peak over the rounds decides; the median round's is shown beside it (one round here)
+    assert all(e["working_mb_median"] == e["working_mb"] for e in result["versus"])
+    assert "above idle MB, median round" in markdown
     assert "| grain, tiktoken, workers=2 |" in markdown and "| grain set_state |" in markdown
 
 
