@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
-from tokenizers import Tokenizer, models
+from tokenizers import Tokenizer, models, normalizers
 
 from arrowstream import read_parquet
-from arrowstream.errors import ConfigError
+from arrowstream.errors import ConfigError, EncoderFallbackWarning
 from arrowstream.testing import assert_resumes_identically
 from arrowstream.testing.data import make_texts, sample_tokenizer
 from arrowstream.tokenize import Tokenize, source
@@ -265,15 +267,62 @@ def test_real_processes_read_the_tokenizer_file_only_in_the_first(tmp_path: Path
     script = (
         "import json, sys\n"
         "from arrowstream import read_parquet\n"
-        "from arrowstream.tokenize import Tokenize\n"
+        "from arrowstream.tokenize import Tokenize, source\n"
         "from arrowstream.tokenize.encoders import Encoder\n"
+        "parses, parse = [], source._parse\n"
+        "source._parse = lambda *a, **k: parses.append(1) or parse(*a, **k)\n"
         "enc = Encoder(sys.argv[1], sample_bytes=2000)  # a sample the data completes: the first process proves the encoder\n"
         "ds = read_parquet(sys.argv[2]).tokenize(enc).pack(seq_len=64, batch_size=4)\n"
         "rows = [b['input_ids'].tolist() for b in ds]\n"
         "stage = next(s for s in ds.stages if isinstance(s, Tokenize))\n"
-        "print(json.dumps({'loaded': stage.source.loaded, 'backend': stage.backend, 'rows': rows}))\n"
+        "print(json.dumps({'parses': len(parses), 'loaded': stage.source.loaded, 'backend': stage.backend, 'rows': rows}))\n"
     )
     runs = run_processes(script, [path, tmp_path / "data"], cache=tmp_path / "cache", times=3)
-    assert [r["loaded"] for r in runs] == [True, False, False]
+    assert [r["parses"] for r in runs] == [1, 0, 0]
+    assert [r["loaded"] for r in runs] == [False, False, False]  # the first let it go once the encoder was proven
     assert runs[1]["backend"] in ("tokie", "tiktoken")
     assert runs[0]["rows"] == runs[1]["rows"] == runs[2]["rows"]
+
+
+def test_encoders_sharing_a_file_let_it_go_once_the_last_is_proven(tmp_path: Path, parses: list[str]) -> None:
+    tok = sample_tokenizer(300)
+    tok.add_special_tokens(["<|let-go|>"])  # its own hash: no other test proved it
+    path = saved(tok, tmp_path / "tok")
+    cache = tmp_path / "cache"
+    first, second = (Encoder(str(path), sample_bytes=2000, cache_dir=cache) for _ in range(2))
+    plain = Encoder(str(path), backend="tokenizers", cache_dir=cache)
+    assert first.source is second.source is plain.source and first.source.loaded
+    texts = make_texts(40, seed=8)
+    expected = plain.encode(texts)
+    assert first._sample_left and second._sample_left
+    for enc in (first, second):
+        got = enc.encode(texts)  # past its sample: proven
+        assert not enc._sample_left and enc.backend in ("tokie", "tiktoken")
+        assert all(np.array_equal(a, b) for a, b in zip(got, expected))
+        assert first.source.loaded  # the `tokenizers` encoder still holds it
+    del plain
+    gc.collect()
+    third = Encoder(str(path), sample_bytes=2000, cache_dir=cache)  # proven at once: no live holder is left
+    assert not third.source.loaded
+    assert all(np.array_equal(a, b) for a, b in zip(third.encode(texts), expected))
+    assert parses == [str(path)]
+    assert third.source.get().token_to_id("<|let-go|>") is not None and len(parses) == 2  # loaded again when asked
+
+
+def test_an_encoder_on_its_own_lets_the_file_go_when_proven_and_keeps_it_when_it_falls_back(
+    tmp_path: Path, parses: list[str]
+) -> None:
+    tok = sample_tokenizer(300)
+    tok.add_special_tokens(["<|let-go-alone|>"])
+    enc = Encoder(str(saved(tok, tmp_path / "tok")), sample_bytes=2000, cache_dir=tmp_path / "cache")
+    assert enc.source.loaded
+    enc.encode(make_texts(40, seed=9))
+    assert not enc._sample_left and not enc.source.loaded
+    tok.normalizer = normalizers.Lowercase()  # not convertible: `tokenizers` encodes, and keeps it
+    fallback = saved(tok, tmp_path / "tok2")
+    with pytest.warns(EncoderFallbackWarning):
+        kept = Encoder(str(fallback), sample_bytes=2000, cache_dir=tmp_path / "cache")
+    kept.encode(make_texts(40, seed=9))
+    kept.encode(make_texts(40, seed=10))
+    assert kept.backend == "tokenizers" and kept.source.loaded
+    assert parses.count(str(fallback)) == 1  # never unloaded, so never parsed again

@@ -68,6 +68,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from arrowstream.core.allocator import release_freed_memory
 from arrowstream.tokenize.bytelevel import ByteLevelBPE, to_bytelevel_bpe
 from arrowstream.tokenize.source import TokenizerSource, as_tokenizer
 
@@ -159,11 +160,18 @@ def load_bytelevel(
             except (ValueError, KeyError, TypeError, OSError):
                 _discard(path)
     spec = to_bytelevel_bpe(as_tokenizer(tokenizer), add_special_tokens=add_special_tokens)
+    data, fields = _bytelevel_to(spec)
+    back = _bytelevel_from(data, fields)
+    if not _same(back, spec):
+        return spec
     if path is not None:
-        data, fields = _bytelevel_to(spec)
-        if _same(_bytelevel_from(data, fields), spec):
-            _write_kept(path, key, data, fields)
-    return spec
+        _write_kept(path, key, data, fields)
+    # The conversion's objects sit among its garbage (a parsed JSON, merge tables) and keep those
+    # arenas resident: use the spec read back from its compact form instead, 25 MB fewer at 128k
+    # tokens (docs/encoders.md, the first process's memory).
+    del spec
+    release_freed_memory(anytime=True)
+    return back
 
 
 # -- tokie ---------------------------------------------------------------------------------

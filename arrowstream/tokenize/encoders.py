@@ -76,8 +76,7 @@ from arrowstream.tokenize.sampling import SAMPLE_DOC_CHARS, DocumentSample, _war
 from arrowstream.tokenize.tokie_backend import ROUTED_TEXTS, TokieBackend, tokie_version
 from arrowstream.tokenize.source import TokenizerSource
 from arrowstream.tokenize.tokenizer import load_tokenizer, tokenizer_hash
-from arrowstream.tokenize.verdicts import _CHECKS_VERSION, _cached_verdict, _store_verdict
-from arrowstream.tokenize.verdicts import default_verdict_dir, documents_vouched
+from arrowstream.tokenize.verdicts import _CHECKS_VERSION, _cached_verdict, _store_verdict, default_verdict_dir, documents_vouched
 
 __all__ = ["BACKENDS", "REFERENCE_CALL_BYTES", "SAMPLE_DOC_CHARS", "Encoder", "load_tokenizer", "probe_texts", "reference_calls", "tokenizer_hash"]
 
@@ -184,6 +183,7 @@ class Encoder(DocumentSample):
         self._reason = "backend='tokenizers' was asked for"
         if backend != "tokenizers":
             self._choose(forced=backend in ("tiktoken", "tokie"))
+        self._hold_reference()
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -363,8 +363,7 @@ class Encoder(DocumentSample):
         self, spec: ByteLevelBPE, encoding: tiktoken.Encoding, *, tiktoken_too: bool, tokie: TokieBackend | None
     ) -> dict[str, Any]:
         """The built-in checks (:func:`~arrowstream.tokenize.proof.check_backends`) of tiktoken and ``tokie``."""
-        # The batch encoder is twice as fast, but starts the tokenizer's thread pool: only where the
-        # pipeline already started it (checks at the end of the document sample), never before a fork.
+        # The batch encoder (twice as fast) starts the tokenizer's thread pool: only where the stream did.
         ref = self._reference_checks if self._pool_started else self._reference_serial
         release_freed_memory()  # what the document sample's calls left (core/allocator.py)
         try:
@@ -498,3 +497,4 @@ class Encoder(DocumentSample):
             self._fast = _Deferred(self._key(), self.source, self.add_special_tokens, self.cache_dir)
         # tokie must be importable where a process that used it is unpickled
         self._tokie = self._load_tokie(self._key()) if self._tokie else None
+        self._hold_reference()

@@ -31,6 +31,7 @@ from arrowstream.tokenize.checking import ChecksRun, checks_beside
 from arrowstream.tokenize.bytelevel import Unconvertible
 from arrowstream.tokenize.fast import _Deferred, _flatten
 from arrowstream.tokenize.proof import sample_differences
+from arrowstream.tokenize.source import TokenizerSource
 from arrowstream.tokenize.verdicts import _cached_verdict, _forget_verdict, _store_checked, _store_verdict, documents_vouched
 
 __all__ = ["GRACE_BYTES", "SAMPLE_DOC_CHARS", "DocumentSample"]
@@ -72,6 +73,7 @@ class DocumentSample:
     _fast: Any
     _spec: Any
     _tokie: Any
+    source: TokenizerSource
 
     def _end_sample(self) -> int:
         """At the sample's end: settle by the stored verdict, or have the built-in checks run; return the bytes left.
@@ -154,6 +156,22 @@ class DocumentSample:
             self._remember_sample()
         if self._alive():
             self._sample_left = left
+        self._let_go_if_proven()
+
+    def _hold_reference(self) -> None:
+        """Hold the tokenizer's source while this encoder may use the reference (:meth:`~arrowstream.tokenize.source.TokenizerSource.let_go`)."""
+        self.source.hold(self)
+        self._let_go_if_proven()
+
+    def _let_go_if_proven(self) -> None:
+        """Once tokie or tiktoken is proven (no sample left, no checks pending), let go of the tokenizer's source.
+
+        The first process of a tokenizer loads it to prove them; the stream
+        then never uses it, unless a text is routed to it (loaded again then).
+        An encoder left with ``tokenizers`` holds it for good.
+        """
+        if self._alive() and not self._pending and not self._sample_left:
+            self.source.let_go(self)
 
     def _restart_sample(self) -> None:
         """tokie is dropped: tiktoken, which saw only the texts tokie routed, needs a document sample of its own."""
@@ -181,6 +199,7 @@ class DocumentSample:
                 return False  # fell back, or tokie dropped and tiktoken not shown on those documents
             self._sample_left, self._earlier = 0, True
             self._sampled = int(verdict.get("documents", 0))
+            self._let_go_if_proven()
             return True
 
     def _remember_sample(self) -> None:
