@@ -1510,6 +1510,23 @@ MUTANTS = [
         ("tests/test_source.py::test_an_encoder_on_its_own_lets_the_file_go_when_proven_and_keeps_it_when_it_falls_back",),
     ),
     Mutant(
+        "pins-pickled-for-a-process-here",
+        "a dataset pickled for a spawned worker carries every file's pin: past a thousand files the workers start one by one",
+        "arrowstream/io/footerfile.py",
+        "    return spawning is not None and spawning() is not None\n",
+        "    return False\n",
+        ("tests/test_manifest.py::test_a_dataset_pickled_to_start_a_process_here_names_its_records_file_and_no_file",
+         "tests/test_manifest.py::test_a_spawned_dataloader_worker_gets_the_dataset_by_its_records_file"),
+    ),
+    Mutant(
+        "records-gone-unexplained",
+        "a process started here whose records file is gone fails somewhere else, without saying which file or what to do",
+        "arrowstream/io/manifest.py",
+        "        if self._origin is None:  # pickled to start a process on this machine, which found the file gone\n",
+        "        if False:\n",
+        ("tests/test_manifest.py::test_a_dataset_pickled_to_start_a_process_here_names_its_records_file_and_no_file",),
+    ),
+    Mutant(
         "kept-file-digest-unchecked",
         "a kept file whose bytes changed is read (a cut .tkz makes tokie's loader panic)",
         "arrowstream/tokenize/compiled.py",

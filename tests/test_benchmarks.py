@@ -154,6 +154,7 @@ def test_spawn_benchmark_smoke_run_passes_its_checks(tmp_path: Path) -> None:
     results, _ = _bench(tmp_path, "bench_spawn.py", "--smoke", workdir=False, timeout=300)
     assert [c["passed"] for c in results["checks"]] == [True, True]
     assert results["spawn"]["pickle_bytes"] < results["footer_bytes"] and results["spawn"]["first_batch_s"]
+    assert results["spawn"]["pickle_bytes"] < results["pickle_bytes_elsewhere"]  # a worker here gets no pins
 
 
 @pytest.mark.parametrize("encoder", ["tokie", "tiktoken"])

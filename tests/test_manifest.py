@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.context
 import os
 import pickle
 import time
@@ -373,6 +374,56 @@ def test_a_pickled_dataset_of_many_files_carries_their_pins_compressed(
     assert [clone.manifest.file_identity(i) for i in range(400)] == [ds.manifest.file_identity(i) for i in range(400)]
     assert [b.to_pylist() for b in clone] == [b.to_pylist() for b in ds]
 
+
+
+def test_a_dataset_pickled_to_start_a_process_here_names_its_records_file_and_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spawned workers of a dataset of a few thousand files started one after another again: the pins filled the pipe."""
+    monkeypatch.setenv("ARROWSTREAM_CACHE_DIR", str(tmp_path / "cache"))
+    write_parts(tmp_path / "data", [{"text": [f"doc {f}"], "n": [f]} for f in range(400)])
+    ds = read_parquet(tmp_path / "data")
+    elsewhere = pickle.dumps(ds)  # might be read anywhere: with the pins
+    multiprocessing.context.set_spawning_popen(object())  # as while `Process.start()` pickles a new process's arguments
+    try:
+        here = pickle.dumps(ds)
+    finally:
+        multiprocessing.context.set_spawning_popen(None)
+    assert len(here) < 6_000 < 400 * 30 < len(elsewhere), (len(here), len(elsewhere))
+    assert b"doc" not in here and b"part-00399" not in here
+    clone = pickle.loads(here)
+    assert clone.manifest.fingerprint == ds.manifest.fingerprint
+    assert [b.to_pylist() for b in clone] == [b.to_pylist() for b in ds]
+    (kept,) = (tmp_path / "cache" / "footers").glob("*.pickle")
+    kept.unlink()
+    with pytest.raises(ShardError, match=r"records of the dataset's 400 files, kept for this process in .*\.pickle.* gone"):
+        pickle.loads(here)
+    assert [b.to_pylist() for b in pickle.loads(elsewhere)] == [b.to_pylist() for b in ds]  # the pins make them again
+
+
+def test_a_spawned_dataloader_worker_gets_the_dataset_by_its_records_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.utils.data import DataLoader
+
+    from arrowstream.io import manifest as manifest_module
+
+    monkeypatch.setenv("ARROWSTREAM_CACHE_DIR", str(tmp_path / "cache"))
+    write_parts(tmp_path / "data", [{"ids": [[f, i] for i in range(1200)]} for f in range(3)], row_group_size=2)
+    ds = read_parquet(tmp_path / "data").tokenize(None, column="ids", eos_id=0).pack(seq_len=64, batch_size=4)
+    sent = []
+    real = manifest_module.Manifest.__getstate__
+
+    def spied(self: Any) -> dict[str, Any]:
+        state = real(self)
+        sent.append((state["_files"] is None, "_kept_files" in state))
+        return state
+
+    monkeypatch.setattr(manifest_module.Manifest, "__getstate__", spied)
+    loader = DataLoader(ds.to_torch(), batch_size=None, num_workers=1, multiprocessing_context="spawn")
+    got = [b["input_ids"].tolist() for b in loader]
+    assert sent == [(True, True)]  # the records file alone: no pins
+    assert got == [b["input_ids"].tolist() for b in ds.to_torch()]
 
 def test_kept_record_files_unused_for_a_week_are_removed_when_another_is_written(tmp_path: Path) -> None:
     where = tmp_path / "footers"

@@ -11,14 +11,16 @@ all of it once it outgrows the pipe's 64 KB: with a few KB of records a file
 that pickle past :data:`INLINE_BYTES` go to a file under the cache directory
 (``footers/<sha256>.pickle``, :mod:`arrowstream.io.cachedir`) and the pickle
 carries only its name and each file's pin (path, size, footer digest, mtime or
-ETag, compressed: some 35-55 bytes a file).
+ETag, compressed: some 35-55 bytes a file), or, pickled to start a process on
+this machine (:func:`for_a_process_here`), only its name.
 
 Invariants: the file is named by the SHA-256 of its bytes, and a reader
 checks it before unpickling, so it loads exactly the records the parent
 pickled (a file replaced by anyone else's bytes is never unpickled); a file
 missing, cut or changed counts as none (the manifest then makes the
 records again from its manifest file or the files' footers, checked against
-what discovery found); a directory that cannot be written keeps the
+what discovery found; a process started here with the name alone stops with
+:func:`records_gone`); a directory that cannot be written keeps the
 records in the pickle; a kept file neither written nor reused for a week
 (:data:`KEEP_S`) is removed when another is written.
 
@@ -37,6 +39,7 @@ True
 from __future__ import annotations
 
 import hashlib
+import multiprocessing.context
 import os
 import pickle
 import threading
@@ -44,9 +47,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arrowstream.io.cachedir import default_cache_root
+from arrowstream.errors import ShardError
+from arrowstream.io.cachedir import CACHE_ENV, default_cache_root
 
-__all__ = ["INLINE_BYTES", "KEEP_S", "keep_bytes", "keep_pickled", "load_bytes", "records_dir", "records_from"]
+__all__ = [
+    "INLINE_BYTES", "KEEP_S", "for_a_process_here", "keep_bytes", "keep_pickled", "load_bytes", "records_dir", "records_from",
+    "records_gone",
+]
 
 #: Pickled records up to this size travel in the pickle itself (they fit a pipe's buffer with the rest).
 INLINE_BYTES = 32 << 10
@@ -122,6 +129,34 @@ def keep_pickled(records: tuple[Any, ...]) -> tuple[str, str] | None:
         return None
     name = keep_bytes(data, where)
     return None if name is None else (name, str(where))
+
+
+def for_a_process_here() -> bool:
+    """Whether this pickle starts a process on this machine (``spawn`` or ``forkserver``: a DataLoader worker).
+
+    ``multiprocessing`` pickles a new process's arguments while it knows that
+    process (``get_spawning_popen``); the process reads the kept file
+    moments later, from the same disk, so the pickle needs no other way to
+    the records. Any other pickle may be read on another machine, or a week
+    later: it carries the files' pins too.
+
+    Examples
+    --------
+    >>> for_a_process_here()
+    False
+    """
+    spawning = getattr(multiprocessing.context, "get_spawning_popen", None)
+    return spawning is not None and spawning() is not None
+
+
+def records_gone(kept: tuple[str, str], num_files: int) -> ShardError:
+    """The error of a process started here that found the records it was sent for gone or changed."""
+    return ShardError(
+        f"the records of the dataset's {num_files:,} files, kept for this process in "
+        f"{os.path.join(kept[1], kept[0])!r} by the one that started it, are gone or changed: the pickle "
+        "that started this process names that file instead of every file. Keep the cache directory "
+        f"({CACHE_ENV}) while the processes it starts run, or read the dataset from a manifest file (`manifest=`)"
+    )
 
 
 def records_from(kept: tuple[str, str]) -> tuple[Any, ...] | None:

@@ -34,7 +34,7 @@ from arrowstream.errors import ConfigError, ShardError
 from arrowstream.io.discover import discover, resolve_filesystem
 from arrowstream.io.forksafe import PerProcess
 from arrowstream.io.footer import FileInfo, FilePin, entity_tag, read_footer, reread_footer, reread_info
-from arrowstream.io.footerfile import keep_pickled, records_from
+from arrowstream.io.footerfile import for_a_process_here, keep_pickled, records_from, records_gone
 from arrowstream.io.schema import check_schemas, normalize_type
 from arrowstream.io.statistics import matching_row_groups
 
@@ -147,16 +147,18 @@ class Manifest:
     def __setstate__(self, state: dict[str, Any]) -> None:
         kept = state.pop("_kept_files", None)
         self.__dict__.update(state)
-        if kept is not None:  # the records are in a local file; the pickle has the files' pins, or the manifest file
-            self._files = records_from(kept) or self._reread(self._files)
+        if kept is not None:  # the records are in a local file; the pickle has the files' pins, the manifest file or none
+            self._files = records_from(kept) or self._reread(self._files, kept)
         self._index_files()
 
-    def _reread(self, packed: bytes | None) -> tuple[FileInfo, ...]:
+    def _reread(self, packed: bytes | None, kept: tuple[str, str]) -> tuple[FileInfo, ...]:
         """The files' records made again (the local file is gone or changed): from each file's footer, else the manifest file."""
         if packed is not None:
             pins: tuple[FilePin, ...] = pickle.loads(zlib.decompress(packed))  # from this pickle's own state
             with ThreadPoolExecutor(max_workers=min(_MAX_FOOTER_THREADS, len(pins))) as pool:
                 return tuple(pool.map(lambda pin: reread_info(self.filesystem, pin), pins))
+        if self._origin is None:  # pickled to start a process on this machine, which found the file gone
+            raise records_gone(kept, self._identity["num_files"])
         from arrowstream.io.manifest_file import load_manifest_files
 
         files = tuple(f for f in load_manifest_files(self._origin, self.root, self.filesystem) if any(f.row_counts))
@@ -290,9 +292,9 @@ class Manifest:
         if isinstance(self._filesystem.get(), pafs.LocalFileSystem):
             files = tuple(f.without_footer() for f in files)
         kept = keep_pickled(files)
-        if kept is not None:  # with the files' pins (compressed: some 55 bytes a file), or none: the manifest file has them
-            pins = pickle.dumps(tuple(f.pin() for f in files), protocol=pickle.HIGHEST_PROTOCOL)
-            files = None if self._origin is not None else zlib.compress(pins)
+        if kept is not None:  # the files' pins (compressed, 35-55 bytes a file) unless the manifest file or a process here reads them
+            pins = None if self._origin is not None or for_a_process_here() else tuple(f.pin() for f in files)
+            files = None if pins is None else zlib.compress(pickle.dumps(pins, protocol=pickle.HIGHEST_PROTOCOL))
             state["_kept_files"] = kept
         state["_files"] = files
         return state
@@ -382,10 +384,7 @@ class Manifest:
         )
 
     def __repr__(self) -> str:
-        return (
-            f"Manifest(root={self.root!r}, num_files={self.num_files}, "
-            f"num_shards={self.num_shards}, num_rows={self.num_rows})"
-        )
+        return f"Manifest(root={self.root!r}, num_files={self.num_files}, num_shards={self.num_shards}, num_rows={self.num_rows})"
 
 
 def read_manifest(
