@@ -267,13 +267,12 @@ class TokenizerSource:
 
         Examples
         --------
-        >>> import tempfile
-        >>> from pathlib import Path
+        >>> import os, tempfile
         >>> from arrowstream.testing.data import sample_tokenizer
-        >>> where = Path(tempfile.mkdtemp())
-        >>> sample_tokenizer(300).save(str(where / "tokenizer.json"))
+        >>> path = os.path.join(tempfile.mkdtemp(), "tokenizer.json")
+        >>> sample_tokenizer(300).save(path)
         >>> class User: ...                         # holders are weakly referenced
-        >>> source, a, b = TokenizerSource.of(where / "tokenizer.json", None), User(), User()
+        >>> source, a, b = TokenizerSource.of(path, None), User(), User()
         >>> source.hold(a); source.hold(b)
         >>> source.let_go(a), source.loaded      # b still holds it
         (False, True)
