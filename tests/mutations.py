@@ -1527,6 +1527,14 @@ MUTANTS = [
         ("tests/test_manifest.py::test_a_dataset_pickled_to_start_a_process_here_names_its_records_file_and_no_file",),
     ),
     Mutant(
+        "conversion-on-top-of-freed-memory",
+        "a conversion's transient objects come on top of what the stream freed and malloc kept (tokie's first process, 55 MB more)",
+        "arrowstream/tokenize/compiled.py",
+        "    release_freed_memory(anytime=True)  # what the stream freed first: the conversion's transients would come on top\n",
+        "",
+        ("tests/test_compiled.py::test_a_fresh_conversion_is_used_as_read_back_from_its_compact_form",),
+    ),
+    Mutant(
         "kept-file-digest-unchecked",
         "a kept file whose bytes changed is read (a cut .tkz makes tokie's loader panic)",
         "arrowstream/tokenize/compiled.py",

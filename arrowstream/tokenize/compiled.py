@@ -159,6 +159,7 @@ def load_bytelevel(
                 return _bytelevel_from(*kept)
             except (ValueError, KeyError, TypeError, OSError):
                 _discard(path)
+    release_freed_memory(anytime=True)  # what the stream freed first: the conversion's transients would come on top
     spec = to_bytelevel_bpe(as_tokenizer(tokenizer), add_special_tokens=add_special_tokens)
     data, fields = _bytelevel_to(spec)
     back = _bytelevel_from(data, fields)
