@@ -34,7 +34,6 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
-from multiprocessing.context import get_spawning_popen  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,6 +53,7 @@ from arrowstream.core.workergc import freeze_inherited
 from arrowstream.distributed.topology import WHOLE_RUN_COUNTERS
 from arrowstream.errors import ConfigError, StateError
 from arrowstream.handover import AUTO, ByValue, by_value_limit, check_sharing, handed, one_storage, state_tag, use_sharing
+from arrowstream.io.forksafe import for_a_process_here
 from arrowstream.io.prefetch import AHEAD_MOST, Prefetcher, close_all, depth_for
 from arrowstream.single_process import single_process_batches
 from arrowstream.state import STATE_FORMAT, STATE_VERSION
@@ -187,7 +187,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        if get_spawning_popen() is None:  # pickled, not sent to a worker: the flag stays here
+        if not for_a_process_here():  # pickled, not sent to a worker: the flag stays here
             state["_worker_ran"] = None
         return state
 

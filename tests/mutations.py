@@ -1512,7 +1512,7 @@ MUTANTS = [
     Mutant(
         "pins-pickled-for-a-process-here",
         "a dataset pickled for a spawned worker carries every file's pin: past a thousand files the workers start one by one",
-        "arrowstream/io/footerfile.py",
+        "arrowstream/io/forksafe.py",
         "    return spawning is not None and spawning() is not None\n",
         "    return False\n",
         ("tests/test_manifest.py::test_a_dataset_pickled_to_start_a_process_here_names_its_records_file_and_no_file",

@@ -12,7 +12,7 @@ that pickle past :data:`INLINE_BYTES` go to a file under the cache directory
 (``footers/<sha256>.pickle``, :mod:`arrowstream.io.cachedir`) and the pickle
 carries only its name and each file's pin (path, size, footer digest, mtime or
 ETag, compressed: some 35-55 bytes a file), or, pickled to start a process on
-this machine (:func:`for_a_process_here`), only its name.
+this machine (:func:`~arrowstream.io.forksafe.for_a_process_here`), only its name.
 
 Invariants: the file is named by the SHA-256 of its bytes, and a reader
 checks it before unpickling, so it loads exactly the records the parent
@@ -39,7 +39,6 @@ True
 from __future__ import annotations
 
 import hashlib
-import multiprocessing.context
 import os
 import pickle
 import threading
@@ -50,10 +49,7 @@ from typing import Any
 from arrowstream.errors import ShardError
 from arrowstream.io.cachedir import CACHE_ENV, default_cache_root
 
-__all__ = [
-    "INLINE_BYTES", "KEEP_S", "for_a_process_here", "keep_bytes", "keep_pickled", "load_bytes", "records_dir", "records_from",
-    "records_gone",
-]
+__all__ = ["INLINE_BYTES", "KEEP_S", "keep_bytes", "keep_pickled", "load_bytes", "records_dir", "records_from", "records_gone"]
 
 #: Pickled records up to this size travel in the pickle itself (they fit a pipe's buffer with the rest).
 INLINE_BYTES = 32 << 10
@@ -129,24 +125,6 @@ def keep_pickled(records: tuple[Any, ...]) -> tuple[str, str] | None:
         return None
     name = keep_bytes(data, where)
     return None if name is None else (name, str(where))
-
-
-def for_a_process_here() -> bool:
-    """Whether this pickle starts a process on this machine (``spawn`` or ``forkserver``: a DataLoader worker).
-
-    ``multiprocessing`` pickles a new process's arguments while it knows that
-    process (``get_spawning_popen``); the process reads the kept file
-    moments later, from the same disk, so the pickle needs no other way to
-    the records. Any other pickle may be read on another machine, or a week
-    later: it carries the files' pins too.
-
-    Examples
-    --------
-    >>> for_a_process_here()
-    False
-    """
-    spawning = getattr(multiprocessing.context, "get_spawning_popen", None)
-    return spawning is not None and spawning() is not None
 
 
 def records_gone(kept: tuple[str, str], num_files: int) -> ShardError:

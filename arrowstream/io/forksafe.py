@@ -12,17 +12,21 @@ same options, once: an fsspec one from its arguments (``storage_args``,
 ``storage_options``; attributes set on the object afterwards are not carried
 over), a pyarrow one by pickling it (its options, not its connections). A
 local filesystem holds no connection and is handed out as it is.
+
+:func:`for_a_process_here` tells whether a pickle being made starts a
+process on this machine.
 """
 
 from __future__ import annotations
 
+import multiprocessing.context
 import os
 import pickle
 from typing import Any
 
 import pyarrow.fs as pafs
 
-__all__ = ["PerProcess"]
+__all__ = ["PerProcess", "for_a_process_here"]
 
 
 class PerProcess:
@@ -66,3 +70,22 @@ def _remade(fs: pafs.FileSystem) -> pafs.FileSystem:
         return pickle.loads(pickle.dumps(fs))  # noqa: S301 - our own object, in this process
     except Exception:  # noqa: BLE001 - a filesystem pyarrow cannot pickle: used as it is, as before
         return fs
+
+
+def for_a_process_here() -> bool:
+    """Whether this pickle starts a process on this machine (``spawn`` or ``forkserver``: a DataLoader worker).
+
+    ``multiprocessing`` pickles a new process's arguments while it knows that
+    process (``get_spawning_popen``). Such a pickle is read moments later on
+    the same machine: a pickled dataset then names its local records file
+    alone (:mod:`arrowstream.io.footerfile`), and the PyTorch adapter sends
+    its shared flag along. Any other pickle may be read on another machine,
+    or a week later.
+
+    Examples
+    --------
+    >>> for_a_process_here()
+    False
+    """
+    spawning = getattr(multiprocessing.context, "get_spawning_popen", None)
+    return spawning is not None and spawning() is not None

@@ -32,9 +32,9 @@ import pyarrow.parquet as pq
 
 from arrowstream.errors import ConfigError, ShardError
 from arrowstream.io.discover import discover, resolve_filesystem
-from arrowstream.io.forksafe import PerProcess
+from arrowstream.io.forksafe import PerProcess, for_a_process_here
 from arrowstream.io.footer import FileInfo, FilePin, entity_tag, read_footer, reread_footer, reread_info
-from arrowstream.io.footerfile import for_a_process_here, keep_pickled, records_from, records_gone
+from arrowstream.io.footerfile import keep_pickled, records_from, records_gone
 from arrowstream.io.schema import check_schemas, normalize_type
 from arrowstream.io.statistics import matching_row_groups
 
