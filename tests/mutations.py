@@ -1172,7 +1172,7 @@ MUTANTS = [
     Mutant(
         "tokie-proven-never-kept",
         "a proven tokenizer's binary form is never kept: every process builds tokie from the JSON",
-        "arrowstream/tokenize/encoders.py",
+        "arrowstream/tokenize/sampling.py",
         "            self._tokie.keep()\n",
         "            pass\n",
         ("tests/test_compiled.py",),
@@ -1533,6 +1533,22 @@ MUTANTS = [
         "    release_freed_memory(anytime=True)  # what the stream freed first: the conversion's transients would come on top\n",
         "",
         ("tests/test_compiled.py::test_a_fresh_conversion_is_used_as_read_back_from_its_compact_form",),
+    ),
+    Mutant(
+        "tokie-kept-beside-the-reference",
+        "tokie's form is kept as soon as it is proven, while the reference is loaded: three encoders together (40 MB more at 128k)",
+        "arrowstream/tokenize/encoders.py",
+        "            self._keep_owed = True\n",
+        "            self._tokie.keep()\n",
+        ("tests/test_compiled.py::test_the_first_process_keeps_tokie_only_once_it_let_go_of_the_reference",),
+    ),
+    Mutant(
+        "tokie-check-copy-not-handed-back",
+        "the tokie copy loaded back to check the kept form is freed among the stream's blocks and stays resident",
+        "arrowstream/tokenize/compiled.py",
+        "    release_freed_memory(anytime=True)  # the copy loaded back to check it: tens of MB at 128k tokens\n",
+        "",
+        ("tests/test_compiled.py::test_keeping_hands_back_the_copy_it_loaded_back_to_check",),
     ),
     Mutant(
         "kept-file-digest-unchecked",

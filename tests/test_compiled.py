@@ -115,6 +115,39 @@ def test_a_file_that_loads_back_with_other_ids_is_not_kept(tmp_path: Path, monke
     assert list(tmp_path.iterdir()) == [], "a file whose round trip changed the ids was kept"
 
 
+def test_keeping_hands_back_the_copy_it_loaded_back_to_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[object] = []
+    real = compiled._keep_tokie
+    monkeypatch.setattr(compiled, "_keep_tokie", lambda *a: events.append("keep") or real(*a))
+    monkeypatch.setattr(compiled, "release_freed_memory", lambda **k: events.append(k) or True)
+    built = compiled.load_tokie(fresh_tokenizer("keep-hands-back"), "k6", tmp_path)
+    compiled.keep_tokie(built, "k6", tmp_path)
+    # the copy is tens of MB at 128k tokens, freed among the stream's blocks: handed back at once, iterator or not
+    assert events == ["keep", {"anytime": True}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k6.tkz", "k6.tkz.meta"]
+
+
+@pytest.mark.parametrize("verify_first", [False, True])
+def test_the_first_process_keeps_tokie_only_once_it_let_go_of_the_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verify_first: bool
+) -> None:
+    # the reference, tokie and the copy that keeping loads back, together, were tokie's first process's peak
+    path = tmp_path / "tok.json"
+    fresh_tokenizer(f"keep-after-let-go-{verify_first}").save(str(path))
+    loaded_then: list[bool] = []
+    real = tokie_backend.TokieBackend.keep
+    monkeypatch.setattr(tokie_backend.TokieBackend, "keep", lambda self: loaded_then.append(enc.source.loaded) or real(self))
+    enc = Encoder(str(path), sample_bytes=2000, cache_dir=tmp_path / "cache")
+    if verify_first:
+        enc.verify()  # proven before the sample ends: the reference still encodes the sample, keeping waits
+        assert enc.backend == "tokie" and enc._sample_left and enc.source.loaded
+    assert loaded_then == []
+    enc.encode(make_texts(40, seed=11))
+    assert not enc._sample_left and enc.backend == "tokie"
+    assert loaded_then == [False], "tokie was kept while the reference was loaded, or never"
+    assert len(list((tmp_path / "cache").glob("*.tkz"))) == 1
+
+
 def test_a_directory_that_cannot_be_made_costs_time_not_an_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("a file where the directory would go")

@@ -126,7 +126,7 @@ def keep_tokie(built: Any, key: str, cache_dir: Path | None) -> None:
     It is kept only if, saved and loaded back, it encodes every probe text
     as ``built`` does. Costs about 0.15 s (the probes encoded twice, the
     probe set made if no check made it yet); once per key and directory in
-    a process.
+    a process. The copy loaded back is handed back to the kernel after.
     """
     if cache_dir is None:
         return
@@ -136,6 +136,7 @@ def keep_tokie(built: Any, key: str, cache_dir: Path | None) -> None:
             return
         _kept_here.add((key, binary))
     _keep_tokie(built, binary, key)
+    release_freed_memory(anytime=True)  # the copy loaded back to check it: tens of MB at 128k tokens
 
 
 def load_bytelevel(

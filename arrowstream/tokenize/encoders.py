@@ -173,12 +173,12 @@ class Encoder(DocumentSample):
         self._run: ChecksRun | None = None  # the built-in checks running beside the stream
         self._beside_bytes = self._grace = 0  # text the reference encoded beside the running checks, and may
         self._unstored = ""  # why the checks' verdict could not be written to disk, warned by the stream
-        self._sample_left = 0
-        self._sampled = 0
+        self._sample_left = self._sampled = 0
         self._pending = False  # built-in checks deferred to the end of the document sample
         self._earlier = False  # the document sample was done by an earlier process
         self._sampled_by = "tiktoken"  # "tokie": tiktoken saw only the sample's texts tokie routed to it
         self._pool_started = False  # this process used the tokenizer's batch encoder (its thread pool runs)
+        self._keep_owed = False  # tokie proven here: its binary form is to be kept (sampling.py, _let_go_if_proven)
         self.checked: dict[str, int] = {}
         self._reason = "backend='tokenizers' was asked for"
         if backend != "tokenizers":
@@ -313,8 +313,8 @@ class Encoder(DocumentSample):
             refused = f"; tokie not used, it gave other ids on {tokie_ok['reason']}"
             if self.requested == "tokie":
                 raise ConfigError(f"`backend='tokie'` cannot be used: {tokie_ok['reason']}; use `backend='auto'`")
-        elif self._tokie is not None:  # proven: later processes load its binary form (tokenize/compiled.py)
-            self._tokie.keep()
+        elif self._tokie is not None:  # proven: kept for later processes once the reference is let go
+            self._keep_owed = True
         if not verdict["ok"]:
             # `_sample_left` stays as it is: a thread that read `_fast` before this line
             # must still see the sample unfinished, and return the reference's ids.

@@ -70,6 +70,7 @@ class DocumentSample:
     _sampled_by: str
     _earlier: bool
     _pending: bool
+    _keep_owed: bool
     _fast: Any
     _spec: Any
     _tokie: Any
@@ -172,6 +173,11 @@ class DocumentSample:
         """
         if self._alive() and not self._pending and not self._sample_left:
             self.source.let_go(self)
+        if self._keep_owed and self._tokie is not None and not self._pending and not self._sample_left:
+            # Only now, the reference unloaded: keeping loads tokie's form back to check it, and
+            # the reference, tokie and its copy together made the first process's peak.
+            self._keep_owed = False
+            self._tokie.keep()
 
     def _restart_sample(self) -> None:
         """tokie is dropped: tiktoken, which saw only the texts tokie routed, needs a document sample of its own."""

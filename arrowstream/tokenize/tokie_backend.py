@@ -212,7 +212,9 @@ class TokieBackend:
     def keep(self) -> None:
         """Keep tokie's binary form of the tokenizer in ``cache_dir`` for later processes, unless this process loaded it from there.
 
-        Called once the tokenizer's verdict proves tokie, so no file is written for a tokenizer tokie fails.
+        Called once the tokenizer's verdict proves tokie, so no file is written for a tokenizer tokie fails,
+        and once the encoder has let go of the reference (the first process's peak was the reference,
+        tokie and the copy that keeping loads back, together).
         """
         keep_tokie(self.tokenizer, self.key, self.cache_dir)
 
