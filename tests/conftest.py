@@ -219,8 +219,8 @@ def encoded_by(monkeypatch: pytest.MonkeyPatch) -> EncodedBy:
     return counts
 
 
-def forked_while_held(module: Any, target: Callable[..., None], *args: Any) -> Any:
-    """Fork a child running ``target(*args, pipe)`` while this process holds ``module._lock``; return what it sends.
+def forked_while_held(module: Any, target: Callable[..., None], *args: Any, lock: str = "_lock") -> Any:
+    """Fork a child running ``target(*args, pipe)`` while this process holds ``module``'s ``lock``; return what it sends.
 
     As a DataLoader worker forked while another thread of the trainer held the lock: the child
     must not wait for it. A child that does not answer within a minute is killed (not left for the
@@ -230,7 +230,7 @@ def forked_while_held(module: Any, target: Callable[..., None], *args: Any) -> A
 
     ctx = multiprocessing.get_context("fork")
     here, there = ctx.Pipe()
-    with module._lock:
+    with getattr(module, lock):
         proc = ctx.Process(target=target, args=(*args, there), daemon=True)
         proc.start()
         answered = False

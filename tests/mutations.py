@@ -1551,6 +1551,22 @@ MUTANTS = [
         ("tests/test_compiled.py::test_keeping_hands_back_the_copy_it_loaded_back_to_check",),
     ),
     Mutant(
+        "verdict-writes-unordered",
+        "the checks' thread's verdict file lands after the stream's, which added the sample's size: every later process samples again",
+        "arrowstream/tokenize/verdicts.py",
+        "    with _store_lock:\n",
+        "    if True:\n",
+        ("tests/test_warm_start.py::test_a_process_writes_its_verdicts_to_disk_in_the_order_it_took_them",),
+    ),
+    Mutant(
+        "verdict-locks-inherited-held",
+        "a DataLoader worker forked while the trainer's checks thread stored a verdict waits forever on the lock",
+        "arrowstream/tokenize/verdicts.py",
+        "os.register_at_fork(after_in_child=_fresh_locks_after_fork)\n",
+        "",
+        ("tests/test_warm_start.py::test_a_process_forked_while_a_verdict_is_stored_stores_without_waiting",),
+    ),
+    Mutant(
         "kept-file-digest-unchecked",
         "a kept file whose bytes changed is read (a cut .tkz makes tokie's loader panic)",
         "arrowstream/tokenize/compiled.py",

@@ -16,7 +16,8 @@ verdict, so that tokenizer keeps the reference backend from then on.
 Invariants: a file is written to a temporary name then renamed, so readers
 never see half a verdict; a file that is missing, unreadable or for another
 key counts as no verdict; a cache that cannot be written warns and costs time,
-never correctness. Thread safety: the in-process store holds a lock.
+never correctness. Thread safety: the in-process store holds a lock, and a
+process writes its verdicts to disk one at a time, in the order it took them.
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ _CHECKS_VERSION = 2
 
 _lock = threading.Lock()
 _verdicts: dict[str, dict[str, Any]] = {}
+#: Held while a verdict is stored, in the process then on disk, so the file takes the process's
+#: verdicts in the order the process took them: the checks' thread, still writing its verdict, could
+#: otherwise put it back over the one the stream had made of it with the sample's size, and every
+#: later process sampled again.
+_store_lock = threading.Lock()
+
+
+def _fresh_locks_after_fork() -> None:
+    """A child forked while another thread held a lock (a DataLoader worker) starts with free ones."""
+    global _lock, _store_lock
+    _lock, _store_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_locks_after_fork)
 
 
 def default_verdict_dir() -> Path | None:
@@ -93,23 +108,27 @@ def _store_verdict(key: str, verdict: dict[str, Any], cache_dir: Path | None, *,
         **verdict,
         "versions": {"tiktoken": tiktoken.__version__, "tokenizers": tokenizers.__version__, "checks": _CHECKS_VERSION},
     }
-    with _lock:
-        _verdicts[key] = verdict
-    if cache_dir is None:
-        return ""
+    with _store_lock:
+        with _lock:
+            _verdicts[key] = verdict
+        message = "" if cache_dir is None else _write(key, verdict, cache_dir)
+    if message and warn:
+        warn_user(message, EncoderFallbackWarning)
+    return message
+
+
+def _write(key: str, verdict: dict[str, Any], cache_dir: Path) -> str:
+    """Write ``verdict`` to ``cache_dir`` under a temporary name, then rename it; return why it could not be, if not."""
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cache_dir / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
         tmp.write_text(json.dumps(verdict, indent=1), encoding="utf-8")
         os.replace(tmp, cache_dir / f"{key}.json")
     except OSError as exc:  # a cache that cannot be written costs time, not correctness
-        message = (
+        return (
             f"cannot write the encoder check cache in {str(cache_dir)!r}: {exc}; the checks run "
             "again next time: pass a writable `cache_dir` or None"
         )
-        if warn:
-            warn_user(message, EncoderFallbackWarning)
-        return message
     return ""
 
 
