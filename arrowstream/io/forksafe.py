@@ -14,7 +14,8 @@ over), a pyarrow one by pickling it (its options, not its connections). A
 local filesystem holds no connection and is handed out as it is.
 
 :func:`for_a_process_here` tells whether a pickle being made starts a
-process on this machine.
+process on this machine. :func:`new_locks_in_forked_children` gives a
+module's locks back free in every forked child.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from __future__ import annotations
 import multiprocessing.context
 import os
 import pickle
+import threading
 from typing import Any
 
 import pyarrow.fs as pafs
 
-__all__ = ["PerProcess", "for_a_process_here"]
+__all__ = ["PerProcess", "for_a_process_here", "new_locks_in_forked_children"]
 
 
 class PerProcess:
@@ -89,3 +91,24 @@ def for_a_process_here() -> bool:
     """
     spawning = getattr(multiprocessing.context, "get_spawning_popen", None)
     return spawning is not None and spawning() is not None
+
+
+def new_locks_in_forked_children(namespace: dict[str, Any], *names: str) -> None:
+    """Make the globals ``names`` of a module (its ``globals()``, ``namespace``) new, free locks in every child forked from now on.
+
+    A child forked while another thread held one (a DataLoader worker forked
+    while a thread of the trainer stores a verdict or loads a tokenizer)
+    would wait forever for a release no thread of its own will make.
+
+    Examples
+    --------
+    >>> import threading
+    >>> space = {"_lock": threading.Lock()}
+    >>> new_locks_in_forked_children(space, "_lock")   # a fork now leaves the child's lock free
+    """
+
+    def fresh() -> None:
+        for name in names:
+            namespace[name] = threading.Lock()
+
+    os.register_at_fork(after_in_child=fresh)

@@ -61,6 +61,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from arrowstream.io.forksafe import new_locks_in_forked_children
+
 __all__ = ["EXIT_WAIT_S", "WAIT_S", "ChecksRun", "checks_beside", "lock_path"]
 
 #: Longest a process keeps the reference's ids while another process holds the checks' lock;
@@ -127,12 +129,7 @@ _waiting_since: dict[str, tuple[int, float]] = {}  # key: (pid, when this proces
 _exit_hook = False
 
 
-def _fresh_lock_after_fork() -> None:
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_lock_after_fork)
+new_locks_in_forked_children(globals(), "_lock")
 
 
 def checks_beside(key: str, cache_dir: Path | None, work: Callable[[], object]) -> ChecksRun:

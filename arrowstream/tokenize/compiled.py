@@ -69,6 +69,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from arrowstream.core.allocator import release_freed_memory
+from arrowstream.io.forksafe import new_locks_in_forked_children
 from arrowstream.tokenize.bytelevel import ByteLevelBPE, to_bytelevel_bpe
 from arrowstream.tokenize.source import TokenizerSource, as_tokenizer
 
@@ -87,13 +88,7 @@ _lock = threading.Lock()
 _kept_here: set[tuple[str, Path]] = set()
 
 
-def _fresh_lock_after_fork() -> None:
-    """A child forked while another thread held the lock (a DataLoader worker) starts with a free one."""
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_lock_after_fork)
+new_locks_in_forked_children(globals(), "_lock")
 
 
 def load_tokie(tokenizer: Tokenizer | TokenizerSource, key: str, cache_dir: Path | None) -> Any:

@@ -77,6 +77,7 @@ from tokenizers import Tokenizer
 
 from arrowstream.core.allocator import release_freed_memory
 from arrowstream.errors import ConfigError
+from arrowstream.io.forksafe import new_locks_in_forked_children
 from arrowstream.tokenize.tokenizer import (
     _EOS_NAMES,
     _load_tokenizer,
@@ -98,13 +99,7 @@ _sources: OrderedDict[tuple[str, int, int], TokenizerSource] = OrderedDict()
 _MAX_SOURCES = 8
 
 
-def _fresh_lock_after_fork() -> None:
-    """A child forked while another thread held the lock (a DataLoader worker) starts with a free one."""
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_lock_after_fork)
+new_locks_in_forked_children(globals(), "_lock")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -33,6 +33,7 @@ import tokenizers
 
 from arrowstream.errors import EncoderFallbackWarning, warn_user
 from arrowstream.io.cachedir import CACHE_ENV, default_cache_root
+from arrowstream.io.forksafe import new_locks_in_forked_children
 
 __all__ = ["CACHE_ENV", "default_verdict_dir"]
 
@@ -46,15 +47,7 @@ _verdicts: dict[str, dict[str, Any]] = {}
 #: otherwise put it back over the one the stream had made of it with the sample's size, and every
 #: later process sampled again.
 _store_lock = threading.Lock()
-
-
-def _fresh_locks_after_fork() -> None:
-    """A child forked while another thread held a lock (a DataLoader worker) starts with free ones."""
-    global _lock, _store_lock
-    _lock, _store_lock = threading.Lock(), threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_locks_after_fork)
+new_locks_in_forked_children(globals(), "_lock", "_store_lock")
 
 
 def default_verdict_dir() -> Path | None:
