@@ -45,6 +45,14 @@ alternated, three rounds), ``malloc`` against mimalloc: peak PSS 335-340
 against 372-373 MB with tokie, 301-303 against 330-331 with tiktoken, the
 same tokens/s; the token-cache pipeline streamed 64-68 against 64-67 M
 tokens/s and peaked at 402-415 against 437-440 MB of RSS.
+
+Tried and not kept: fewer arenas (``M_ARENA_MAX``, one per CPU instead of
+glibc's eight per core, set with the others). Each arena keeps its pad, and
+``malloc_trim`` does not hand back a thread arena's free top, so a later
+process with tokie peaked 115-118 against 136-140 MB above idle at 128k
+tokens (40 MB corpus) and 71-74 against 81-88 at 32k (85 MB corpus), but
+streamed 2-3 % fewer tokens/s at 32k (medians of 4 alternated rounds,
+2026-11-30): throughput comes first here.
 """
 
 from __future__ import annotations
