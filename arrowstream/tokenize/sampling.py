@@ -171,9 +171,11 @@ class DocumentSample:
         then never uses it, unless a text is routed to it (loaded again then).
         An encoder left with ``tokenizers`` holds it for good.
         """
-        if self._alive() and not self._pending and not self._sample_left:
+        if self._pending or self._sample_left:
+            return  # still proving: the reference's ids are the ones returned
+        if self._alive():
             self.source.let_go(self)
-        if self._keep_owed and self._tokie is not None and not self._pending and not self._sample_left:
+        if self._keep_owed and self._tokie is not None:
             # Only now, the reference unloaded: keeping loads tokie's form back to check it, and
             # the reference, tokie and its copy together made the first process's peak.
             self._keep_owed = False
