@@ -1583,6 +1583,22 @@ MUTANTS = [
         ("tests/test_allocator.py::test_building_tokie_from_the_json_hands_its_garbage_back",),
     ),
     Mutant(
+        "tiktoken-conversion-kept-after-proof",
+        "tokie's first process keeps tiktoken's conversion for good (about 55 MB at 128k), where a later process makes it at its first routed text",
+        "arrowstream/tokenize/sampling.py",
+        "            if isinstance(self._fast, _Deferred) and self._fast.forget():\n",
+        "            if False:\n",
+        ("tests/test_compiled.py::test_the_first_process_drops_tiktokens_conversion_once_tokie_is_proven",),
+    ),
+    Mutant(
+        "conversion-dropped-without-a-kept-form",
+        "the conversion is dropped where it is not kept: the next routed text converts from the JSON again",
+        "arrowstream/tokenize/fast.py",
+        "        if self._fast is None or cache_dir is None or not (Path(cache_dir) / f\"{key}.bpe.npz\").is_file():\n",
+        "        if self._fast is None:\n",
+        ("tests/test_compiled.py::test_the_first_process_drops_tiktokens_conversion_once_tokie_is_proven",),
+    ),
+    Mutant(
         "kept-file-digest-unchecked",
         "a kept file whose bytes changed is read (a cut .tkz makes tokie's loader panic)",
         "arrowstream/tokenize/compiled.py",

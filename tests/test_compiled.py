@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from arrowstream.testing.data import make_texts, sample_tokenizer
-from arrowstream.tokenize import compiled, tokie_backend
+from arrowstream.tokenize import compiled, fast, tokie_backend
 from arrowstream.tokenize.bytelevel import to_bytelevel_bpe
 from arrowstream.tokenize.encoders import Encoder
 from arrowstream.tokenize.probes import probe_texts
@@ -148,6 +148,23 @@ def test_the_first_process_keeps_tokie_only_once_it_let_go_of_the_reference(
     assert not enc._sample_left and enc.backend == "tokie"
     assert loaded_then == [False], "tokie was kept while the reference was loaded, or never"
     assert len(list((tmp_path / "cache").glob("*.tkz"))) == 1
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_the_first_process_drops_tiktokens_conversion_once_tokie_is_proven(tmp_path: Path, kept: bool) -> None:
+    # as a later process: tiktoken's side is read back from its kept form when tokie first routes a text
+    path = tmp_path / "tok.json"
+    fresh_tokenizer(f"drop-conversion-{kept}").save(str(path))
+    enc = Encoder(str(path), sample_bytes=2000, cache_dir=tmp_path / "cache" if kept else None)
+    enc.encode(make_texts(40, seed=12))
+    assert not enc._sample_left and enc.backend == "tokie"
+    # without a kept form the conversion would be made again from the JSON: it stays
+    assert (enc._fast.converted is None) is kept and (enc._key() in fast._converted) is not kept
+    routed = ["x\t's and\t'em", "plain", "\x0c'd"]
+    want = [e.ids for e in Tokenizer.from_file(str(path)).encode_batch(routed)]
+    flat, lens = enc.encode(routed)
+    assert [a.tolist() for a in np.split(flat, np.cumsum(lens)[:-1])] == want
+    assert enc._fast.converted is not None
 
 
 def test_a_directory_that_cannot_be_made_costs_time_not_an_error(tmp_path: Path) -> None:

@@ -404,7 +404,9 @@ def test_the_first_process_converts_for_tiktoken_only_when_the_checks_run(tok: T
     for i in range(5, 40, 5):
         assert split(*enc.encode(texts[i : i + 5])) == reference(fresh, texts[i : i + 5])
     info = enc.describe()
-    assert not info["checks_pending"] and info["backend"] == "tokie" and enc._fast.converted is not None
+    assert not info["checks_pending"] and info["backend"] == "tokie"
+    # the checks converted it, kept its compact form, and it was dropped once tokie was proven (test_compiled.py)
+    assert len(list(tmp_path.glob("*.bpe.npz"))) == 1 and enc._fast.converted is None
     assert info["checked"]["vocabulary tokens"] > 100 and verdicts_module._cached_verdict(enc._key(), tmp_path)["ok"]
 
 

@@ -216,7 +216,9 @@ class _Deferred:
     checks convert it, beside the stream), the conversion (about 0.05 s for a few thousand tokens, 1 s
     for 128k; read back from the verdicts' directory in a fraction of that,
     :func:`~arrowstream.tokenize.compiled.load_bytelevel`) waits until one
-    comes. Same interface as :class:`_Fast`.
+    comes. The first process drops its conversion once tokie is proven and
+    kept (:meth:`forget`, where the compact form is kept to read back), as
+    a later process holds none. Same interface as :class:`_Fast`.
     A conversion that fails now (it passed when the verdict was stored) sends
     the texts to the reference.
     """
@@ -248,6 +250,17 @@ class _Deferred:
             if self._fast is None:
                 self._fast = _Fast(*_convert(*self._args))
             return self._fast
+
+    def forget(self) -> bool:
+        """Drop the conversion if one was made and can be read back (kept in ``cache_dir``); the next text converts again. Dropped?"""
+        key, _, _, cache_dir = self._args
+        if self._fast is None or cache_dir is None or not (Path(cache_dir) / f"{key}.bpe.npz").is_file():
+            return False
+        with self._lock:
+            self._fast = None
+        with _lock:
+            _converted.pop(key, None)
+        return True
 
     def encode(self, texts: Sequence[str], reference: Any) -> tuple[np.ndarray, np.ndarray]:
         fast = self.get()

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from arrowstream.core.allocator import release_freed_memory
 from arrowstream.core.urgency import is_before_first_batch
 from arrowstream.errors import EncoderFallbackWarning, warn_user
 from arrowstream.tokenize.checking import ChecksRun, checks_beside
@@ -180,6 +181,8 @@ class DocumentSample:
             # the reference, tokie and its copy together made the first process's peak.
             self._keep_owed = False
             self._tokie.keep()
+            if isinstance(self._fast, _Deferred) and self._fast.forget():
+                release_freed_memory(anytime=True)  # tiktoken's side waits for a routed text, as in a later process
 
     def _restart_sample(self) -> None:
         """tokie is dropped: tiktoken, which saw only the texts tokie routed, needs a document sample of its own."""
