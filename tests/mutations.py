@@ -1594,8 +1594,8 @@ MUTANTS = [
         "conversion-dropped-without-a-kept-form",
         "the conversion is dropped where it is not kept: the next routed text converts from the JSON again",
         "arrowstream/tokenize/fast.py",
-        "        if self._fast is None or cache_dir is None or not (Path(cache_dir) / f\"{key}.bpe.npz\").is_file():\n",
-        "        if self._fast is None:\n",
+        "            if self._fast is None or not conversion_kept(key, cache_dir):\n",
+        "            if self._fast is None:\n",
         ("tests/test_compiled.py::test_the_first_process_drops_tiktokens_conversion_once_tokie_is_proven",),
     ),
     Mutant(

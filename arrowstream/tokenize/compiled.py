@@ -78,7 +78,7 @@ try:  # optional: `pip install arrowstream[fast]`
 except ImportError:  # pragma: no cover - load_tokie's callers check first
     tokie = None
 
-__all__ = ["keep_tokie", "load_bytelevel", "load_tokie"]
+__all__ = ["conversion_kept", "keep_tokie", "load_bytelevel", "load_tokie"]
 
 #: Bump when what is kept, how it is checked, or the conversion changes: older files are then ignored.
 _FORMAT = 1
@@ -136,6 +136,21 @@ def keep_tokie(built: Any, key: str, cache_dir: Path | None) -> None:
     release_freed_memory(anytime=True)  # the copy loaded back to check it: tens of MB at 128k tokens
 
 
+def conversion_kept(key: str, cache_dir: Path | None) -> bool:
+    """Whether the tiktoken conversion of ``key`` is kept in ``cache_dir``, for :func:`load_bytelevel` to read back.
+
+    Examples
+    --------
+    >>> conversion_kept("0123abcd", None)
+    False
+    """
+    return cache_dir is not None and _bytelevel_path(key, cache_dir).is_file()
+
+
+def _bytelevel_path(key: str, cache_dir: Path) -> Path:
+    return Path(cache_dir) / f"{key}.bpe.npz"
+
+
 def load_bytelevel(
     tokenizer: Tokenizer | TokenizerSource, key: str, cache_dir: Path | None, *, add_special_tokens: bool
 ) -> ByteLevelBPE:
@@ -149,7 +164,7 @@ def load_bytelevel(
         As :func:`~arrowstream.tokenize.bytelevel.to_bytelevel_bpe` (a
         refusal is not kept: it is found again, quickly, by the next process).
     """
-    path = None if cache_dir is None else cache_dir / f"{key}.bpe.npz"
+    path = None if cache_dir is None else _bytelevel_path(key, cache_dir)
     if path is not None:
         kept = _read_kept(path, key)
         if kept is not None:

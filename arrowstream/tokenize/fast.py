@@ -31,7 +31,7 @@ import tiktoken
 from tokenizers import Tokenizer
 
 from arrowstream.tokenize.bytelevel import ByteLevelBPE, Unconvertible
-from arrowstream.tokenize.compiled import load_bytelevel
+from arrowstream.tokenize.compiled import conversion_kept, load_bytelevel
 from arrowstream.tokenize.source import TokenizerSource
 
 __all__: list[str] = []  # used by arrowstream.tokenize.encoders only
@@ -254,9 +254,9 @@ class _Deferred:
     def forget(self) -> bool:
         """Drop the conversion if one was made and can be read back (kept in ``cache_dir``); the next text converts again. Dropped?"""
         key, _, _, cache_dir = self._args
-        if self._fast is None or cache_dir is None or not (Path(cache_dir) / f"{key}.bpe.npz").is_file():
-            return False
         with self._lock:
+            if self._fast is None or not conversion_kept(key, cache_dir):
+                return False
             self._fast = None
         with _lock:
             _converted.pop(key, None)
